@@ -1,0 +1,79 @@
+"""Process-group bootstrap on ``torch.distributed`` and host-side exchange between ranks.
+
+A context uses the default process group when one exists; otherwise it initializes one from
+torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) when present,
+and else a world of one held in an in-memory store (nothing listens on any port).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["default_device_type", "ensure_process_group", "Communicator", "local_rank"]
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def default_device_type() -> str:
+    """``"cuda"`` when a GPU is visible, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def process_group_backend(device_type: str) -> str:
+    """gloo for CPU ranks; on GPUs nccl for device tensors and gloo for host objects."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
+def local_rank() -> int:
+    """This process's index among the ranks of its node."""
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+
+
+def ensure_process_group(device_type: str, timeout: float) -> None:
+    """Initialize the default process group unless the caller already did."""
+    if dist.is_initialized():
+        return
+    backend = process_group_backend(device_type)
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank() % torch.cuda.device_count())
+    if all(v in os.environ for v in _TORCHRUN_VARS):
+        dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
+    else:
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout)
+        )
+
+
+class Communicator:
+    """Host-side collectives over one process group (the default unless given)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj, group=self.group)
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` as rank ``src`` has it."""
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src, group=self.group)
+        return holder[0]
+
+    def broadcast_tensor(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` with rank ``src``'s values, in place."""
+        dist.broadcast(tensor, src=src, group=self.group)
+        return tensor
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives (host side)."""
+        dist.barrier(group=self.group)

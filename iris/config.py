@@ -1,0 +1,113 @@
+"""Context configuration: one frozen value object built from arguments and the environment.
+
+Precedence for every field: explicit argument, then the environment variable, then the default.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+import attrs
+
+__all__ = ["ContextConfig", "parse_size", "DEFAULT_HEAP_SIZE"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+#: Heap size per rank when none is given: one device allocation on GPUs, and a
+#: /dev/shm segment per rank on CPU ranks (kept small so several ranks fit a default /dev/shm).
+DEFAULT_HEAP_SIZE = {"cuda": 1 << 30, "cpu": 128 << 20}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string such as ``"1GiB"``, ``"512 MiB"``, ``"2G"`` or ``"1e9"``.
+
+    Binary units (KiB, MiB, GiB, TiB, and the bare K, M, G, T) are powers of 1024; KB, MB, GB
+    and TB are powers of 1000.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"size must be an int or a string like '1GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            try:
+                n = int(float(value))
+            except ValueError:
+                raise ValueError(
+                    f"cannot read size {value!r}: use bytes or a number with a unit, e.g. '1GiB', '512MiB'"
+                ) from None
+        else:
+            n = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    else:
+        raise TypeError(f"size must be an int or a string like '1GiB', got {type(value).__name__}")
+    if n <= 0:
+        raise ValueError(f"size must be positive, got {value!r}")
+    return n
+
+
+def _optional_size(value: int | str | None) -> int | None:
+    return None if value is None else parse_size(value)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _log_level(value: int | str | None) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    level = logging.getLevelName(value.strip().upper())
+    if not isinstance(level, int):
+        raise ValueError(f"unknown log level {value!r}: use DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+@attrs.frozen(kw_only=True)
+class ContextConfig:
+    """Everything that shapes a context, resolved before the context is built."""
+
+    backend: str = "triton"
+    """Backend name, looked up in :mod:`iris.registry`."""
+    device: str = "cpu"
+    """Device type of the ranks: ``"cuda"`` or ``"cpu"``."""
+    heap_size: int = attrs.field(converter=parse_size)
+    """Bytes of symmetric heap per rank."""
+    heap_provider: str | None = None
+    """Heap provider name (``"shm"``, ``"cuda-ipc"``); None picks the device's default."""
+    debug: bool = False
+    """Check allocations for symmetry across ranks (``IRIS_DEBUG=1``)."""
+    log_level: int | None = attrs.field(default=None, converter=_log_level)
+    """Level of the context's logger; None leaves it to the logging configuration."""
+    timeout: float = 300.0
+    """Seconds a host-side wait on peers may take before it fails (``IRIS_TIMEOUT``)."""
+
+    @heap_size.default
+    def _default_heap_size(self) -> int:
+        return DEFAULT_HEAP_SIZE.get(self.device, DEFAULT_HEAP_SIZE["cpu"])
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "ContextConfig":
+        """Resolve a config: keyword overrides (None means unset), then IRIS_* variables."""
+        env = {
+            "backend": os.environ.get("IRIS_BACKEND"),
+            "heap_size": os.environ.get("IRIS_HEAP_SIZE"),
+            "log_level": os.environ.get("IRIS_LOG_LEVEL"),
+            "timeout": os.environ.get("IRIS_TIMEOUT"),
+            "debug": True if _env_flag("IRIS_DEBUG") else None,
+        }
+        values = {k: v for k, v in env.items() if v not in (None, "")}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "timeout" in values:
+            values["timeout"] = float(values["timeout"])
+        return cls(**values)

@@ -1,0 +1,171 @@
+"""Context assembly: ``iris.create`` builds one class per backend from the mixins.
+
+The class of a context for backend ``b`` is, left to right (most specific first)::
+
+    b.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase
+
+ContextBase is terminal and owns the state. Set-up hooks (``_setup``) call ``super()`` first, so
+they run right to left: ContextBase's identity, then the heap, then the backend's DeviceOps
+with everything else in place. ``_teardown`` runs the other way.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+from iris.backend import Backend
+from iris.bootstrap import Communicator, default_device_type, ensure_process_group, local_rank
+from iris.config import ContextConfig
+from iris.errors import BackendNotFoundError, IrisError
+from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
+from iris.registry import get_backend
+
+__all__ = ["ContextBase", "context_class", "create", "iris"]
+
+
+class ContextBase:
+    """Terminal base of every context: identity, host synchronisation and lifetime.
+
+    Owns ``config``, ``backend``, ``comm``, ``rank``, ``world_size`` and ``device``.
+    """
+
+    def __init__(self, config: ContextConfig, backend: Backend, device: torch.device):
+        self.config = config
+        self.backend_spec = backend
+        self.device = device
+        self.comm = Communicator()
+        self.rank = self.comm.rank
+        self.world_size = self.comm.world_size
+        self.destroyed = False
+        self._setup()
+
+    # -- cooperative hooks ------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """Extended by each mixin; ContextBase's runs first."""
+
+    def _teardown(self) -> None:
+        """Extended by each mixin; ContextBase's runs last."""
+
+    def _summary(self) -> dict[str, Any]:
+        """Key facts for ``repr``; mixins extend the dict."""
+        return {"rank": self.rank, "world_size": self.world_size, "device": str(self.device)}
+
+    def __repr__(self) -> str:
+        if self.destroyed:
+            return f"<{type(self).__name__} destroyed>"
+        return f"<{type(self).__name__} " + " ".join(f"{k}={v}" for k, v in self._summary().items()) + ">"
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        """Name of the backend this context runs."""
+        return self.backend_spec.name
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_num_ranks(self) -> int:
+        return self.world_size
+
+    def get_device(self) -> torch.device:
+        return self.device
+
+    def get_cu_count(self) -> int:
+        """Streaming multiprocessors of the GPU, or usable CPU cores on CPU ranks: the natural
+        grid size of persistent kernels."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).multi_processor_count
+        return len(os.sched_getaffinity(0))
+
+    # -- host synchronisation ---------------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Host barrier: waits for this rank's queued device work, then for every rank.
+        This is a collective operation."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.comm.barrier()
+
+    def broadcast(self, value: Any, src: int = 0) -> Any:
+        """``value`` as rank ``src`` has it. Tensors are overwritten in place (every rank passes
+        one of the same shape and dtype); other values must be picklable. Collective."""
+        if not 0 <= src < self.world_size:
+            raise ValueError(f"src={src} is not a rank of this world (0..{self.world_size - 1})")
+        if isinstance(value, torch.Tensor):
+            return self.comm.broadcast_tensor(value, src)
+        return self.comm.broadcast_object(value, src)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def destroy(self) -> None:
+        """Release the heap (collective). Tensors still alive keep their memory valid."""
+        if not self.destroyed:
+            self._teardown()
+            self.destroyed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.destroy()
+
+
+@functools.cache
+def context_class(backend: Backend) -> type:
+    """The context class of ``backend``, assembled once and cached."""
+    name = backend.name.replace("-", "_").title().replace("_", "") + "Context"
+    bases = (backend.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase)
+    return type(name, bases, {"__module__": "iris.context", "__doc__": f"iris context of the {backend.name!r} backend."})
+
+
+def _resolve_device(device: Any) -> torch.device:
+    if device is None:
+        device = os.environ.get("IRIS_DEVICE") or default_device_type()
+    device = torch.device(device)
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {str(device)!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise IrisError("device='cuda' asked for, but no GPU is visible; use device='cpu' for CPU ranks")
+        index = device.index if device.index is not None else local_rank() % torch.cuda.device_count()
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    return device
+
+
+def create(backend: str | None = None, *, heap_size: int | str | None = None, device: Any = None,
+           **options: Any):
+    """Create a context: a symmetric heap on every rank plus the device API of ``backend``.
+
+    This is a collective operation: every rank calls it with the same arguments. The backend is
+    the argument, else ``IRIS_BACKEND``, else ``"triton"``; the device is the argument, else a
+    GPU when one is visible (one per rank), else ``"cpu"``. ``heap_size`` is bytes or a string
+    such as ``"1GiB"`` (default ``IRIS_HEAP_SIZE``, else 1 GiB on GPUs and 128 MiB on CPU ranks).
+    Options: ``heap_provider``, ``debug``, ``log_level``, ``timeout``.
+    """
+    resolved_device = _resolve_device(device)
+    config = ContextConfig.from_env(backend=backend, heap_size=heap_size, device=resolved_device.type, **options)
+    spec = get_backend(config.backend)
+    if not isinstance(spec, Backend):
+        raise BackendNotFoundError(
+            f"backend {config.backend!r} is registered as {spec!r}, which is not an iris.Backend; "
+            f"register an iris.Backend(name=..., device_ops=...)"
+        )
+    if resolved_device.type not in spec.device_types:
+        raise IrisError(
+            f"backend {spec.name!r} runs on {', '.join(sorted(spec.device_types))} only, not on "
+            f"{resolved_device}. {spec.unsupported_device_hint}".rstrip()
+        )
+    ensure_process_group(resolved_device.type, config.timeout)
+    return context_class(spec)(config, spec, resolved_device)
+
+
+def iris(heap_size: int | str | None = None):
+    """Upstream iris's spelling: ``iris.iris(heap_size)`` is ``create("triton", heap_size=...)``."""
+    return create("triton", heap_size=heap_size)

@@ -1,0 +1,61 @@
+"""Exceptions raised by iris.
+
+Every message says what failed, the values involved, and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "IrisError",
+    "BackendNotFoundError",
+    "HeapExhaustedError",
+    "NotOnHeapError",
+    "AsymmetricHeapError",
+    "IrisTimeoutError",
+]
+
+
+class IrisError(Exception):
+    """Base class of every error iris raises on purpose."""
+
+
+class BackendNotFoundError(IrisError, LookupError):
+    """A backend name is unknown, or names a backend whose distribution is not installed."""
+
+
+class HeapExhaustedError(IrisError, MemoryError):
+    """The symmetric heap has no free block large enough for an allocation."""
+
+    def __init__(self, requested: int, free: int, largest_block: int, heap_size: int):
+        self.requested = requested
+        self.free = free
+        self.largest_block = largest_block
+        self.heap_size = heap_size
+        super().__init__(
+            f"symmetric heap exhausted: asked {format_bytes(requested)}, "
+            f"{format_bytes(free)} free of {format_bytes(heap_size)} "
+            f"(largest block {format_bytes(largest_block)}); create the context with a larger "
+            f"heap_size=... (or IRIS_HEAP_SIZE) or free tensors with ctx.free(t)"
+        )
+
+
+class NotOnHeapError(IrisError, ValueError):
+    """A tensor that must live on the symmetric heap does not."""
+
+
+class AsymmetricHeapError(IrisError):
+    """Ranks made different allocation or free calls (checked with IRIS_DEBUG=1)."""
+
+
+class IrisTimeoutError(IrisError, TimeoutError):
+    """A wait on peers did not complete in time."""
+
+
+def format_bytes(n: int) -> str:
+    """Human-readable size with binary units, e.g. ``1.5 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

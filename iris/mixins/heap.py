@@ -1,0 +1,98 @@
+"""HeapMixin: the symmetric heap of a context."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from iris.errors import IrisError, NotOnHeapError, format_bytes
+from iris.heap import SymmetricHeap
+from iris.registry import heap_providers
+
+__all__ = ["HeapMixin", "DEFAULT_HEAP_PROVIDERS"]
+
+#: Heap provider used for each device type unless ``create(heap_provider=...)`` names one.
+DEFAULT_HEAP_PROVIDERS = {"cpu": "shm", "cuda": "cuda-ipc"}
+
+
+class HeapMixin:
+    """Adds the symmetric heap: ``heap_size``, ``get_heap_bases()``, ``is_symmetric(t)``,
+    ``free(t)``, ``get_device_context()`` and, for other mixins, ``heap`` (a
+    :class:`iris.heap.SymmetricHeap`).
+
+    Set up by the ``_setup`` hook; requires ``config``, ``comm``, ``rank``, ``world_size`` and
+    ``device``.
+    """
+
+    heap: SymmetricHeap
+
+    def _setup(self) -> None:
+        super()._setup()
+        name = self.config.heap_provider or DEFAULT_HEAP_PROVIDERS[self.device.type]
+        provider = heap_providers.get(name)
+        if provider.device_type != self.device.type:
+            raise IrisError(
+                f"heap provider {name!r} provides {provider.device_type} memory, but this context "
+                f"runs on {self.device}; use heap_provider={DEFAULT_HEAP_PROVIDERS[self.device.type]!r}"
+            )
+        start = time.perf_counter()
+        mapping = provider.create(self.config.heap_size, self.comm, self.device)
+        self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug)
+        self.heap_creation_seconds = time.perf_counter() - start
+        self._heap_bases = torch.tensor(mapping.bases, dtype=torch.int64, device=self.device)
+        self._device_context = torch.tensor(
+            [self.rank, self.world_size, *mapping.bases], dtype=torch.int64, device=self.device
+        )
+        self.debug(
+            f"heap: {format_bytes(mapping.size)} per rank via {name!r} in "
+            f"{self.heap_creation_seconds * 1e3:.1f} ms"
+        )
+
+    def _teardown(self) -> None:
+        # Peers may still be reading this rank's heap until they arrive here.
+        self.comm.barrier()
+        del self.heap, self._heap_bases, self._device_context
+        super()._teardown()
+
+    def _summary(self) -> dict[str, Any]:
+        return {**super()._summary(), "heap_size": format_bytes(self.heap.size)}
+
+    @property
+    def heap_size(self) -> int:
+        """Bytes of symmetric heap per rank."""
+        return self.heap.size
+
+    def get_heap_bases(self) -> torch.Tensor:
+        """int64 tensor ``[world_size]``: where each rank's heap is mapped in this process."""
+        return self._heap_bases
+
+    def get_device_context(self) -> torch.Tensor:
+        """int64 tensor ``[rank, world_size, base_0, ..., base_{W-1}]`` on the context's device,
+        the single argument from which device code builds its context."""
+        return self._device_context
+
+    def is_symmetric(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` lies entirely on this context's heap."""
+        return isinstance(tensor, torch.Tensor) and self.heap.contains(tensor)
+
+    def _heap_offset(self, tensor: torch.Tensor, what: str = "tensor") -> int:
+        if not self.is_symmetric(tensor):
+            raise NotOnHeapError(
+                f"{what} (shape {tuple(tensor.shape)}, {tensor.dtype}, on {tensor.device}) is not on "
+                f"this context's symmetric heap (rank {self.rank}, {self.device}); allocate it with "
+                f"ctx.empty/zeros/... or copy it there with ctx.as_symmetric(t)"
+            )
+        return self.heap.offset_of(tensor)
+
+    def free(self, tensor: torch.Tensor) -> None:
+        """Return ``tensor``'s block to the heap for reuse. This is a collective operation:
+        every rank frees the same tensors in the same order. The tensor must not be used after."""
+        offset = self._heap_offset(tensor)
+        if self.heap.allocator.block_size(offset) is None:
+            raise ValueError(
+                f"tensor at heap offset {offset} is not the start of a live allocation: free only "
+                f"tensors returned by the context's constructors (not views into them), each once"
+            )
+        self.heap.free_offset(offset, detail=f"{tuple(tensor.shape)} {tensor.dtype}")

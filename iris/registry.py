@@ -1,0 +1,223 @@
+"""Plugin registries: discovery through entry points plus in-process registration.
+
+One :class:`PluginRegistry` serves each kind of plugin: backends (entry-point group
+``iris.backends``), heap providers (``iris.heap_providers``) and, beside them, collective
+algorithms. Entry-point metadata is read eagerly when a registry is made (cheap: no plugin code
+runs); a plugin's module is imported only when the plugin is first used, and the loaded object
+is cached.
+
+Set ``IRIS_DISABLE_PLUGIN_AUTOLOAD=1`` for hermetic runs: then only what is registered in
+process (including the built-ins) exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from importlib.metadata import entry_points
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import attrs
+
+from iris.errors import BackendNotFoundError
+
+__all__ = [
+    "AUTOLOAD_OPT_OUT_ENV",
+    "PluginEntry",
+    "PluginRegistry",
+    "backends",
+    "registry",
+    "register_backend",
+    "get_backend",
+    "available_backends",
+    "is_backend_available",
+    "heap_providers",
+]
+
+AUTOLOAD_OPT_OUT_ENV = "IRIS_DISABLE_PLUGIN_AUTOLOAD"
+
+
+@attrs.frozen(kw_only=True)
+class PluginEntry:
+    """Where a plugin comes from; the plugin itself is imported on first use."""
+
+    name: str
+    """The name users select it by."""
+    target: Any
+    """The plugin object, or an import path ``"pkg.module:Attribute"`` to load lazily."""
+    distribution: str | None = None
+    """The distribution whose entry point declared it; None when registered in process."""
+    conflicting_distributions: tuple[str, ...] = ()
+    """Other distributions that claim the same name (using the name is then an error)."""
+
+    def describe(self) -> str:
+        return f"distribution {self.distribution!r}" if self.distribution else "in-process registration"
+
+
+def _autoload_disabled() -> bool:
+    return os.environ.get(AUTOLOAD_OPT_OUT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _import_target(target: str) -> Any:
+    module_name, _, attribute = target.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in filter(None, attribute.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+class PluginRegistry:
+    """Named plugins of one kind, from entry points and from in-process registration.
+
+    ``error`` is the exception type raised for a missing or broken plugin; ``known`` maps names
+    of plugins shipped in separate distributions to those distributions, so that a missing one
+    is reported with the ``pip install`` that provides it.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        group: str | None,
+        *,
+        error: type[Exception] = LookupError,
+        known: Mapping[str, str] | None = None,
+        builtins: Mapping[str, Any] | None = None,
+    ):
+        self.kind = kind
+        self.group = group
+        self.error = error
+        self.known = MappingProxyType(dict(known or {}))
+        self._lock = threading.RLock()
+        self._entries: dict[str, PluginEntry] = {}
+        self._loaded: dict[str, Any] = {}
+        #: Read-only view: name -> :class:`PluginEntry`.
+        self.entries: Mapping[str, PluginEntry] = MappingProxyType(self._entries)
+        for name, target in (builtins or {}).items():
+            self.register(name, target)
+        if group is not None and not _autoload_disabled():
+            self._discover(group)
+
+    def _discover(self, group: str) -> None:
+        seen: set[tuple[str, str, str]] = set()
+        for ep in entry_points(group=group):
+            dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
+            key = (ep.name, ep.value, dist)
+            if key in seen:  # one distribution visible twice on sys.path (editable installs)
+                continue
+            seen.add(key)
+            existing = self._entries.get(ep.name)
+            if existing is None:
+                self._entries[ep.name] = PluginEntry(name=ep.name, target=ep.value, distribution=dist)
+            elif existing.distribution != dist and dist not in existing.conflicting_distributions:
+                self._entries[ep.name] = attrs.evolve(
+                    existing, conflicting_distributions=(*existing.conflicting_distributions, dist)
+                )
+
+    def register(self, name: str, plugin: Any, *, clobber: bool = False) -> None:
+        """Register ``plugin`` (an object, or ``"pkg.module:Attribute"``) under ``name``.
+
+        Registering the same target twice is a no-op; a different target under a taken name
+        is an error unless ``clobber=True``.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        with self._lock:
+            existing = self._entries.get(name)
+            if existing is not None and not clobber:
+                if existing.target is plugin or existing.target == plugin or self._loaded.get(name) is plugin:
+                    return
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered (from {existing.describe()}); "
+                    f"pass clobber=True to replace it"
+                )
+            self._entries[name] = PluginEntry(name=name, target=plugin)
+            self._loaded.pop(name, None)
+
+    def get(self, name: str) -> Any:
+        """The plugin registered under ``name``, importing it on first use."""
+        with self._lock:
+            if name in self._loaded:
+                return self._loaded[name]
+            entry = self._entries.get(name)
+            if entry is None:
+                if name in self.known:
+                    dist = self.known[name]
+                    raise self.error(
+                        f"{self.kind} {name!r} is provided by the {dist!r} distribution, which is "
+                        f"not installed: pip install {dist} (installed: {self.names()})"
+                    )
+                raise self.error(f"unknown {self.kind} {name!r}; installed: {self.names()}")
+            if entry.conflicting_distributions:
+                claimants = ", ".join(repr(d) for d in (entry.distribution, *entry.conflicting_distributions))
+                raise self.error(
+                    f"{self.kind} {name!r} is claimed by several distributions ({claimants}); "
+                    f"uninstall all but one, or register the one you want in process with clobber=True"
+                )
+            plugin = entry.target
+            if isinstance(plugin, str):
+                try:
+                    plugin = _import_target(plugin)
+                except Exception as exc:
+                    raise self.error(
+                        f"{self.kind} {name!r} from {entry.describe()} failed to import "
+                        f"({entry.target}): {type(exc).__name__}: {exc}; reinstall or fix that "
+                        f"distribution, or choose another of {self.names()}"
+                    ) from exc
+            self._loaded[name] = plugin
+            return plugin
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        with self._lock:
+            return sorted(self._entries)
+
+    def is_available(self, name: str) -> bool:
+        """True when ``name`` is registered and loads without error; never raises."""
+        try:
+            self.get(name)
+        except self.error:
+            return False
+        return True
+
+
+#: The backends: entry-point group ``iris.backends``.
+backends = PluginRegistry(
+    "backend",
+    "iris.backends",
+    error=BackendNotFoundError,
+    known={"triton": "iris-triton", "gluon": "iris-gluon"},
+)
+
+#: Read-only view of the registered backends: name -> :class:`PluginEntry`.
+registry: Mapping[str, PluginEntry] = backends.entries
+
+
+def register_backend(name: str, backend: Any, *, clobber: bool = False) -> None:
+    """Register ``backend`` (an :class:`iris.Backend` or ``"pkg.module:Attribute"``) as ``name``."""
+    backends.register(name, backend, clobber=clobber)
+
+
+def get_backend(name: str) -> Any:
+    """The backend registered as ``name``, imported on first use."""
+    return backends.get(name)
+
+
+def available_backends() -> list[str]:
+    """Names of the registered backends (installed distributions and in-process ones)."""
+    return backends.names()
+
+
+def is_backend_available(name: str) -> bool:
+    """True when backend ``name`` is registered and imports; never raises."""
+    return backends.is_available(name)
+
+
+#: Heap providers: entry-point group ``iris.heap_providers``; each is an
+#: :class:`iris.heap.HeapProvider`.
+heap_providers = PluginRegistry(
+    "heap provider",
+    "iris.heap_providers",
+    builtins={"shm": "iris.heap.shm:provider", "cuda-ipc": "iris.heap.cuda_ipc:provider"},
+)

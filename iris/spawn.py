@@ -1,0 +1,96 @@
+"""``iris.spawn``: run a function on N fresh rank processes with torch.distributed ready.
+
+For scripts, notebooks and tests. Each rank is a new process (start method ``spawn``), so CUDA
+and Triton start clean; CPU ranks get ``TRITON_INTERPRET=1`` before anything imports Triton.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.multiprocessing as mp
+
+from iris.bootstrap import default_device_type
+
+__all__ = ["spawn", "rank_environment"]
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_environment(nprocs: int, device: str, port: int | None = None) -> dict[str, str]:
+    """Environment shared by all ranks of a local launch (rank variables are set per process)."""
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port if port is not None else _free_loopback_port()),
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "IRIS_DEVICE": device,
+    }
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set variables for the children started inside the block, then restore the parent's."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    import torch.distributed as dist
+
+    from iris.bootstrap import ensure_process_group
+
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+    ensure_process_group(os.environ["IRIS_DEVICE"], timeout=float(os.environ.get("IRIS_TIMEOUT", 300)))
+    try:
+        results.put((rank, fn(rank, *args)))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, device: str | None = None) -> list[Any]:
+    """Run ``fn(rank, *args)`` on ``nprocs`` new processes and return their results by rank.
+
+    ``torch.distributed`` is initialized in each (gloo on CPU ranks; on GPUs nccl, one GPU per
+    rank). ``fn`` and ``args`` must be picklable (a module-level function). An exception on any
+    rank stops the others and is raised here with that rank's traceback.
+    """
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
+    device = device or default_device_type()
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and torch.cuda.device_count() < nprocs:
+        raise ValueError(
+            f"spawn(nprocs={nprocs}, device='cuda') needs {nprocs} GPUs but "
+            f"{torch.cuda.device_count()} are visible; lower nprocs or use device='cpu'"
+        )
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    with _environment(rank_environment(nprocs, device)):
+        procs = mp.start_processes(
+            _run_rank, args=(fn, args, results), nprocs=nprocs, join=False, start_method="spawn"
+        )
+    while not procs.join():
+        pass
+    by_rank = dict(results.get() for _ in range(nprocs))
+    return [by_rank[r] for r in range(nprocs)]

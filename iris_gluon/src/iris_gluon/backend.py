@@ -1,0 +1,28 @@
+"""The Gluon backend's registration and host side."""
+
+from __future__ import annotations
+
+import iris as _iris
+from iris.backend import Backend, DeviceOps
+
+__all__ = ["GluonBackend", "GluonDeviceOps", "iris"]
+
+
+class GluonDeviceOps(DeviceOps):
+    """Host side of the Gluon backend (GPUs only: Gluon has no interpreter)."""
+
+
+GluonBackend = Backend(
+    name="gluon",
+    device_ops=GluonDeviceOps,
+    device_types={"cuda"},
+    unsupported_device_hint=(
+        "Gluon kernels compile only for GPUs and Gluon has no interpreter; on CPU ranks use "
+        "backend='triton', which runs kernels in Triton's interpreter."
+    ),
+)
+
+
+def iris(heap_size: int | str | None = None):
+    """Upstream iris's spelling: ``iris_gluon.iris(heap_size)`` is ``iris.create("gluon", heap_size=...)``."""
+    return _iris.create("gluon", heap_size=heap_size)
