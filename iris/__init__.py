@@ -29,6 +29,24 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
+#: Device functions reachable as ``iris.<name>`` inside ``@triton.jit`` kernels.
+_TRITON_DEVICE_NAMES = frozenset({
+    "translate", "load", "store", "get", "put", "copy", "atomic_add", "atomic_sub", "atomic_xchg",
+    "atomic_and", "atomic_or", "atomic_xor", "atomic_min", "atomic_max", "atomic_cas", "signal",
+    "wait_until", "DeviceContext",
+})
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve ``iris.load`` and the other Triton device functions on first use (PEP 562), so
+    that ``import iris`` stays free of Triton."""
+    if name in _TRITON_DEVICE_NAMES:
+        import iris_triton
+
+        return getattr(iris_triton, name)
+    raise AttributeError(f"module 'iris' has no attribute {name!r}")
+
+
 __all__ = [
     "AsymmetricHeapError",
     "Backend",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 from importlib.metadata import entry_points
 from types import MappingProxyType
@@ -38,6 +39,8 @@ __all__ = [
 
 AUTOLOAD_OPT_OUT_ENV = "IRIS_DISABLE_PLUGIN_AUTOLOAD"
 
+_MISSING = object()
+
 
 @attrs.frozen(kw_only=True)
 class PluginEntry:
@@ -58,6 +61,30 @@ class PluginEntry:
 
 def _autoload_disabled() -> bool:
     return os.environ.get(AUTOLOAD_OPT_OUT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _imported_target(target: str) -> Any:
+    """The object ``"pkg.module:Attribute"`` names if its module is already imported, else a
+    sentinel; never imports anything."""
+    module_name, _, attribute = target.partition(":")
+    obj = sys.modules.get(module_name, _MISSING)
+    for part in filter(None, attribute.split(".")):
+        obj = getattr(obj, part, _MISSING)
+    return obj
+
+
+def _same_plugin(target: Any, loaded: Any, plugin: Any) -> bool:
+    """Whether registering ``plugin`` over an entry with ``target`` (and ``loaded``, the object
+    it loaded, if any) changes nothing. An import path and the object it names are the same
+    plugin, whether or not the path was loaded yet: the answer must not depend on what ran
+    first."""
+    if target is plugin or target == plugin or (loaded is not _MISSING and loaded is plugin):
+        return True
+    if isinstance(target, str) and not isinstance(plugin, str):
+        return _imported_target(target) is plugin
+    if isinstance(plugin, str) and not isinstance(target, str):
+        return _imported_target(plugin) is target
+    return False
 
 
 def _import_target(target: str) -> Any:
@@ -110,6 +137,8 @@ class PluginRegistry:
             existing = self._entries.get(ep.name)
             if existing is None:
                 self._entries[ep.name] = PluginEntry(name=ep.name, target=ep.value, distribution=dist)
+            elif existing.distribution is None and isinstance(existing.target, str) and existing.target == ep.value:
+                continue  # a built-in that a distribution also declares: one plugin, no conflict
             elif existing.distribution != dist and dist not in existing.conflicting_distributions:
                 self._entries[ep.name] = attrs.evolve(
                     existing, conflicting_distributions=(*existing.conflicting_distributions, dist)
@@ -126,7 +155,7 @@ class PluginRegistry:
         with self._lock:
             existing = self._entries.get(name)
             if existing is not None and not clobber:
-                if existing.target is plugin or existing.target == plugin or self._loaded.get(name) is plugin:
+                if _same_plugin(existing.target, self._loaded.get(name, _MISSING), plugin):
                     return
                 raise ValueError(
                     f"{self.kind} {name!r} is already registered (from {existing.describe()}); "
@@ -150,9 +179,12 @@ class PluginRegistry:
                     )
                 raise self.error(f"unknown {self.kind} {name!r}; installed: {self.names()}")
             if entry.conflicting_distributions:
-                claimants = ", ".join(repr(d) for d in (entry.distribution, *entry.conflicting_distributions))
+                # The first claimant may be a built-in (no distribution): describe, never "None".
+                claimants = ", ".join(
+                    [entry.describe(), *(f"distribution {d!r}" for d in entry.conflicting_distributions)]
+                )
                 raise self.error(
-                    f"{self.kind} {name!r} is claimed by several distributions ({claimants}); "
+                    f"{self.kind} {name!r} is claimed by several sources ({claimants}); "
                     f"uninstall all but one, or register the one you want in process with clobber=True"
                 )
             plugin = entry.target

@@ -82,7 +82,11 @@ class SymmetricHeap:
         local = self.local
         if tensor.device != local.device:
             return None
-        offset = tensor.data_ptr() - local.data_ptr()
+        # Not tensor.data_ptr(): torch reports 0 for a tensor with no elements, which would put
+        # every zero-size heap tensor off the heap (and make it impossible to free). The storage
+        # pointer plus the storage offset is the element address for every tensor, empty or not.
+        address = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
+        offset = address - local.data_ptr()
         return offset if 0 <= offset < self.size else None
 
     def contains(self, tensor: torch.Tensor) -> bool:

@@ -9,6 +9,7 @@ generator state.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -57,20 +58,33 @@ class TensorMixin:
         offset = self.heap.allocate(nbytes, detail=f"{tuple(shape)} {dtype}")
         return self.heap.view(offset, nbytes).view(dtype).as_strided(shape, stride)
 
-    def _target(self, meta: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        """Where the result goes: ``out`` (checked) or a new heap tensor shaped like ``meta``."""
+    def _target(self, meta_call: Callable[..., torch.Tensor], out: torch.Tensor | None,
+                requires_grad: bool) -> torch.Tensor:
+        """Where the result goes: a new heap tensor shaped as torch would make it, or ``out``.
+
+        For ``out=`` torch's own rules apply, by running the call on a meta twin of ``out``: the
+        result takes ``out``'s dtype unless ``dtype=`` is given (then they must match), and
+        ``memory_format=`` cannot be combined with it. Torch would resize an ``out`` of another
+        shape; heap tensors are never resized, so that is an error instead.
+        """
         if out is None:
+            meta = meta_call(requires_grad=requires_grad)
             return self._empty_strided(meta.shape, meta.stride(), meta.dtype)
-        if not self.is_symmetric(out):
+        if not isinstance(out, torch.Tensor) or not self.is_symmetric(out):
             raise NotOnHeapError(
                 f"out= must be a tensor on this context's symmetric heap ({self.device}); got one on "
-                f"{out.device} that is not: allocate it with the context's constructors"
+                f"{getattr(out, 'device', type(out).__name__)} that is not: allocate it with the "
+                f"context's constructors"
             )
-        if out.shape != meta.shape or out.dtype != meta.dtype:
+        twin = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+        with warnings.catch_warnings():
+            # torch warns that it resizes out=; the mismatch is raised below instead
+            warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
+            meta = meta_call(requires_grad=requires_grad, out=twin)
+        if meta.shape != out.shape:
             raise RuntimeError(
-                f"out= has shape {tuple(out.shape)} and dtype {out.dtype}, but the result has shape "
-                f"{tuple(meta.shape)} and dtype {meta.dtype}; heap tensors are never resized, so pass "
-                f"an out= of the result's shape and dtype"
+                f"out= has shape {tuple(out.shape)}, but the result has shape {tuple(meta.shape)}; heap "
+                f"tensors are never resized, so pass an out= of the result's shape"
             )
         return out
 
@@ -86,8 +100,7 @@ class TensorMixin:
         pin_memory: bool = False,
     ) -> torch.Tensor:
         self._check_placement(device, layout, pin_memory)
-        meta = meta_call(requires_grad=requires_grad)
-        target = self._target(meta, out)
+        target = self._target(meta_call, out, requires_grad)
         if fill is not None:
             try:
                 with torch.no_grad():
@@ -101,87 +114,91 @@ class TensorMixin:
     # -- from a size ------------------------------------------------------------------------
 
     def empty(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
-              pin_memory=False, memory_format=torch.contiguous_format) -> torch.Tensor:
+              pin_memory=False, memory_format=None) -> torch.Tensor:
         """As :func:`torch.empty`, on the heap. Collective: every rank allocates alike."""
         return self._construct(
             lambda **kw: torch.empty(*size, dtype=dtype, device="meta", memory_format=memory_format, **kw),
             None, out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
         )
 
-    def zeros(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False) -> torch.Tensor:
+    def zeros(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
+              pin_memory=False) -> torch.Tensor:
         """As :func:`torch.zeros`, on the heap. Collective."""
         return self._construct(
             lambda **kw: torch.zeros(*size, dtype=dtype, device="meta", **kw),
             lambda t: t.zero_(), out=out, device=device, layout=layout, requires_grad=requires_grad,
+            pin_memory=pin_memory,
         )
 
-    def ones(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False) -> torch.Tensor:
+    def ones(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
+             pin_memory=False) -> torch.Tensor:
         """As :func:`torch.ones`, on the heap. Collective."""
         return self._construct(
             lambda **kw: torch.ones(*size, dtype=dtype, device="meta", **kw),
             lambda t: t.fill_(1), out=out, device=device, layout=layout, requires_grad=requires_grad,
+            pin_memory=pin_memory,
         )
 
     def full(self, size: Any, fill_value: Any, *, out=None, dtype=None, layout=None, device=None,
-             requires_grad=False) -> torch.Tensor:
+             requires_grad=False, pin_memory=False) -> torch.Tensor:
         """As :func:`torch.full` (dtype inferred from ``fill_value`` as torch does), on the heap."""
         return self._construct(
             lambda **kw: torch.full(size, fill_value, dtype=dtype, device="meta", **kw),
             lambda t: torch.full(size, fill_value, dtype=t.dtype, out=t),
-            out=out, device=device, layout=layout, requires_grad=requires_grad,
+            out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
         )
 
     # -- like another tensor ----------------------------------------------------------------
 
     def _like(self, input: torch.Tensor, fill: Fill | None, *, dtype, layout, device, requires_grad,
-              memory_format) -> torch.Tensor:
+              pin_memory, memory_format) -> torch.Tensor:
         return self._construct(
             lambda **kw: torch.empty_like(input, dtype=dtype, device="meta", memory_format=memory_format, **kw),
-            fill, out=None, device=device, layout=layout, requires_grad=requires_grad,
+            fill, out=None, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
         )
 
     def empty_like(self, input: torch.Tensor, *, dtype=None, layout=None, device=None, requires_grad=False,
-                   memory_format=torch.preserve_format) -> torch.Tensor:
+                   pin_memory=False, memory_format=torch.preserve_format) -> torch.Tensor:
         """As :func:`torch.empty_like`, on the heap. Collective."""
         return self._like(input, None, dtype=dtype, layout=layout, device=device,
-                          requires_grad=requires_grad, memory_format=memory_format)
+                          requires_grad=requires_grad, pin_memory=pin_memory, memory_format=memory_format)
 
     def zeros_like(self, input: torch.Tensor, *, dtype=None, layout=None, device=None, requires_grad=False,
-                   memory_format=torch.preserve_format) -> torch.Tensor:
+                   pin_memory=False, memory_format=torch.preserve_format) -> torch.Tensor:
         """As :func:`torch.zeros_like`, on the heap. Collective."""
         return self._like(input, lambda t: t.zero_(), dtype=dtype, layout=layout, device=device,
-                          requires_grad=requires_grad, memory_format=memory_format)
+                          requires_grad=requires_grad, pin_memory=pin_memory, memory_format=memory_format)
 
     def ones_like(self, input: torch.Tensor, *, dtype=None, layout=None, device=None, requires_grad=False,
-                  memory_format=torch.preserve_format) -> torch.Tensor:
+                  pin_memory=False, memory_format=torch.preserve_format) -> torch.Tensor:
         """As :func:`torch.ones_like`, on the heap. Collective."""
         return self._like(input, lambda t: t.fill_(1), dtype=dtype, layout=layout, device=device,
-                          requires_grad=requires_grad, memory_format=memory_format)
+                          requires_grad=requires_grad, pin_memory=pin_memory, memory_format=memory_format)
 
     def full_like(self, input: torch.Tensor, fill_value: Any, *, dtype=None, layout=None, device=None,
-                  requires_grad=False, memory_format=torch.preserve_format) -> torch.Tensor:
+                  requires_grad=False, pin_memory=False, memory_format=torch.preserve_format) -> torch.Tensor:
         """As :func:`torch.full_like`, on the heap. Collective."""
         return self._like(input, lambda t: t.fill_(fill_value), dtype=dtype, layout=layout, device=device,
-                          requires_grad=requires_grad, memory_format=memory_format)
+                          requires_grad=requires_grad, pin_memory=pin_memory, memory_format=memory_format)
 
     # -- ranges -----------------------------------------------------------------------------
 
     def arange(self, *args: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
-               **kwargs: Any) -> torch.Tensor:
+               pin_memory=False, **kwargs: Any) -> torch.Tensor:
         """As :func:`torch.arange` (``arange(end)``, ``arange(start, end, step)``), on the heap."""
         return self._construct(
             lambda **kw: torch.arange(*args, dtype=dtype, device="meta", **kwargs, **kw),
             lambda t: torch.arange(*args, dtype=t.dtype, out=t, **kwargs),
-            out=out, device=device, layout=layout, requires_grad=requires_grad,
+            out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
         )
 
     def linspace(self, start: Any, end: Any, steps: int, *, out=None, dtype=None, layout=None, device=None,
-                 requires_grad=False) -> torch.Tensor:
+                 requires_grad=False, pin_memory=False) -> torch.Tensor:
         """As :func:`torch.linspace`, on the heap. Collective."""
         return self._construct(
             lambda **kw: torch.linspace(start, end, steps, dtype=dtype, device="meta", **kw),
             lambda t: torch.linspace(start, end, steps, dtype=t.dtype, out=t),
-            out=out, device=device, layout=layout, requires_grad=requires_grad,
+            out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
         )
 
     # -- random -----------------------------------------------------------------------------
@@ -205,21 +222,21 @@ class TensorMixin:
         )
 
     def randint(self, *args: Any, generator=None, out=None, dtype=None, layout=None, device=None,
-                requires_grad=False, **kwargs: Any) -> torch.Tensor:
+                requires_grad=False, pin_memory=False, **kwargs: Any) -> torch.Tensor:
         """As :func:`torch.randint` (``randint(high, size)``, ``randint(low, high, size)``), on the heap."""
         return self._construct(
             lambda **kw: torch.randint(*args, dtype=dtype, device="meta", **kwargs, **kw),
             lambda t: torch.randint(*args, generator=generator, dtype=t.dtype, out=t, **kwargs),
-            out=out, device=device, layout=layout, requires_grad=requires_grad,
+            out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
         )
 
     def uniform(self, *size: Any, low: float = 0.0, high: float = 1.0, generator=None, out=None, dtype=None,
-                layout=None, device=None, requires_grad=False) -> torch.Tensor:
+                layout=None, device=None, requires_grad=False, pin_memory=False) -> torch.Tensor:
         """Values drawn uniformly from ``[low, high)``, as ``torch.empty(size).uniform_(low, high)``."""
         return self._construct(
             lambda **kw: torch.empty(*size, dtype=dtype, device="meta", **kw),
             lambda t: t.uniform_(low, high, generator=generator),
-            out=out, device=device, layout=layout, requires_grad=requires_grad,
+            out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
         )
 
     # -- copies -----------------------------------------------------------------------------

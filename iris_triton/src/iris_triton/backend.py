@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from iris.backend import Backend, DeviceOps
-from iris.errors import IrisError
+from iris.errors import IrisError, IrisTimeoutError
 
 __all__ = ["TritonBackend", "TritonDeviceOps"]
 
+#: Rough flag reads per second of a spinning wait: an acquire read at system scope over NVLink
+#: takes about a microsecond; the interpreter is far slower. Turns ``timeout`` into a spin bound.
+SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 5_000}
+
 
 class TritonDeviceOps(DeviceOps):
-    """Host side of the Triton backend. On CPU ranks, kernels run in Triton's interpreter."""
+    """Host side of the Triton backend: ``device_barrier()``, and the timeout check that
+    ``barrier()`` adds. On CPU ranks, kernels run in Triton's interpreter.
+
+    Requires ``device``, ``config``, ``rank``, ``world_size``, ``zeros`` and ``get_heap_bases``.
+    """
 
     def _setup(self) -> None:
         super()._setup()
@@ -20,6 +30,33 @@ class TritonDeviceOps(DeviceOps):
                 "CPU ranks run Triton kernels in Triton's interpreter, which needs TRITON_INTERPRET=1 "
                 "set before Triton is imported; launch with iris.spawn(...) or `iris run`, or export "
                 "TRITON_INTERPRET=1"
+            )
+        from iris_triton.barrier import state_words
+
+        self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
+        self.max_spins = int(self.config.timeout * SPINS_PER_SECOND[self.device.type])
+
+    def device_barrier(self) -> None:
+        """Device-side barrier: returns at once on the host; kernels queued after it on this
+        rank's stream start only once every rank has reached its own ``device_barrier``.
+        Writes made before it (at system scope) are visible to every rank after it. It can be
+        captured in a CUDA graph. A peer that does not arrive within the context's timeout is
+        recorded, and the next ``barrier()`` raises IrisTimeoutError naming it. Collective."""
+        from iris_triton.barrier import device_barrier_kernel
+
+        device_barrier_kernel[(1,)](
+            self._barrier_state, self.get_heap_bases(), self.rank, self.world_size, self.max_spins, num_warps=1
+        )
+
+    def barrier(self) -> None:
+        super().barrier()
+        missing = self._barrier_state[self.world_size : 2 * self.world_size].nonzero().flatten().tolist()
+        if missing:
+            self._barrier_state[self.world_size : 2 * self.world_size].zero_()
+            raise IrisTimeoutError(
+                f"device_barrier on rank {self.rank} timed out after {self.config.timeout:g} s waiting "
+                f"for rank(s) {missing}; check that every rank calls device_barrier() equally often, "
+                f"or raise the timeout with create(timeout=...) / IRIS_TIMEOUT"
             )
 
 

@@ -1,0 +1,205 @@
+"""Device functions of the Triton backend: remote memory access on the symmetric heap.
+
+A pointer into this rank's heap becomes a pointer into any peer's heap by moving it by the
+distance between the two heaps as mapped in this process (``heap_bases``). Data moves from
+``from_rank`` to ``to_rank``; the argument order is upstream iris's, so its kernels run unchanged.
+
+Translation keeps vector accesses: every heap base is at least 256-byte aligned, so the distance
+between two heaps is a multiple of 256 bytes, and saying so (``tl.multiple_of``) lets the
+compiler keep the 16-byte alignment it proved for the local pointer. A contiguous block then
+compiles to ``ld.global.v4``/``st.global.v4`` just as a local access would.
+
+Atomics default to ``sem="acq_rel"`` and ``scope="sys"``: a peer GPU only observes ordering
+made at system scope (a release at ``"gpu"`` scope is invisible to it).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = [
+    "translate",
+    "load",
+    "store",
+    "get",
+    "put",
+    "copy",
+    "atomic_add",
+    "atomic_sub",
+    "atomic_xchg",
+    "atomic_and",
+    "atomic_or",
+    "atomic_xor",
+    "atomic_min",
+    "atomic_max",
+    "atomic_cas",
+    "signal",
+    "wait_until",
+]
+
+#: Every heap base is a multiple of this many bytes (cudaMalloc and mmap both guarantee it).
+HEAP_BASE_ALIGNMENT: tl.constexpr = tl.constexpr(256)
+
+
+@triton.jit
+def translate(ptr, from_rank, to_rank, heap_bases):
+    """``ptr`` (an address in ``from_rank``'s heap) moved to the same offset of ``to_rank``'s
+    heap, both as mapped in the calling process."""
+    from_base = tl.load(heap_bases + from_rank)
+    to_base = tl.load(heap_bases + to_rank)
+    elem_bytes: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # bool: 1 byte
+    distance = tl.multiple_of((to_base - from_base) // elem_bytes, HEAP_BASE_ALIGNMENT // elem_bytes)
+    return ptr + distance
+
+
+@triton.jit
+def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""),
+         volatile: tl.constexpr = False):
+    """Load from ``from_rank``'s heap at ``ptr``'s offset into the caller (``to_rank``)."""
+    return tl.load(translate(ptr, to_rank, from_rank, heap_bases), mask=mask, other=other,
+                   cache_modifier=cache_modifier, volatile=volatile)
+
+
+@triton.jit
+def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):
+    """Store ``value`` from the caller (``from_rank``) into ``to_rank``'s heap at ``ptr``'s offset."""
+    tl.store(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, cache_modifier=cache_modifier)
+
+
+@triton.jit
+def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None):
+    """Copy ``from_rank``'s data at ``from_ptr``'s offset into the caller's (``to_rank``) ``to_ptr``."""
+    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases), mask=mask, other=other)
+    tl.store(to_ptr, data, mask=mask)
+
+
+@triton.jit
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None):
+    """Copy the caller's (``from_rank``) data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``'s offset."""
+    data = tl.load(from_ptr, mask=mask, other=other)
+    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases), data, mask=mask)
+
+
+@triton.jit
+def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, other=None):
+    """Copy from ``from_rank``'s heap at ``src_ptr``'s offset to ``to_rank``'s heap at
+    ``dst_ptr``'s offset; both pointers are given in the caller's (``cur_rank``) heap."""
+    data = tl.load(translate(src_ptr, cur_rank, from_rank, heap_bases), mask=mask, other=other)
+    tl.store(translate(dst_ptr, cur_rank, to_rank, heap_bases), data, mask=mask)
+
+
+@triton.jit
+def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -val, mask=mask, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+                scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
+                          scope=scope)
+
+
+@triton.jit
+def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic bitwise and with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+              scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic bitwise or with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
+                        scope=scope)
+
+
+@triton.jit
+def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic bitwise xor with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic minimum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic maximum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
+    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic compare-and-swap at ``ptr``'s offset on ``to_rank``: where the value equals
+    ``cmp`` it becomes ``val``; returns the old values."""
+    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), cmp, val, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def signal(ptr, value, from_rank, to_rank, heap_bases, sem: tl.constexpr = tl.constexpr("release"),
+           scope: tl.constexpr = tl.constexpr("sys")):
+    """Set the flag at ``ptr``'s offset on ``to_rank`` to ``value``, releasing the caller's earlier
+    writes to whoever acquires the flag. Returns the flag's old value."""
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), value, sem=sem, scope=scope)
+
+
+@triton.jit
+def _compare(flag, value, CMP: tl.constexpr):
+    if CMP == "eq":
+        result = flag == value
+    elif CMP == "ne":
+        result = flag != value
+    elif CMP == "gt":
+        result = flag > value
+    elif CMP == "lt":
+        result = flag < value
+    elif CMP == "le":
+        result = flag <= value
+    else:
+        tl.static_assert(CMP == "ge", "CMP must be one of 'eq', 'ne', 'gt', 'ge', 'lt', 'le'")
+        result = flag >= value
+    return result
+
+
+@triton.jit
+def wait_until(ptr, value, cur_rank, rank, heap_bases, max_spins, CMP: tl.constexpr = tl.constexpr("ge"),
+               sem: tl.constexpr = tl.constexpr("acquire"), scope: tl.constexpr = tl.constexpr("sys")):
+    """Spin until the integer flag at ``ptr``'s offset on ``rank`` compares true against ``value``
+    (``flag CMP value``), reading it with acquire semantics at system scope, so that what was
+    written before the matching ``signal`` is visible after. Gives up after ``max_spins`` reads
+    instead of hanging: returns True when the condition held, False on timeout. ``ptr`` is one
+    flag (a scalar pointer) in the caller's (``cur_rank``) heap."""
+    flag_ptr = translate(ptr, cur_rank, rank, heap_bases)
+    flag = tl.atomic_add(flag_ptr, 0, sem=sem, scope=scope)
+    spins = 0
+    while (not _compare(flag, value, CMP)) and spins < max_spins:
+        flag = tl.atomic_add(flag_ptr, 0, sem=sem, scope=scope)
+        spins += 1
+    return _compare(flag, value, CMP)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole GPU check in one call (for a machine with GPUs and no network): install the three
+# packages offline, print versions and topology, run the test suite (GPU tests on all GPUs),
+# then the benchmarks. Logs and JSON results go to $OUT (default /tmp/iris-gpu-check).
+#   scripts/gpu_check.sh [--tests "pytest args"] [--bench "module args" ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/iris-gpu-check}"
+mkdir -p "$OUT"
+tests="-q tests"
+benches=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) tests="$2"; shift 2 ;;
+    --bench) benches+=("$2"); shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+status=0
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e iris_triton -e iris_gluon || exit 1
+python3 -c "import torch, triton, numpy, iris; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'gpus', torch.cuda.device_count(), 'backends', iris.available_backends())"
+nvidia-smi topo -m 2>&1 | head -8
+if [ -n "$tests" ]; then
+  # shellcheck disable=SC2086
+  python3 -m pytest $tests 2>&1 | tee "$OUT/pytest.log" | tail -40 || true
+  grep -qE "(passed|skipped)" "$OUT/pytest.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/pytest.log" || status=1
+fi
+for bench in "${benches[@]}"; do
+  echo "== benchmark: $bench"
+  # shellcheck disable=SC2086
+  python3 -m benchmarks.$bench --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" | tail -30 || status=1
+done
+exit $status
