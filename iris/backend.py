@@ -14,6 +14,11 @@ class DeviceOps:
     ``_setup``/``_teardown`` hooks run last/first. It may use everything the other mixins add.
     """
 
+    @classmethod
+    def check_environment(cls, device) -> None:
+        """Raise IrisError if this process cannot run the backend's kernels on ``device``;
+        called by ``create`` before any collective set-up, so a bad environment fails fast."""
+
 
 @attrs.frozen(kw_only=True)
 class Backend:

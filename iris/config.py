@@ -43,7 +43,7 @@ def parse_size(value: int | str) -> int:
         if match is None or match.group(2).lower() not in _UNITS:
             try:
                 n = int(float(value))
-            except ValueError:
+            except (ValueError, OverflowError):
                 raise ValueError(
                     f"cannot read size {value!r}: use bytes or a number with a unit, e.g. '1GiB', '512MiB'"
                 ) from None
@@ -62,6 +62,16 @@ def _optional_size(value: int | str | None) -> int | None:
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _timeout(value: float | str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"timeout (IRIS_TIMEOUT) must be a number of seconds, got {value!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"timeout (IRIS_TIMEOUT) must be positive, got {value!r}")
+    return seconds
 
 
 def _log_level(value: int | str | None) -> int | None:
@@ -89,7 +99,7 @@ class ContextConfig:
     """Check allocations for symmetry across ranks (``IRIS_DEBUG=1``)."""
     log_level: int | None = attrs.field(default=None, converter=_log_level)
     """Level of the context's logger; None leaves it to the logging configuration."""
-    timeout: float = 300.0
+    timeout: float = attrs.field(default=300.0, converter=_timeout)
     """Seconds a host-side wait on peers may take before it fails (``IRIS_TIMEOUT``)."""
 
     @heap_size.default
@@ -108,6 +118,4 @@ class ContextConfig:
         }
         values = {k: v for k, v in env.items() if v not in (None, "")}
         values.update({k: v for k, v in overrides.items() if v is not None})
-        if "timeout" in values:
-            values["timeout"] = float(values["timeout"])
         return cls(**values)

@@ -162,6 +162,7 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
             f"backend {spec.name!r} runs on {', '.join(sorted(spec.device_types))} only, not on "
             f"{resolved_device}. {spec.unsupported_device_hint}".rstrip()
         )
+    spec.device_ops.check_environment(resolved_device)
     ensure_process_group(resolved_device.type, config.timeout)
     return context_class(spec)(config, spec, resolved_device)
 

@@ -74,7 +74,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, device: str | None = 
     rank). ``fn`` and ``args`` must be picklable (a module-level function). An exception on any
     rank stops the others and is raised here with that rank's traceback.
     """
-    if not isinstance(nprocs, int) or nprocs < 1:
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
     device = device or default_device_type()
     if device not in ("cpu", "cuda"):

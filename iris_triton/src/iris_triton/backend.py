@@ -23,14 +23,17 @@ class TritonDeviceOps(DeviceOps):
     Requires ``device``, ``config``, ``rank``, ``world_size``, ``zeros`` and ``get_heap_bases``.
     """
 
-    def _setup(self) -> None:
-        super()._setup()
-        if self.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    @classmethod
+    def check_environment(cls, device: torch.device) -> None:
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise IrisError(
                 "CPU ranks run Triton kernels in Triton's interpreter, which needs TRITON_INTERPRET=1 "
                 "set before Triton is imported; launch with iris.spawn(...) or `iris run`, or export "
                 "TRITON_INTERPRET=1"
             )
+
+    def _setup(self) -> None:
+        super()._setup()
         from iris_triton.barrier import state_words
 
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)

@@ -1,0 +1,433 @@
+"""iris.registry: backend discovery through real entry points, in-process registration, errors.
+
+Nothing here mocks importlib.metadata. Third-party discovery is shown with the fixture
+distribution in tests/fixtures/iris_echo_plugin, built and installed with pip into a temporary
+``--target`` folder, and with a twin of it (another distribution claiming the same name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import MappingProxyType
+
+import attrs
+import pytest
+
+import iris
+import iris.registry
+from iris.errors import BackendNotFoundError, IrisError
+from iris.registry import PluginRegistry, backends
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ECHO_PLUGIN = FIXTURES / "iris_echo_plugin"
+
+IRIS_ENV = ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_DEBUG", "IRIS_TIMEOUT", "IRIS_LOG_LEVEL", "IRIS_DEVICE")
+
+
+@pytest.fixture(autouse=True)
+def _clean_iris_env(monkeypatch):
+    for name in IRIS_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def global_backends():
+    """The process-wide backend registry, restored after the test.
+
+    There is no public way to unregister a backend (on purpose), so the test's registrations are
+    undone through the registry's private tables.
+    """
+    entries, loaded = dict(backends._entries), dict(backends._loaded)
+    yield backends
+    with backends._lock:
+        backends._entries.clear()
+        backends._entries.update(entries)
+        backends._loaded.clear()
+        backends._loaded.update(loaded)
+
+
+def _triton_backend():
+    from iris_triton import TritonBackend
+
+    return TritonBackend
+
+
+# -- subprocesses and real installs -------------------------------------------------------------
+
+
+def run_python(code: str, *, cwd: Path, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> dict:
+    """Run ``code`` in a fresh interpreter (no IRIS_* settings from this process) and return the
+    JSON object it prints on its last line of stdout."""
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_") and k not in drop}
+    child_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=cwd, env=child_env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _pip_install(source: Path, target: Path) -> subprocess.Popen:
+    """Start a real build + install of the distribution in ``source`` into ``target``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+         "--disable-pip-version-check", "--quiet", "--target", str(target), str(source)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def plugin_sites(tmp_path_factory) -> dict[str, Path]:
+    """Install the echo plugin, and a twin distribution claiming the same backend name, each
+    into its own folder with pip. Returns ``{"echo": folder, "twin": folder}``.
+
+    The sources are copied first: setuptools builds in the source tree (build/, *.egg-info),
+    which must not litter tests/fixtures. The twin is the same package under the distribution
+    name ``iris-echo-twin``, plus an entry point ``echo-broken`` whose module does not exist.
+    """
+    root = tmp_path_factory.mktemp("plugins")
+    echo_src = shutil.copytree(ECHO_PLUGIN, root / "src-echo")
+    twin_src = shutil.copytree(ECHO_PLUGIN, root / "src-twin")
+    pyproject = (twin_src / "pyproject.toml").read_text()
+    name_line, entry_line = 'name = "iris-echo-plugin"\n', 'echo = "iris_echo:EchoBackend"\n'
+    assert name_line in pyproject and entry_line in pyproject, "fixture pyproject.toml changed shape"
+    pyproject = pyproject.replace(name_line, 'name = "iris-echo-twin"\n').replace(
+        entry_line, entry_line + 'echo-broken = "iris_echo_missing:EchoBackend"\n'
+    )
+    (twin_src / "pyproject.toml").write_text(pyproject)
+
+    sites = {"echo": root / "site-echo", "twin": root / "site-twin"}
+    installs = {"echo": _pip_install(echo_src, sites["echo"]), "twin": _pip_install(twin_src, sites["twin"])}
+    for name, proc in installs.items():  # both builds run at once: they are independent
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"pip install of the {name} fixture failed:\n{output}"
+    return sites
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bare_interpreter(tmp_path_factory) -> dict:
+    """What a fresh interpreter without TRITON_INTERPRET sees: the modules loaded by
+    ``import iris`` plus ``available_backends()``, then ``create(device="cpu")``'s error.
+    One child process serves several tests (each child that imports torch costs seconds)."""
+    return run_python(
+        """
+        import json, sys
+        import iris
+        out = {"names": iris.available_backends()}
+        out["imported"] = sorted(m for m in ("triton", "iris_triton", "iris_gluon") if m in sys.modules)
+        try:
+            iris.create(device="cpu", heap_size="4MiB")
+        except iris.IrisError as exc:
+            out["error_type"], out["error"] = type(exc).__name__, str(exc)
+        print(json.dumps(out))
+        """,
+        cwd=tmp_path_factory.mktemp("bare"),
+        drop=("TRITON_INTERPRET",),
+    )
+
+
+@pytest.mark.slow
+def test_import_iris_reads_metadata_only(bare_interpreter):
+    """`import iris` lists the installed backends without importing Triton or any backend."""
+    assert "triton" in bare_interpreter["names"] and "gluon" in bare_interpreter["names"]
+    assert bare_interpreter["imported"] == []
+
+
+@pytest.mark.slow
+def test_cpu_context_without_triton_interpret_is_a_clear_error(bare_interpreter):
+    assert bare_interpreter.get("error_type") == "IrisError"
+    assert "TRITON_INTERPRET=1" in bare_interpreter["error"]
+    assert "iris.spawn" in bare_interpreter["error"]
+
+
+def test_builtin_backends_come_from_their_distributions():
+    entries = iris.registry.registry
+    assert entries["triton"].distribution == "iris-triton"
+    assert entries["triton"].target == "iris_triton:TritonBackend"
+    assert entries["gluon"].distribution == "iris-gluon"
+    assert entries["gluon"].target == "iris_gluon:GluonBackend"
+    assert {"gluon", "triton"} <= set(iris.available_backends())
+    assert iris.available_backends() == sorted(iris.available_backends())
+
+
+@pytest.mark.slow
+def test_third_party_plugin_is_discovered_and_creates_context(plugin_sites, tmp_path):
+    """The echo plugin, installed for real, is listed and builds an `EchoContext` on CPU."""
+    site = plugin_sites["echo"]
+    result = run_python(
+        """
+        import json, sys
+        import iris, iris.registry
+        names = iris.available_backends()
+        with iris.create(backend="echo", device="cpu", heap_size="4MiB") as ctx:
+            import iris_triton
+            out = {
+                "names": names,
+                "cls": type(ctx).__name__,
+                "backend": ctx.backend,
+                "heap_size": ctx.heap_size,
+                "triton_ops": isinstance(ctx, iris_triton.TritonDeviceOps),
+                "distribution": iris.registry.registry["echo"].distribution,
+                "module": sys.modules["iris_echo"].__file__,
+            }
+        print(json.dumps(out))
+        """,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "TRITON_INTERPRET": "1"},
+    )
+    assert "echo" in result["names"] and "triton" in result["names"]
+    assert result["cls"] == "EchoContext"
+    assert result["backend"] == "echo"
+    assert result["heap_size"] == 4 << 20
+    assert result["triton_ops"] is True
+    assert result["distribution"] == "iris-echo-plugin"
+    assert Path(result["module"]).is_relative_to(site)  # the installed copy, not the fixture source
+
+
+@pytest.mark.slow
+def test_autoload_opt_out_leaves_only_in_process_registrations(tmp_path):
+    result = run_python(
+        """
+        import json
+        import attrs, iris, iris.registry
+        from iris_triton import TritonBackend  # importable; just not discovered
+        out = {"before": iris.available_backends()}
+        try:
+            iris.create(backend="gluon", device="cpu")
+        except iris.BackendNotFoundError as exc:
+            out["gluon_error"] = str(exc)
+        iris.register_backend("mine", attrs.evolve(TritonBackend, name="mine"))
+        out["after"] = iris.available_backends()
+        out["mine_available"] = iris.is_backend_available("mine")
+        out["heap_providers"] = iris.registry.heap_providers.names()
+        print(json.dumps(out))
+        """,
+        cwd=tmp_path,
+        env={"IRIS_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+    assert result["before"] == []
+    assert "pip install iris-gluon" in result["gluon_error"]
+    assert result["after"] == ["mine"]
+    assert result["mine_available"] is True
+    assert result["heap_providers"] == ["cuda-ipc", "shm"]  # built-ins are in-process registrations
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def test_unknown_backend_lists_installed_ones():
+    with pytest.raises(BackendNotFoundError) as excinfo:
+        iris.create(backend="nope", device="cpu", heap_size="4MiB")
+    message = str(excinfo.value)
+    assert "'nope'" in message
+    assert "'gluon'" in message and "'triton'" in message
+    assert isinstance(excinfo.value, IrisError) and isinstance(excinfo.value, LookupError)
+
+
+def test_known_but_missing_backend_names_its_distribution():
+    registry = PluginRegistry("backend", None, error=BackendNotFoundError, known={"gluon": "iris-gluon"})
+    with pytest.raises(BackendNotFoundError, match=r"'gluon'.*'iris-gluon'.*pip install iris-gluon"):
+        registry.get("gluon")
+    assert registry.is_available("gluon") is False
+
+
+def test_broken_plugin_is_reported_with_cause_and_others_keep_working(global_backends):
+    iris.register_backend("broken", "no_such_module:X")
+    assert "broken" in iris.available_backends()
+    for _ in range(2):  # a failed import is not cached as a success
+        with pytest.raises(BackendNotFoundError) as excinfo:
+            iris.create(backend="broken", device="cpu", heap_size="4MiB")
+        message = str(excinfo.value)
+        assert "'broken'" in message
+        assert "in-process registration" in message  # the source
+        assert "no_such_module:X" in message
+        assert "ModuleNotFoundError" in message
+        assert isinstance(excinfo.value.__cause__, ModuleNotFoundError)
+        assert excinfo.value.__cause__.name == "no_such_module"
+    assert iris.is_backend_available("broken") is False
+    assert iris.is_backend_available("triton") is True
+    assert iris.registry.get_backend("triton") is _triton_backend()
+
+
+def test_broken_plugin_from_a_distribution_names_the_distribution(plugin_sites, monkeypatch):
+    monkeypatch.syspath_prepend(str(plugin_sites["twin"]))
+    registry = PluginRegistry("backend", "iris.backends", error=BackendNotFoundError)
+    with pytest.raises(BackendNotFoundError) as excinfo:
+        registry.get("echo-broken")
+    message = str(excinfo.value)
+    assert "distribution 'iris-echo-twin'" in message
+    assert "iris_echo_missing:EchoBackend" in message
+    assert isinstance(excinfo.value.__cause__, ModuleNotFoundError)
+    assert registry.get("triton") is _triton_backend()
+
+
+def test_two_distributions_claiming_one_name_is_an_error_naming_both(plugin_sites, monkeypatch):
+    monkeypatch.syspath_prepend(str(plugin_sites["echo"]))
+    monkeypatch.syspath_prepend(str(plugin_sites["twin"]))
+    registry = PluginRegistry("backend", "iris.backends", error=BackendNotFoundError)
+    assert "echo" in registry.names()
+    entry = registry.entries["echo"]
+    assert {entry.distribution, *entry.conflicting_distributions} == {"iris-echo-plugin", "iris-echo-twin"}
+
+    with pytest.raises(BackendNotFoundError) as excinfo:
+        registry.get("echo")
+    message = str(excinfo.value)
+    assert "'iris-echo-plugin'" in message and "'iris-echo-twin'" in message
+    assert "clobber=True" in message
+    assert registry.is_available("echo") is False
+    assert registry.get("triton") is _triton_backend()  # other names are unaffected
+
+    # The way out the message names: an explicit in-process choice, which needs clobber=True.
+    chosen = attrs.evolve(_triton_backend(), name="echo")
+    with pytest.raises(ValueError, match="already registered.*iris-echo-"):
+        registry.register("echo", chosen)
+    registry.register("echo", chosen, clobber=True)
+    assert registry.get("echo") is chosen
+
+
+def test_builtin_claimed_by_a_distribution_names_both_sources(plugin_sites, monkeypatch):
+    """A built-in (in-process) plugin and an installed distribution claiming its name."""
+    monkeypatch.syspath_prepend(str(plugin_sites["echo"]))
+    builtin = attrs.evolve(_triton_backend(), name="echo")
+    registry = PluginRegistry("backend", "iris.backends", error=BackendNotFoundError, builtins={"echo": builtin})
+    with pytest.raises(BackendNotFoundError) as excinfo:
+        registry.get("echo")
+    message = str(excinfo.value)
+    assert "in-process registration" in message and "distribution 'iris-echo-plugin'" in message
+    assert "None" not in message
+
+
+def test_builtin_also_declared_by_a_distribution_is_one_plugin():
+    """A distribution declaring the very plugin that is built in is not a conflict."""
+    registry = PluginRegistry(
+        "backend", "iris.backends", error=BackendNotFoundError, builtins={"triton": "iris_triton:TritonBackend"}
+    )
+    assert registry.entries["triton"].conflicting_distributions == ()
+    assert registry.get("triton") is _triton_backend()
+
+
+def test_one_distribution_seen_twice_is_not_a_conflict(plugin_sites, monkeypatch, tmp_path):
+    """The same distribution on two sys.path entries (as with some editable installs) is one."""
+    copy = shutil.copytree(plugin_sites["echo"], tmp_path / "site-copy")
+    monkeypatch.syspath_prepend(str(plugin_sites["echo"]))
+    monkeypatch.syspath_prepend(str(copy))
+    registry = PluginRegistry("backend", "iris.backends", error=BackendNotFoundError)
+    entry = registry.entries["echo"]
+    assert entry.distribution == "iris-echo-plugin"
+    assert entry.conflicting_distributions == ()
+
+
+def test_non_backend_registration_is_rejected_by_create(global_backends):
+    iris.register_backend("not-a-backend", object())
+    with pytest.raises(BackendNotFoundError, match="not an iris.Backend"):
+        iris.create(backend="not-a-backend", device="cpu", heap_size="4MiB")
+
+
+# -- in-process registration --------------------------------------------------------------------
+
+
+def test_registering_the_same_object_twice_is_a_noop():
+    registry = PluginRegistry("backend", None, error=BackendNotFoundError)
+    plugin = attrs.evolve(_triton_backend(), name="x")
+    registry.register("x", plugin)
+    registry.register("x", plugin)
+    assert registry.names() == ["x"]
+    assert registry.get("x") is plugin
+
+    registry.register("lazy", "iris_triton:TritonBackend")
+    registry.register("lazy", "iris_triton:TritonBackend")  # the same import path
+    loaded = registry.get("lazy")
+    assert loaded is _triton_backend()
+    registry.register("lazy", loaded)  # the object that path loaded
+    assert registry.get("lazy") is loaded
+    assert registry.entries["lazy"].target == "iris_triton:TritonBackend"
+
+
+def test_an_import_path_and_the_object_it_names_are_one_plugin_before_loading():
+    """Whether re-registering is a no-op must not depend on whether the plugin was loaded yet."""
+    registry = PluginRegistry("backend", None, error=BackendNotFoundError)
+    registry.register("lazy", "iris_triton:TritonBackend")
+    registry.register("lazy", _triton_backend())  # not loaded yet: still the same plugin
+    assert registry.entries["lazy"].target == "iris_triton:TritonBackend"
+    registry.register("eager", _triton_backend())
+    registry.register("eager", "iris_triton:TritonBackend")
+    assert registry.entries["eager"].target is _triton_backend()
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("lazy", None)  # not the same plugin just because nothing is loaded
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("eager", "iris_triton:TritonDeviceOps")
+
+
+def test_reregistering_an_installed_backend_identically_is_a_noop(global_backends):
+    iris.register_backend("triton", "iris_triton:TritonBackend")
+    iris.register_backend("triton", _triton_backend())
+    assert iris.registry.registry["triton"].distribution == "iris-triton"
+    assert iris.registry.get_backend("triton") is _triton_backend()
+
+
+def test_conflicting_registration_errors_unless_clobber(global_backends):
+    first = attrs.evolve(_triton_backend(), name="echo-inproc")
+    second = attrs.evolve(_triton_backend(), name="echo-inproc", unsupported_device_hint="other")
+    iris.register_backend("echo-inproc", first)
+    iris.register_backend("echo-inproc", first)  # the same object again: a no-op
+    with pytest.raises(ValueError) as excinfo:
+        iris.register_backend("echo-inproc", second)
+    assert "'echo-inproc'" in str(excinfo.value) and "clobber=True" in str(excinfo.value)
+    assert iris.registry.get_backend("echo-inproc") is first
+
+    iris.register_backend("echo-inproc", second, clobber=True)
+    assert iris.registry.get_backend("echo-inproc") is second
+
+    # an installed backend is protected the same way, and the message names its distribution
+    with pytest.raises(ValueError, match=r"'triton'.*distribution 'iris-triton'.*clobber=True"):
+        iris.register_backend("triton", first)
+    assert iris.registry.get_backend("triton") is _triton_backend()
+
+
+def test_clobber_replaces_a_loaded_plugin():
+    registry = PluginRegistry("backend", None, error=BackendNotFoundError)
+    registry.register("t", "iris_triton:TritonBackend")
+    assert registry.get("t") is _triton_backend()
+    replacement = attrs.evolve(_triton_backend(), name="t")
+    registry.register("t", replacement, clobber=True)
+    assert registry.get("t") is replacement  # the cached load is dropped
+
+
+@pytest.mark.parametrize("name", ["", None, 3])
+def test_register_rejects_bad_names(name):
+    registry = PluginRegistry("backend", None, error=BackendNotFoundError)
+    with pytest.raises(ValueError, match="non-empty string"):
+        registry.register(name, object())
+
+
+def test_registry_view_is_read_only_and_live(global_backends):
+    view = iris.registry.registry
+    assert isinstance(view, MappingProxyType)
+    with pytest.raises(TypeError):
+        view["mine"] = "pkg:Obj"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        del view["triton"]  # type: ignore[attr-defined]
+    assert "echo-inproc" not in view
+    iris.register_backend("echo-inproc", "iris_triton:TritonBackend")
+    assert view["echo-inproc"].target == "iris_triton:TritonBackend"
+    assert view["echo-inproc"].distribution is None
+    assert isinstance(backends.known, MappingProxyType)
+
+
+@pytest.mark.parametrize("name", ["nope", "", None])
+def test_is_backend_available_returns_false_instead_of_raising(name):
+    assert iris.is_backend_available(name) is False
+
+
+def test_is_backend_available_true_for_installed_backend():
+    assert iris.is_backend_available("triton") is True
