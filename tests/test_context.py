@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 
+import time
+
 import attrs
 import pytest
 import torch
@@ -320,11 +322,12 @@ def _spawned_rank(rank: int, base: int) -> dict:
 
 
 def _failing_rank(rank: int) -> int:
-    """Rank 1 fails; rank 0 waits for it in a barrier it never reaches, so spawn must stop
-    rank 0 rather than wait for it."""
+    """Rank 1 fails; rank 0 would sleep for minutes, so spawn must stop rank 0 rather than wait
+    for it. (Rank 0 does not wait in a collective: its own connection error could then race
+    rank 1's exception to be the one reported.)"""
     if rank == 1:
         raise RuntimeError("rank 1 gave up on purpose")
-    dist.barrier()
+    time.sleep(600)
     return rank
 
 

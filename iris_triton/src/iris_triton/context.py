@@ -82,58 +82,58 @@ class DeviceContext:
         device.copy(src_ptr, dst_ptr, from_rank, to_rank, self.rank, self.heap_bases, mask, other)
 
     @_method
-    def atomic_add(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                   scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_add(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                   scope: tl.constexpr = None):
         return device.atomic_add(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_sub(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                   scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_sub(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                   scope: tl.constexpr = None):
         return device.atomic_sub(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_xchg(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                    scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_xchg(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                    scope: tl.constexpr = None):
         return device.atomic_xchg(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_and(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                   scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_and(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                   scope: tl.constexpr = None):
         return device.atomic_and(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_or(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                  scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_or(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                  scope: tl.constexpr = None):
         return device.atomic_or(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_xor(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                   scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_xor(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                   scope: tl.constexpr = None):
         return device.atomic_xor(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_min(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                   scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_min(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                   scope: tl.constexpr = None):
         return device.atomic_min(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_max(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                   scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_max(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
+                   scope: tl.constexpr = None):
         return device.atomic_max(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
 
     @_method
-    def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                   scope: tl.constexpr = tl.constexpr("sys")):
+    def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = None,
+                   scope: tl.constexpr = None):
         return device.atomic_cas(ptr, cmp, val, self.rank, to_rank, self.heap_bases, sem, scope)
 
     @_method
-    def signal(self, ptr, value, to_rank, sem: tl.constexpr = tl.constexpr("release"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+    def signal(self, ptr, value, to_rank, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
         return device.signal(ptr, value, self.rank, to_rank, self.heap_bases, sem, scope)
 
     @_method
     def wait_until(self, ptr, value, rank, max_spins, CMP: tl.constexpr = tl.constexpr("ge"),
-                   sem: tl.constexpr = tl.constexpr("acquire"), scope: tl.constexpr = tl.constexpr("sys")):
+                   sem: tl.constexpr = None, scope: tl.constexpr = None):
         return device.wait_until(ptr, value, self.rank, rank, self.heap_bases, max_spins, CMP, sem, scope)
 
 

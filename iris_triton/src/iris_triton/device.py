@@ -9,7 +9,7 @@ between two heaps is a multiple of 256 bytes, and saying so (``tl.multiple_of``)
 compiler keep the 16-byte alignment it proved for the local pointer. A contiguous block then
 compiles to ``ld.global.v4``/``st.global.v4`` just as a local access would.
 
-Atomics default to ``sem="acq_rel"`` and ``scope="sys"``: a peer GPU only observes ordering
+Atomics default to ``sem="acq_rel"`` and ``scope="sys"`` (also when None is passed): a peer GPU only observes ordering
 made at system scope (a release at ``"gpu"`` scope is invisible to it).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.runtime.jit import constexpr_function
 
 __all__ = [
     "translate",
@@ -42,6 +43,19 @@ __all__ = [
 HEAP_BASE_ALIGNMENT: tl.constexpr = tl.constexpr(256)
 
 
+@constexpr_function
+def _sem(sem, default="acq_rel"):
+    """``sem``, or the default ordering when None (also when None is passed explicitly)."""
+    return default if sem is None else sem
+
+
+@constexpr_function
+def _scope(scope):
+    """``scope``, or system scope when None: never Triton's own default ("gpu"), which a peer
+    GPU does not observe."""
+    return "sys" if scope is None else scope
+
+
 @triton.jit
 def translate(ptr, from_rank, to_rank, heap_bases):
     """``ptr`` (an address in ``from_rank``'s heap) moved to the same offset of ``to_rank``'s
@@ -49,8 +63,10 @@ def translate(ptr, from_rank, to_rank, heap_bases):
     from_base = tl.load(heap_bases + from_rank)
     to_base = tl.load(heap_bases + to_rank)
     elem_bytes: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # bool: 1 byte
-    distance = tl.multiple_of((to_base - from_base) // elem_bytes, HEAP_BASE_ALIGNMENT // elem_bytes)
-    return ptr + distance
+    distance = to_base - from_base
+    if elem_bytes > 1:  # a division by one would be folded away, and the hint with it
+        distance = distance // elem_bytes
+    return ptr + tl.multiple_of(distance, HEAP_BASE_ALIGNMENT // elem_bytes)
 
 
 @triton.jit
@@ -90,84 +106,76 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
 
 
 @triton.jit
-def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
-                         scope=scope)
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
     """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -val, mask=mask, sem=sem,
-                         scope=scope)
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-                scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+                scope: tl.constexpr = None):
     """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
-                          scope=scope)
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
     """Atomic bitwise and with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
-                         scope=scope)
+    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-              scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+              scope: tl.constexpr = None):
     """Atomic bitwise or with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
-                        scope=scope)
+    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
     """Atomic bitwise xor with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
-                         scope=scope)
+    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
     """Atomic minimum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
-                         scope=scope)
+    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
     """Atomic maximum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem,
-                         scope=scope)
+    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr = tl.constexpr("acq_rel"),
-               scope: tl.constexpr = tl.constexpr("sys")):
+def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
     """Atomic compare-and-swap at ``ptr``'s offset on ``to_rank``: where the value equals
     ``cmp`` it becomes ``val``; returns the old values."""
-    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), cmp, val, sem=sem,
-                         scope=scope)
+    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), cmp, val, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
-def signal(ptr, value, from_rank, to_rank, heap_bases, sem: tl.constexpr = tl.constexpr("release"),
-           scope: tl.constexpr = tl.constexpr("sys")):
+def signal(ptr, value, from_rank, to_rank, heap_bases, sem: tl.constexpr = None,
+           scope: tl.constexpr = None):
     """Set the flag at ``ptr``'s offset on ``to_rank`` to ``value``, releasing the caller's earlier
     writes to whoever acquires the flag. Returns the flag's old value."""
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), value, sem=sem, scope=scope)
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), value, sem=_sem(sem, "release"),
+                          scope=_scope(scope))
 
 
 @triton.jit
@@ -190,16 +198,16 @@ def _compare(flag, value, CMP: tl.constexpr):
 
 @triton.jit
 def wait_until(ptr, value, cur_rank, rank, heap_bases, max_spins, CMP: tl.constexpr = tl.constexpr("ge"),
-               sem: tl.constexpr = tl.constexpr("acquire"), scope: tl.constexpr = tl.constexpr("sys")):
+               sem: tl.constexpr = None, scope: tl.constexpr = None):
     """Spin until the integer flag at ``ptr``'s offset on ``rank`` compares true against ``value``
     (``flag CMP value``), reading it with acquire semantics at system scope, so that what was
     written before the matching ``signal`` is visible after. Gives up after ``max_spins`` reads
     instead of hanging: returns True when the condition held, False on timeout. ``ptr`` is one
     flag (a scalar pointer) in the caller's (``cur_rank``) heap."""
     flag_ptr = translate(ptr, cur_rank, rank, heap_bases)
-    flag = tl.atomic_add(flag_ptr, 0, sem=sem, scope=scope)
+    flag = tl.atomic_add(flag_ptr, 0, sem=_sem(sem, "acquire"), scope=_scope(scope))
     spins = 0
     while (not _compare(flag, value, CMP)) and spins < max_spins:
-        flag = tl.atomic_add(flag_ptr, 0, sem=sem, scope=scope)
+        flag = tl.atomic_add(flag_ptr, 0, sem=_sem(sem, "acquire"), scope=_scope(scope))
         spins += 1
     return _compare(flag, value, CMP)

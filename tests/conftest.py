@@ -1,0 +1,38 @@
+"""Shared test set-up: Triton's interpreter on CPU-only machines, a session context, markers."""
+
+import os
+
+import torch
+
+# CPU ranks run Triton kernels in Triton's interpreter, which reads TRITON_INTERPRET when Triton
+# is imported: set it before any test imports Triton (and before iris.create(device="cpu")).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import iris  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``@pytest.mark.gpu`` are skipped when no CUDA GPU is visible."""
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none is visible)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def ctx():
+    """A single-rank, in-process context with a 64 MiB heap, on the GPU when one is visible,
+    else on the CPU. Shared by the whole session: tests free what they allocate in bulk."""
+    owns_process_group = not torch.distributed.is_initialized()
+    context = iris.create(heap_size="64MiB", device="cuda" if HAS_CUDA else "cpu")
+    yield context
+    context.destroy()
+    if owns_process_group and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # NCCL warns at exit about one left behind

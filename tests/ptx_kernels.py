@@ -1,0 +1,371 @@
+"""Kernels that tests/test_ptx.py compiles for sm_90 and inspects; run as a script, not imported by pytest.
+
+Run without ``TRITON_INTERPRET`` (``triton.jit`` returns interpreted functions when it is set at
+decoration time, and those cannot be compiled)::
+
+    python tests/ptx_kernels.py
+
+prints one JSON object: ``{"ops": {name: [unique memory instructions]}, "errors": {name: text}}``.
+An instruction is the first token of a PTX line with its predicate removed, e.g.
+``ld.global.v4.b32`` or ``atom.global.sys.acq_rel.add.f32``; only loads, stores, atomics,
+reductions and fences are listed. One process compiles everything, so the tests pay Triton's
+start-up once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import traceback
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+import iris
+from iris_triton.barrier import device_barrier_kernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+SEMS = ("relaxed", "acquire", "release", "acq_rel")
+SCOPES = ("cta", "gpu", "sys")
+#: Element types ``load_store`` is compiled for. With BLOCK=2048 and 4 warps every thread owns at least
+#: 16 contiguous bytes, so a local access of any of them moves 16-byte vectors.
+VECTOR_TYPES = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16", "i8": "*i8", "fp8": "*fp8e4nv", "i64": "*i64"}
+VECTOR_BLOCK = 2048
+
+
+# -- loads and stores ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def load_store(buf, out, heap_bases, n, peer, RANK: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASKED:
+        mask = offs < n
+    else:
+        mask = None
+    x = iris.load(buf + offs, RANK, peer, heap_bases, mask=mask)
+    iris.store(out + offs, x, RANK, peer, heap_bases, mask=mask)
+
+
+@triton.jit
+def load_store_ctx(context, buf, out, n, peer, RANK: tl.constexpr, WORLD: tl.constexpr, MASKED: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASKED:
+        mask = offs < n
+    else:
+        mask = None
+    x = dctx.load(buf + offs, peer, mask=mask)
+    dctx.store(out + offs, x, peer, mask=mask)
+
+
+@triton.jit
+def get_put_copy(a, b, heap_bases, n, peer, RANK: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    iris.get(a + offs, b + offs, peer, RANK, heap_bases, mask=mask)
+    iris.put(b + offs, a + offs, RANK, peer, heap_bases, mask=mask)
+    iris.copy(a + offs, b + offs, peer, RANK, RANK, heap_bases, mask=mask)
+
+
+@triton.jit
+def get_put_copy_ctx(context, a, b, n, peer, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dctx.get(a + offs, b + offs, peer, mask=mask)
+    dctx.put(b + offs, a + offs, peer, mask=mask)
+    dctx.copy(a + offs, b + offs, peer, RANK, mask=mask)
+
+
+@triton.jit
+def local_load_store(buf, out, BLOCK: tl.constexpr):
+    """Control: the same block accessed locally, without iris."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(buf + offs))
+
+
+@triton.jit
+def control_unhinted_translate(buf, out, heap_bases, peer, RANK: tl.constexpr, BLOCK: tl.constexpr):
+    """Negative control: the same translation without ``tl.multiple_of`` loses the vector width,
+    which shows that the vector checks can fail."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    distance = (tl.load(heap_bases + peer) - tl.load(heap_bases + RANK)) // 4
+    x = tl.load(buf + offs + distance)
+    tl.store(out + offs + distance, x)
+
+
+# -- atomics -------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def atomics(f32, i32, i64, heap_bases, peer, RANK: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr,
+            BLOCK: tl.constexpr):
+    """Every atomic of the free-function API once, all with the same ``SEM`` and ``SCOPE``."""
+    offs = tl.arange(0, BLOCK)
+    one = tl.full([BLOCK], 1, tl.int32)
+    big = tl.full([BLOCK], 1, tl.int64)
+    f = iris.atomic_add(f32 + offs, 1.0, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    f += iris.atomic_sub(f32 + offs, 1.0, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    f += iris.atomic_min(f32 + offs, 1.0, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    f += iris.atomic_max(f32 + offs, 1.0, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i = iris.atomic_add(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_sub(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_xchg(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_and(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_or(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_xor(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_min(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_max(i32 + offs, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    i += iris.atomic_cas(i32 + offs, one * 0, one, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    j = iris.atomic_xchg(i64 + offs, big, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    j += iris.atomic_and(i64 + offs, big, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    j += iris.atomic_or(i64 + offs, big, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    j += iris.atomic_xor(i64 + offs, big, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    j += iris.atomic_cas(i64 + offs, big * 0, big, RANK, peer, heap_bases, sem=SEM, scope=SCOPE)
+    tl.store(f32 + offs, f)
+    tl.store(i32 + offs, i)
+    tl.store(i64 + offs, j)
+
+
+@triton.jit
+def atomics_default(f32, i32, i64, heap_bases, peer, RANK: tl.constexpr, BLOCK: tl.constexpr):
+    """The same atomics without ``sem``/``scope``: the defaults must be acq_rel at system scope."""
+    offs = tl.arange(0, BLOCK)
+    one = tl.full([BLOCK], 1, tl.int32)
+    big = tl.full([BLOCK], 1, tl.int64)
+    f = iris.atomic_add(f32 + offs, 1.0, RANK, peer, heap_bases)
+    f += iris.atomic_sub(f32 + offs, 1.0, RANK, peer, heap_bases)
+    f += iris.atomic_min(f32 + offs, 1.0, RANK, peer, heap_bases)
+    f += iris.atomic_max(f32 + offs, 1.0, RANK, peer, heap_bases)
+    i = iris.atomic_add(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_sub(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_xchg(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_and(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_or(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_xor(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_min(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_max(i32 + offs, one, RANK, peer, heap_bases)
+    i += iris.atomic_cas(i32 + offs, one * 0, one, RANK, peer, heap_bases)
+    j = iris.atomic_xchg(i64 + offs, big, RANK, peer, heap_bases)
+    j += iris.atomic_and(i64 + offs, big, RANK, peer, heap_bases)
+    j += iris.atomic_or(i64 + offs, big, RANK, peer, heap_bases)
+    j += iris.atomic_xor(i64 + offs, big, RANK, peer, heap_bases)
+    j += iris.atomic_cas(i64 + offs, big * 0, big, RANK, peer, heap_bases)
+    tl.store(f32 + offs, f)
+    tl.store(i32 + offs, i)
+    tl.store(i64 + offs, j)
+
+
+@triton.jit
+def atomics_explicit_none(f32, i32, heap_bases, peer, RANK: tl.constexpr, BLOCK: tl.constexpr):
+    """``sem=None, scope=None`` spelled out, as DESIGN.md's signatures (and upstream iris kernels
+    that forward their own arguments) write them: it must mean the defaults too."""
+    offs = tl.arange(0, BLOCK)
+    one = tl.full([BLOCK], 1, tl.int32)
+    f = iris.atomic_add(f32 + offs, 1.0, RANK, peer, heap_bases, mask=None, sem=None, scope=None)
+    i = iris.atomic_xchg(i32 + offs, one, RANK, peer, heap_bases, mask=None, sem=None, scope=None)
+    i += iris.atomic_cas(i32 + offs, one * 0, one, RANK, peer, heap_bases, sem=None, scope=None)
+    tl.store(f32 + offs, f)
+    tl.store(i32 + offs, i)
+
+
+@triton.jit
+def atomics_ctx(context, f32, i32, i64, peer, RANK: tl.constexpr, WORLD: tl.constexpr, SEM: tl.constexpr,
+                SCOPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Every atomic of ``DeviceContext`` once, all with the same ``SEM`` and ``SCOPE``."""
+    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
+    offs = tl.arange(0, BLOCK)
+    one = tl.full([BLOCK], 1, tl.int32)
+    big = tl.full([BLOCK], 1, tl.int64)
+    f = dctx.atomic_add(f32 + offs, 1.0, peer, sem=SEM, scope=SCOPE)
+    f += dctx.atomic_sub(f32 + offs, 1.0, peer, sem=SEM, scope=SCOPE)
+    f += dctx.atomic_min(f32 + offs, 1.0, peer, sem=SEM, scope=SCOPE)
+    f += dctx.atomic_max(f32 + offs, 1.0, peer, sem=SEM, scope=SCOPE)
+    i = dctx.atomic_add(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_sub(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_xchg(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_and(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_or(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_xor(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_min(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_max(i32 + offs, one, peer, sem=SEM, scope=SCOPE)
+    i += dctx.atomic_cas(i32 + offs, one * 0, one, peer, sem=SEM, scope=SCOPE)
+    j = dctx.atomic_xchg(i64 + offs, big, peer, sem=SEM, scope=SCOPE)
+    j += dctx.atomic_and(i64 + offs, big, peer, sem=SEM, scope=SCOPE)
+    j += dctx.atomic_or(i64 + offs, big, peer, sem=SEM, scope=SCOPE)
+    j += dctx.atomic_xor(i64 + offs, big, peer, sem=SEM, scope=SCOPE)
+    j += dctx.atomic_cas(i64 + offs, big * 0, big, peer, sem=SEM, scope=SCOPE)
+    tl.store(f32 + offs, f)
+    tl.store(i32 + offs, i)
+    tl.store(i64 + offs, j)
+
+
+@triton.jit
+def atomics_ctx_default(context, f32, i32, i64, peer, RANK: tl.constexpr, WORLD: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
+    offs = tl.arange(0, BLOCK)
+    one = tl.full([BLOCK], 1, tl.int32)
+    big = tl.full([BLOCK], 1, tl.int64)
+    f = dctx.atomic_add(f32 + offs, 1.0, peer)
+    f += dctx.atomic_sub(f32 + offs, 1.0, peer)
+    f += dctx.atomic_min(f32 + offs, 1.0, peer)
+    f += dctx.atomic_max(f32 + offs, 1.0, peer)
+    i = dctx.atomic_add(i32 + offs, one, peer)
+    i += dctx.atomic_sub(i32 + offs, one, peer)
+    i += dctx.atomic_xchg(i32 + offs, one, peer)
+    i += dctx.atomic_and(i32 + offs, one, peer)
+    i += dctx.atomic_or(i32 + offs, one, peer)
+    i += dctx.atomic_xor(i32 + offs, one, peer)
+    i += dctx.atomic_min(i32 + offs, one, peer)
+    i += dctx.atomic_max(i32 + offs, one, peer)
+    i += dctx.atomic_cas(i32 + offs, one * 0, one, peer)
+    j = dctx.atomic_xchg(i64 + offs, big, peer)
+    j += dctx.atomic_and(i64 + offs, big, peer)
+    j += dctx.atomic_or(i64 + offs, big, peer)
+    j += dctx.atomic_xor(i64 + offs, big, peer)
+    j += dctx.atomic_cas(i64 + offs, big * 0, big, peer)
+    tl.store(f32 + offs, f)
+    tl.store(i32 + offs, i)
+    tl.store(i64 + offs, j)
+
+
+# -- flags ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def signal_default(flag, out, heap_bases, peer, RANK: tl.constexpr):
+    tl.store(out, iris.signal(flag, 7, RANK, peer, heap_bases))
+
+
+@triton.jit
+def signal_sem_scope(flag, out, heap_bases, peer, RANK: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
+    tl.store(out, iris.signal(flag, 7, RANK, peer, heap_bases, sem=SEM, scope=SCOPE))
+
+
+@triton.jit
+def wait_default(flag, out, heap_bases, peer, max_spins, RANK: tl.constexpr):
+    tl.store(out, iris.wait_until(flag, 7, RANK, peer, heap_bases, max_spins).to(tl.int32))
+
+
+@triton.jit
+def wait_cmp(flag, out, heap_bases, peer, max_spins, RANK: tl.constexpr, CMP: tl.constexpr):
+    tl.store(out, iris.wait_until(flag, 7, RANK, peer, heap_bases, max_spins, CMP=CMP).to(tl.int32))
+
+
+@triton.jit
+def wait_sem_scope(flag, out, heap_bases, peer, max_spins, RANK: tl.constexpr, SEM: tl.constexpr,
+                   SCOPE: tl.constexpr):
+    ok = iris.wait_until(flag, 7, RANK, peer, heap_bases, max_spins, sem=SEM, scope=SCOPE)
+    tl.store(out, ok.to(tl.int32))
+
+
+@triton.jit
+def signal_wait_ctx(context, flag, out, peer, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr):
+    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
+    old = dctx.signal(flag, 7, peer)
+    ok = dctx.wait_until(flag + 1, 7, RANK, max_spins, CMP="eq")
+    tl.store(out, old + ok.to(tl.int32))
+
+
+# -- what to compile -----------------------------------------------------------------------------------
+
+_PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
+              "flag": "*i32", "out": "*i32", "state_ptr": "*i32"}
+_INT_ARGS = {"n", "peer", "max_spins", "rank", "world_size"}
+
+
+def _spec(fn, constexprs=None, types=None, divisible=("buf", "out", "a", "b", "f32", "i32", "i64")):
+    """``(fn, signature, constexprs, attrs)`` for ``triton.compile``, by argument name. Pointer
+    arguments named in ``divisible`` (and ``n``) are declared 16-byte aligned (multiples of 16), as
+    Triton's launcher specializes them for aligned tensors and sizes."""
+    constexprs = constexprs or {}
+    types = types or {}
+    names = fn.arg_names
+    signature = {}
+    for name in names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in types:
+            signature[name] = types[name]
+        elif name in _INT_ARGS:
+            signature[name] = "i32"
+        else:
+            signature[name] = _PTR_TYPES[name]
+    attrs = {(names.index(name),): [["tt.divisibility", 16]]
+             for name in names if name in divisible or name == "n"}
+    const = {(names.index(name),): value for name, value in constexprs.items()}
+    return fn, signature, const, attrs
+
+
+def specs() -> dict:
+    out = {}
+    for short, ptr in VECTOR_TYPES.items():
+        types = {"buf": ptr, "out": ptr}
+        for masked in (False, True):
+            tag = f"{short}{'_masked' if masked else ''}"
+            out[f"load_store_{tag}"] = _spec(load_store, dict(RANK=0, MASKED=masked, BLOCK=VECTOR_BLOCK), types)
+            out[f"load_store_ctx_{tag}"] = _spec(load_store_ctx, dict(RANK=1, WORLD=2, MASKED=masked,
+                                                                                BLOCK=VECTOR_BLOCK),
+                                                 types)
+    out["get_put_copy_fp32"] = _spec(get_put_copy, dict(RANK=0, BLOCK=1024), {"a": "*fp32", "b": "*fp32"})
+    out["get_put_copy_ctx_fp32"] = _spec(get_put_copy_ctx, dict(RANK=0, WORLD=2, BLOCK=1024),
+                                         {"a": "*fp32", "b": "*fp32"})
+    out["get_put_copy_bf16"] = _spec(get_put_copy, dict(RANK=0, BLOCK=1024), {"a": "*bf16", "b": "*bf16"})
+    out["control_local_i8"] = _spec(local_load_store, dict(BLOCK=VECTOR_BLOCK), {"buf": "*i8", "out": "*i8"})
+    out["control_unhinted_translate"] = _spec(control_unhinted_translate, dict(RANK=0, BLOCK=1024),
+                                              {"buf": "*fp32", "out": "*fp32"})
+    for sem in SEMS:
+        for scope in SCOPES:
+            out[f"atomics_{sem}_{scope}"] = _spec(atomics, dict(RANK=0, SEM=sem, SCOPE=scope, BLOCK=128))
+            out[f"atomics_ctx_{sem}_{scope}"] = _spec(atomics_ctx, dict(RANK=0, WORLD=2, SEM=sem, SCOPE=scope,
+                                                                       BLOCK=128))
+    out["atomics_default"] = _spec(atomics_default, dict(RANK=0, BLOCK=128))
+    out["atomics_ctx_default"] = _spec(atomics_ctx_default, dict(RANK=0, WORLD=2, BLOCK=128))
+    out["atomics_explicit_none"] = _spec(atomics_explicit_none, dict(RANK=0, BLOCK=128))
+    out["signal_default"] = _spec(signal_default, dict(RANK=0))
+    out["signal_acq_rel_gpu"] = _spec(signal_sem_scope, dict(RANK=0, SEM="acq_rel", SCOPE="gpu"))
+    out["signal_relaxed_cta"] = _spec(signal_sem_scope, dict(RANK=0, SEM="relaxed", SCOPE="cta"))
+    out["wait_default"] = _spec(wait_default, dict(RANK=0))
+    for cmp in ("eq", "ne", "gt", "ge", "lt", "le", "bogus"):
+        out[f"wait_cmp_{cmp}"] = _spec(wait_cmp, dict(RANK=0, CMP=cmp))
+    out["wait_relaxed_gpu"] = _spec(wait_sem_scope, dict(RANK=0, SEM="relaxed", SCOPE="gpu"))
+    out["wait_acquire_cta"] = _spec(wait_sem_scope, dict(RANK=0, SEM="acquire", SCOPE="cta"))
+    out["signal_wait_ctx"] = _spec(signal_wait_ctx, dict(RANK=1, WORLD=2))
+    out["device_barrier"] = _spec(device_barrier_kernel, divisible=("state_ptr", "heap_bases"))
+    return out
+
+
+_MEMORY_OP = re.compile(r"^(ld|st|atom|red|fence|membar)\.")
+
+
+def memory_instructions(ptx: str) -> list[str]:
+    """Sorted unique memory instructions of ``ptx`` (first tokens, predicates removed)."""
+    found = set()
+    for line in ptx.splitlines():
+        line = re.sub(r"^@!?%p\d+\s+", "", line.strip())
+        token = line.split(None, 1)[0] if line else ""
+        if _MEMORY_OP.match(token):
+            found.add(token)
+    return sorted(found)
+
+
+def compile_all() -> dict:
+    ops, errors = {}, {}
+    for name, (fn, signature, constexprs, attrs) in specs().items():
+        try:
+            source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+            ops[name] = memory_instructions(triton.compile(source, target=TARGET).asm["ptx"])
+        except Exception:  # reported to the test, which decides whether the failure was expected
+            errors[name] = traceback.format_exc()
+    return {"ops": ops, "errors": errors}
+
+
+if __name__ == "__main__":
+    if not isinstance(load_store, triton.runtime.JITFunction):
+        sys.exit("TRITON_INTERPRET is set: kernels are interpreted and cannot be compiled; unset it")
+    json.dump(compile_all(), sys.stdout, indent=1)

@@ -1,0 +1,193 @@
+"""What the Triton device API compiles to on sm_90, checked in the PTX (no GPU needed).
+
+The kernels live in ``tests/ptx_kernels.py``. One subprocess compiles all of them, without
+``TRITON_INTERPRET`` (conftest sets it on CPU-only machines, and ``triton.jit`` returns interpreted
+functions when it is set), and reports each kernel's memory instructions as JSON. The instruction
+spellings below are Triton 3.6's, read off its output: e.g. ``atom.global.sys.acq_rel.add.f32``,
+but ``atom.global.acq_rel.sys.cas.b32`` (cas prints the ordering before the scope), and a wait's
+flag read ``ld.global.sys.acquire.b32`` (Triton turns an atomic add of 0 into an acquire load).
+So scopes and orderings are compared as dot-separated components, not positions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KERNELS = Path(__file__).with_name("ptx_kernels.py")
+SEMS = ("relaxed", "acquire", "release", "acq_rel")
+SCOPES = ("cta", "gpu", "sys")
+#: Every atomic kernel in ptx_kernels.py uses all of these PTX operations (sub is an add of the
+#: negated value; float min/max become signed max / unsigned min on the bits).
+ATOMIC_OPS = {"add", "exch", "and", "or", "xor", "min", "max", "cas"}
+#: The 16-byte vector access a contiguous block of each element type should compile to.
+VECTOR_LOAD = {"fp32": "ld.global.v4.b32", "fp16": "ld.global.v4.b32", "bf16": "ld.global.v4.b32",
+               "i8": "ld.global.v4.b32", "fp8": "ld.global.v4.b32", "i64": "ld.global.v2.b64"}
+
+
+@pytest.fixture(scope="session")
+def ptx() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(KERNELS)], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=KERNELS.parent)
+    assert proc.returncode == 0, f"compiling the PTX kernels failed:\n{proc.stderr[-5000:]}"
+    return json.loads(proc.stdout)
+
+
+def ops_of(ptx: dict, name: str) -> list[str]:
+    assert name not in ptx["errors"], f"{name} did not compile:\n{ptx['errors'][name][-3000:]}"
+    return ptx["ops"][name]
+
+
+def atomics_of(ops: list[str]) -> list[str]:
+    return [op for op in ops if op.startswith(("atom.", "red."))]
+
+
+def assert_atomics(ops: list[str], sem: str, scope: str, name: str) -> None:
+    """Every atomic carries exactly ``sem`` and ``scope``, and every kind of atomic is there."""
+    atomics = atomics_of(ops)
+    assert len(atomics) >= len(ATOMIC_OPS), f"{name}: too few atomics: {atomics}"
+    for op in atomics:
+        parts = set(op.split("."))
+        assert parts & set(SCOPES) == {scope}, f"{name}: {op} is not at scope {scope!r}"
+        assert parts & set(SEMS) == {sem}, f"{name}: {op} is not {sem!r}"
+    kinds = set().union(*(op.split(".") for op in atomics))
+    assert ATOMIC_OPS <= kinds, f"{name}: missing atomics {ATOMIC_OPS - kinds}: {atomics}"
+
+
+# -- loads and stores keep 16-byte vectors ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["free", "ctx"])
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+@pytest.mark.parametrize("dtype", list(VECTOR_LOAD))
+def test_remote_load_store_keeps_vector_width(ptx, dtype, masked, api):
+    # 1-byte types (i8, fp8) are where translate's alignment hint is easiest to lose: there the
+    # distance is divided by an element size of 1, which Triton folds away together with the
+    # ``tl.multiple_of`` placed on the quotient. test_local_i8_control_is_vectorized shows what
+    # the same block compiles to without iris.
+    name = f"load_store{'_ctx' if api == 'ctx' else ''}_{dtype}{'_masked' if masked else ''}"
+    ops = ops_of(ptx, name)
+    vector_load = VECTOR_LOAD[dtype]
+    vector_store = vector_load.replace("ld.", "st.", 1)
+    assert vector_load in ops and vector_store in ops, f"{name}: {ops}"
+    # The data moves only in vectors: the one other global load is of the heap bases (8 bytes).
+    assert {op for op in ops if op.startswith("st.global")} == {vector_store}, f"{name}: {ops}"
+    assert {op for op in ops if op.startswith("ld.global")} <= {vector_load, "ld.global.b64"}, f"{name}: {ops}"
+
+
+def test_local_i8_control_is_vectorized(ptx):
+    # What an i8 block compiles to without iris: the expectation for test_remote_load_store above.
+    ops = ops_of(ptx, "control_local_i8")
+    assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, ops
+
+
+@pytest.mark.parametrize("name", ["get_put_copy_fp32", "get_put_copy_ctx_fp32", "get_put_copy_bf16"])
+def test_get_put_copy_keep_vector_width(ptx, name):
+    ops = ops_of(ptx, name)
+    assert {op for op in ops if op.startswith("st.global")} == {"st.global.v4.b32"}, ops
+    assert {op for op in ops if op.startswith("ld.global")} == {"ld.global.v4.b32", "ld.global.b64"}, ops
+
+
+def test_vector_checks_can_fail(ptx):
+    # The same translation without the alignment hint: scalar accesses, which the checks above reject.
+    ops = ops_of(ptx, "control_unhinted_translate")
+    assert "ld.global.b32" in ops and "st.global.b32" in ops, ops
+    assert not any(".v4." in op or ".v2." in op for op in ops), ops
+
+
+# -- atomics ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["free", "ctx"])
+def test_atomics_default_to_acq_rel_at_system_scope(ptx, api):
+    name = "atomics_default" if api == "free" else "atomics_ctx_default"
+    ops = ops_of(ptx, name)
+    assert_atomics(ops, "acq_rel", "sys", name)
+    assert "atom.global.sys.acq_rel.add.f32" in ops and "atom.global.acq_rel.sys.cas.b32" in ops, ops
+
+
+@pytest.mark.parametrize("api", ["free", "ctx"])
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("sem", SEMS)
+def test_atomics_carry_requested_sem_and_scope(ptx, sem, scope, api):
+    name = f"atomics{'_ctx' if api == 'ctx' else ''}_{sem}_{scope}"
+    ops = ops_of(ptx, name)
+    assert_atomics(ops, sem, scope, name)
+    assert f"atom.global.{scope}.{sem}.add.f32" in ops and f"atom.global.{sem}.{scope}.cas.b64" in ops, ops
+
+
+def test_explicit_none_sem_and_scope_mean_the_defaults(ptx):
+    # DESIGN.md writes the atomics as ``..., sem=None, scope=None)``, and upstream iris kernels
+    # forward their own ``sem``/``scope`` arguments, None included. None must not fall through to
+    # Triton's own default scope, "gpu", which a peer GPU does not observe.
+    ops = ops_of(ptx, "atomics_explicit_none")
+    atomics = atomics_of(ops)
+    assert len(atomics) == 3, atomics
+    for op in atomics:
+        parts = set(op.split("."))
+        assert parts & set(SCOPES) == {"sys"} and parts & set(SEMS) == {"acq_rel"}, (
+            f"{op}: sem=None/scope=None passed explicitly did not give the defaults (acq_rel, sys)")
+
+
+# -- flags and the device barrier -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("signal_default", "atom.global.sys.release.exch.b32"),
+        ("signal_acq_rel_gpu", "atom.global.gpu.acq_rel.exch.b32"),
+        ("signal_relaxed_cta", "atom.global.cta.relaxed.exch.b32"),
+    ],
+)
+def test_signal_is_an_exchange_with_the_requested_ordering(ptx, name, expected):
+    assert atomics_of(ops_of(ptx, name)) == [expected]
+
+
+def flag_reads(ops: list[str]) -> set[str]:
+    """The 32-bit global reads of a flag (plain or ordered loads, and atomics)."""
+    return {op for op in ops if op.startswith("ld.global") and op.endswith(".b32")} | set(atomics_of(ops))
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("wait_default", "ld.global.sys.acquire.b32"),
+        *[(f"wait_cmp_{cmp}", "ld.global.sys.acquire.b32") for cmp in ("eq", "ne", "gt", "ge", "lt", "le")],
+        ("wait_relaxed_gpu", "ld.global.gpu.relaxed.b32"),
+        ("wait_acquire_cta", "ld.global.cta.acquire.b32"),
+    ],
+)
+def test_wait_until_reads_the_flag_with_the_requested_ordering(ptx, name, expected):
+    # The only read of the flag is the ordered one: a plain (weak) ld.global.b32 would let the
+    # spin see a stale value and the data after it be read before the flag.
+    assert flag_reads(ops_of(ptx, name)) == {expected}
+
+
+def test_wait_until_rejects_an_unknown_comparison(ptx):
+    assert "wait_cmp_bogus" not in ptx["ops"]
+    assert "CMP must be one of" in ptx["errors"]["wait_cmp_bogus"]
+
+
+def test_device_context_signal_and_wait(ptx):
+    ops = ops_of(ptx, "signal_wait_ctx")
+    assert flag_reads(ops) == {"atom.global.sys.release.exch.b32", "ld.global.sys.acquire.b32"}, ops
+
+
+def test_device_barrier_releases_and_acquires_at_system_scope(ptx):
+    ops = ops_of(ptx, "device_barrier")
+    assert atomics_of(ops) == ["atom.global.sys.release.add.u32"], ops
+    assert "ld.global.sys.acquire.b32" in ops, ops
+    # The one plain 32-bit load is of this rank's own epoch, which only this rank writes.
+    assert flag_reads(ops) == {"atom.global.sys.release.add.u32", "ld.global.sys.acquire.b32", "ld.global.b32"}
+
+
+def test_every_kernel_compiled_except_the_bogus_comparison(ptx):
+    assert set(ptx["errors"]) == {"wait_cmp_bogus"}, {k: v[-1500:] for k, v in ptx["errors"].items()}
+    assert len(ptx["ops"]) >= 60
