@@ -145,7 +145,7 @@ def main() -> None:
         sizes.append(size)
         size *= 4
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    configs = [(sms * k, block, warps) for k in (1, 2, 4) for block in (1024, 4096) for warps in (4, 8)]
+    configs = [(sms * k, block, warps) for k in (1, 2, 4) for block in (1024, 4096, 8192) for warps in (4, 8, 16)]
     rows = iris.spawn(_run, 2, sizes, configs, args.repeats, device="cuda")[0]
     print(f"{'bytes':>12} " + " ".join(f"{k:>16}" for k in (*MODES, "torch_peer_copy")) + "   (GB/s)")
     for r in rows:

@@ -788,8 +788,6 @@ def test_free_of_a_view_is_value_error(ctx):
     assert ctx.heap.allocator.used_bytes == used
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a view that starts at its block's first byte frees the whole "
-                                       "block (HeapMixin.free checks the offset only)")
 def test_free_of_a_view_at_the_block_start_is_value_error(ctx):
     t = ctx.zeros(4, 4)
     with pytest.raises(ValueError):

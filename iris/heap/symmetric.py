@@ -40,6 +40,9 @@ class SymmetricHeap:
         self.debug = debug
         self.allocator = HeapAllocator(mapping.size)
         self._calls = 0
+        #: (shape, stride, dtype) of the tensor each live block was allocated as, by offset:
+        #: ``free`` accepts that tensor only, never a view of it.
+        self.allocated_as: dict[int, tuple] = {}
 
     @property
     def size(self) -> int:
@@ -71,6 +74,7 @@ class SymmetricHeap:
     def free_offset(self, offset: int, detail: str = "") -> None:
         self._check_symmetric("free", self.allocator.block_size(offset) or 0, detail)
         self.allocator.free(offset)
+        self.allocated_as.pop(offset, None)
 
     def view(self, offset: int, nbytes: int, rank: int | None = None) -> torch.Tensor:
         """``nbytes`` of the heap of ``rank`` (default: this rank) from ``offset``, as uint8."""

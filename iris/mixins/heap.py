@@ -90,7 +90,8 @@ class HeapMixin:
         """Return ``tensor``'s block to the heap for reuse. This is a collective operation:
         every rank frees the same tensors in the same order. The tensor must not be used after."""
         offset = self._heap_offset(tensor)
-        if self.heap.allocator.block_size(offset) is None:
+        signature = (tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        if self.heap.allocator.block_size(offset) is None or self.heap.allocated_as.get(offset) != signature:
             raise ValueError(
                 f"tensor at heap offset {offset} is not the start of a live allocation: free only "
                 f"tensors returned by the context's constructors (not views into them), each once"

@@ -56,6 +56,7 @@ class TensorMixin:
         span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
         nbytes = span * itemsize
         offset = self.heap.allocate(nbytes, detail=f"{tuple(shape)} {dtype}")
+        self.heap.allocated_as[offset] = (tuple(shape), tuple(stride), dtype)
         return self.heap.view(offset, nbytes).view(dtype).as_strided(shape, stride)
 
     def _target(self, meta_call: Callable[..., torch.Tensor], out: torch.Tensor | None,
