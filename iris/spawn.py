@@ -90,7 +90,13 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, device: str | None = 
         procs = mp.start_processes(
             _run_rank, args=(fn, args, results), nprocs=nprocs, join=False, start_method="spawn"
         )
-    while not procs.join():
-        pass
-    by_rank = dict(results.get() for _ in range(nprocs))
+    # Drain results while waiting: a rank blocks in put() once the pipe is full, so reading only
+    # after every rank exited would hang on large results.
+    by_rank: dict[int, Any] = {}
+    finished = False
+    while not finished:
+        finished = procs.join(timeout=0.1)
+        while not results.empty():
+            rank, value = results.get()
+            by_rank[rank] = value
     return [by_rank[r] for r in range(nprocs)]

@@ -363,3 +363,12 @@ def test_spawn_rejects_bad_nprocs(nprocs):
 def test_spawn_rejects_bad_device():
     with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda'"):
         iris.spawn(_failing_rank, 2, device="tpu")
+
+
+def _large_result(rank: int) -> str:
+    return str(rank) * 300_000  # far more than a pipe holds
+
+
+@pytest.mark.slow
+def test_spawn_returns_results_larger_than_a_pipe():
+    assert iris.spawn(_large_result, 2, device="cpu") == ["0" * 300_000, "1" * 300_000]

@@ -102,7 +102,8 @@ def _heap_worker(rank: int) -> dict:
     peer_ptrs_ok = True
     for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.complex64):
         buf = ctx.zeros(world, n, dtype=dtype)
-        strided = ctx.zeros(n, world, dtype=dtype).t()  # rows are strided: peer_view keeps strides
+        allocated = ctx.zeros(n, world, dtype=dtype)
+        strided = allocated.t()  # rows are strided: peer_view keeps strides
         offset = ctx.heap.offset_of(buf)
         mine = _peer_data(rank, dtype, n)
         ctx.barrier()
@@ -120,7 +121,7 @@ def _heap_worker(rank: int) -> dict:
             not torch.equal(expected[0], expected[-1]),  # the rows differ: a real test
         )
         ctx.barrier()  # nobody frees (and reuses) while a peer may still read
-        ctx.free(strided)
+        ctx.free(allocated)  # the tensor as allocated: free() refuses views such as `strided`
         ctx.free(buf)
     report["peer_results"] = peer_results
     report["peer_ptrs_ok"] = peer_ptrs_ok
