@@ -52,3 +52,14 @@ def skip_unless_interpreter_runs_kernel_loops() -> None:
     """Skip (by capability) a test that interprets kernels with runtime-bounded loops."""
     if not interpreter_runs_kernel_loops():
         pytest.skip("this Triton's interpreter cannot run runtime-bounded loops with this numpy; pin numpy<2.4")
+
+
+#: Variables that shape a context; tests of configuration start without them.
+IRIS_ENV = ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_DEBUG", "IRIS_TIMEOUT", "IRIS_LOG_LEVEL", "IRIS_DEVICE")
+
+
+@pytest.fixture
+def clean_iris_env(monkeypatch):
+    """Remove every IRIS_* variable that shapes a context, for the duration of a test."""
+    for name in IRIS_ENV:
+        monkeypatch.delenv(name, raising=False)

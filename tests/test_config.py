@@ -9,14 +9,7 @@ import pytest
 
 from iris.config import DEFAULT_HEAP_SIZE, ContextConfig, parse_size
 
-IRIS_ENV = ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_DEBUG", "IRIS_TIMEOUT", "IRIS_LOG_LEVEL", "IRIS_DEVICE")
-
-
-@pytest.fixture(autouse=True)
-def _clean_iris_env(monkeypatch):
-    """Every test starts from an environment without IRIS_* settings."""
-    for name in IRIS_ENV:
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_iris_env")
 
 
 # -- parse_size ---------------------------------------------------------------------------------

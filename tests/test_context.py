@@ -24,7 +24,7 @@ from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
 from iris.registry import get_backend
 
 HEAP = "4MiB"
-IRIS_ENV = ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_DEBUG", "IRIS_TIMEOUT", "IRIS_LOG_LEVEL", "IRIS_DEVICE")
+pytestmark = pytest.mark.usefixtures("clean_iris_env")
 
 # On CPU-only machines tests/conftest.py sets TRITON_INTERPRET=1, so these always run there (and
 # fail loudly if it did not). On GPU machines CPU contexts are skipped unless it is set.
@@ -32,12 +32,6 @@ needs_interpreter = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available(),
     reason="CPU contexts need TRITON_INTERPRET=1, which is not set on this GPU machine",
 )
-
-
-@pytest.fixture(autouse=True)
-def _clean_iris_env(monkeypatch):
-    for name in IRIS_ENV:
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

@@ -27,13 +27,7 @@ from iris.registry import PluginRegistry, backends
 FIXTURES = Path(__file__).parent / "fixtures"
 ECHO_PLUGIN = FIXTURES / "iris_echo_plugin"
 
-IRIS_ENV = ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_DEBUG", "IRIS_TIMEOUT", "IRIS_LOG_LEVEL", "IRIS_DEVICE")
-
-
-@pytest.fixture(autouse=True)
-def _clean_iris_env(monkeypatch):
-    for name in IRIS_ENV:
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_iris_env")
 
 
 @pytest.fixture
