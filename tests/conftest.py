@@ -63,3 +63,18 @@ def clean_iris_env(monkeypatch):
     """Remove every IRIS_* variable that shapes a context, for the duration of a test."""
     for name in IRIS_ENV:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def global_backends():
+    """The process-wide backend registry, restored after the test. There is no public way to
+    unregister a backend (on purpose), so the registry's private tables are put back."""
+    from iris.registry import backends
+
+    entries, loaded = dict(backends._entries), dict(backends._loaded)
+    yield backends
+    with backends._lock:
+        backends._entries.clear()
+        backends._entries.update(entries)
+        backends._loaded.clear()
+        backends._loaded.update(loaded)

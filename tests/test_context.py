@@ -52,21 +52,6 @@ def make_context():
 
 
 @pytest.fixture
-def global_backends():
-    """The process-wide backend registry, restored after the test (there is no public
-    unregister, so its private tables are put back)."""
-    from iris.registry import backends
-
-    entries, loaded = dict(backends._entries), dict(backends._loaded)
-    yield backends
-    with backends._lock:
-        backends._entries.clear()
-        backends._entries.update(entries)
-        backends._loaded.clear()
-        backends._loaded.update(loaded)
-
-
-@pytest.fixture
 def iris_logger():
     """The ``iris`` logger, with its level and handlers restored after the test."""
     logger = logging.getLogger("iris")

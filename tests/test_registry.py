@@ -30,22 +30,6 @@ ECHO_PLUGIN = FIXTURES / "iris_echo_plugin"
 pytestmark = pytest.mark.usefixtures("clean_iris_env")
 
 
-@pytest.fixture
-def global_backends():
-    """The process-wide backend registry, restored after the test.
-
-    There is no public way to unregister a backend (on purpose), so the test's registrations are
-    undone through the registry's private tables.
-    """
-    entries, loaded = dict(backends._entries), dict(backends._loaded)
-    yield backends
-    with backends._lock:
-        backends._entries.clear()
-        backends._entries.update(entries)
-        backends._loaded.clear()
-        backends._loaded.update(loaded)
-
-
 def _triton_backend():
     from iris_triton import TritonBackend
 
