@@ -20,18 +20,23 @@ import iris
 from iris.config import parse_size
 
 MODES = ("load", "store", "get", "put", "atomic_add")
+#: Cache modifiers tried on the remote access once the best geometry is known.
+CACHE_MODIFIERS = {"load": (".cg", ".cv"), "store": (".cs", ".wt", ".cg")}
 
 
 @triton.jit
-def transfer_kernel(src, dst, n, heap_bases, rank, peer, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    """Move ``n`` float32 between this rank's and ``peer``'s heap; grid-stride over blocks."""
+def transfer_kernel(src, dst, n, heap_bases, rank, peer, MODE: tl.constexpr, BLOCK: tl.constexpr,
+                    CACHE: tl.constexpr):
+    """Move ``n`` float32 between this rank's and ``peer``'s heap; grid-stride over blocks.
+    ``CACHE`` is the cache modifier of the remote access in the load and store modes."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         if MODE == "load":  # peer's src -> local dst
-            tl.store(dst + offs, iris.load(src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
+            tl.store(dst + offs, iris.load(src + offs, rank, peer, heap_bases, mask=mask, cache_modifier=CACHE), mask=mask)
         elif MODE == "store":  # local src -> peer's dst
-            iris.store(dst + offs, tl.load(src + offs, mask=mask), rank, peer, heap_bases, mask=mask)
+            iris.store(dst + offs, tl.load(src + offs, mask=mask), rank, peer, heap_bases, mask=mask,
+                       cache_modifier=CACHE)
         elif MODE == "get":
             iris.get(src + offs, dst + offs, peer, rank, heap_bases, mask=mask)
         elif MODE == "put":
@@ -56,10 +61,12 @@ def _time_ms(fn, repeats: int) -> list[float]:
     return samples
 
 
-def _launcher(ctx, mode, src, dst, n, grid, block, warps):
+def _launcher(ctx, mode, src, dst, n, grid, block, warps, cache=""):
+    """A no-argument launch of one configuration; ``grid`` None means one program per block."""
     bases = ctx.get_heap_bases()
-    return lambda: transfer_kernel[(grid,)](src, dst, n, bases, ctx.rank, 1 - ctx.rank, MODE=mode, BLOCK=block,
-                                            num_warps=warps)
+    programs = triton.cdiv(n, block) if grid is None else grid
+    return lambda: transfer_kernel[(programs,)](src, dst, n, bases, ctx.rank, 1 - ctx.rank, MODE=mode, BLOCK=block,
+                                                CACHE=cache, num_warps=warps)
 
 
 def _check(ctx, src, dst, n) -> bool:
@@ -85,10 +92,14 @@ def _run(rank: int, sizes: list[int], configs: list[tuple[int, int, int]], repea
     ctx.barrier()
     if rank == 0:
         correct = _check(ctx, src, dst, min(n_max, 1 << 20))
-        # Pick the fastest (grid, block, warps) per mode at the largest size; rank 1 is idle.
+        # Pick the fastest (grid, block, warps) per mode at the largest size, then the fastest
+        # cache modifier at that geometry; rank 1 is idle.
         best = {}
         for mode in MODES:
-            timings = {cfg: min(_time_ms(_launcher(ctx, mode, src, dst, n_max, *cfg), 5)) for cfg in configs}
+            timings = {(*cfg, ""): min(_time_ms(_launcher(ctx, mode, src, dst, n_max, *cfg), 5)) for cfg in configs}
+            geometry = min(timings, key=timings.get)[:3]
+            for cache in CACHE_MODIFIERS.get(mode, ()):
+                timings[(*geometry, cache)] = min(_time_ms(_launcher(ctx, mode, src, dst, n_max, *geometry, cache), 5))
             best[mode] = min(timings, key=timings.get)
         peer_buffer = torch.empty(n_max, device="cuda:1")
         for size in sizes:
@@ -145,7 +156,8 @@ def main() -> None:
         sizes.append(size)
         size *= 4
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    configs = [(sms * k, block, warps) for k in (1, 2, 4) for block in (1024, 4096, 8192) for warps in (4, 8, 16)]
+    grids = [sms * k for k in (1, 2, 4)] + [None]  # None: one program per block
+    configs = [(grid, block, warps) for grid in grids for block in (2048, 4096, 8192) for warps in (4, 8, 16)]
     rows = iris.spawn(_run, 2, sizes, configs, args.repeats, device="cuda")[0]
     print(f"{'bytes':>12} " + " ".join(f"{k:>16}" for k in (*MODES, "torch_peer_copy")) + "   (GB/s)")
     for r in rows:

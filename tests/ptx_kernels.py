@@ -22,9 +22,12 @@ import traceback
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
 
 import iris
+from iris_gluon.frontend import GLUON
 from iris_triton.barrier import device_barrier_kernel
+from iris_triton.frontend import TRITON
 
 TARGET = GPUTarget("cuda", 90, 32)
 SEMS = ("relaxed", "acquire", "release", "acq_rel")
@@ -49,11 +52,13 @@ def load_store(buf, out, heap_bases, n, peer, RANK: tl.constexpr, MASKED: tl.con
     iris.store(out + offs, x, RANK, peer, heap_bases, mask=mask)
 
 
-@triton.jit
-def load_store_ctx(context, buf, out, n, peer, RANK: tl.constexpr, WORLD: tl.constexpr, MASKED: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+# The ``*_ctx`` kernels are sources compiled by both front ends (``CTX`` is the context class).
+
+
+def load_store_ctx(context, buf, out, n, peer, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                   MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(buf, tl.program_id(0) * BLOCK, BLOCK)
     if MASKED:
         mask = offs < n
     else:
@@ -71,10 +76,10 @@ def get_put_copy(a, b, heap_bases, n, peer, RANK: tl.constexpr, BLOCK: tl.conste
     iris.copy(a + offs, b + offs, peer, RANK, RANK, heap_bases, mask=mask)
 
 
-@triton.jit
-def get_put_copy_ctx(context, a, b, n, peer, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def get_put_copy_ctx(context, a, b, n, peer, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(a, tl.program_id(0) * BLOCK, BLOCK)
     mask = offs < n
     dctx.get(a + offs, b + offs, peer, mask=mask)
     dctx.put(b + offs, a + offs, peer, mask=mask)
@@ -173,14 +178,13 @@ def atomics_explicit_none(f32, i32, heap_bases, peer, RANK: tl.constexpr, BLOCK:
     tl.store(i32 + offs, i)
 
 
-@triton.jit
-def atomics_ctx(context, f32, i32, i64, peer, RANK: tl.constexpr, WORLD: tl.constexpr, SEM: tl.constexpr,
-                SCOPE: tl.constexpr, BLOCK: tl.constexpr):
-    """Every atomic of ``DeviceContext`` once, all with the same ``SEM`` and ``SCOPE``."""
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    offs = tl.arange(0, BLOCK)
-    one = tl.full([BLOCK], 1, tl.int32)
-    big = tl.full([BLOCK], 1, tl.int64)
+def atomics_ctx(context, f32, i32, i64, peer, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                SEM: tl.constexpr, SCOPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Every atomic of the device context once, all with the same ``SEM`` and ``SCOPE``."""
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(i32, 0, BLOCK)
+    one = (offs * 0 + 1).to(tl.int32)
+    big = one.to(tl.int64)
     f = dctx.atomic_add(f32 + offs, 1.0, peer, sem=SEM, scope=SCOPE)
     f += dctx.atomic_sub(f32 + offs, 1.0, peer, sem=SEM, scope=SCOPE)
     f += dctx.atomic_min(f32 + offs, 1.0, peer, sem=SEM, scope=SCOPE)
@@ -204,13 +208,12 @@ def atomics_ctx(context, f32, i32, i64, peer, RANK: tl.constexpr, WORLD: tl.cons
     tl.store(i64 + offs, j)
 
 
-@triton.jit
-def atomics_ctx_default(context, f32, i32, i64, peer, RANK: tl.constexpr, WORLD: tl.constexpr,
+def atomics_ctx_default(context, f32, i32, i64, peer, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
                         BLOCK: tl.constexpr):
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    offs = tl.arange(0, BLOCK)
-    one = tl.full([BLOCK], 1, tl.int32)
-    big = tl.full([BLOCK], 1, tl.int64)
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(i32, 0, BLOCK)
+    one = (offs * 0 + 1).to(tl.int32)
+    big = one.to(tl.int64)
     f = dctx.atomic_add(f32 + offs, 1.0, peer)
     f += dctx.atomic_sub(f32 + offs, 1.0, peer)
     f += dctx.atomic_min(f32 + offs, 1.0, peer)
@@ -264,9 +267,9 @@ def wait_sem_scope(flag, out, heap_bases, peer, max_spins, RANK: tl.constexpr, S
     tl.store(out, ok.to(tl.int32))
 
 
-@triton.jit
-def signal_wait_ctx(context, flag, out, peer, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr):
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
+def signal_wait_ctx(context, flag, out, peer, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
+                    WORLD: tl.constexpr):
+    dctx = CTX.initialize(context, RANK, WORLD)
     old = dctx.signal(flag, 7, peer)
     ok = dctx.wait_until(flag + 1, 7, RANK, max_spins, CMP="eq")
     tl.store(out, old + ok.to(tl.int32))
@@ -302,19 +305,37 @@ def _spec(fn, constexprs=None, types=None, divisible=("buf", "out", "a", "b", "f
     return fn, signature, const, attrs
 
 
-def specs() -> dict:
+def _ctx_specs(frontend) -> dict:
+    """The ``*_ctx`` sources compiled by ``frontend``, keyed as the Triton names; Gluon's keys get
+    a ``gluon:`` prefix."""
+    prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
+    ctx = frontend.device_context
     out = {}
+    for short, ptr in VECTOR_TYPES.items():
+        for masked in (False, True):
+            tag = f"{short}{'_masked' if masked else ''}"
+            out[f"load_store_ctx_{tag}"] = _spec(frontend.kernel(load_store_ctx),
+                                                 dict(CTX=ctx, RANK=1, WORLD=2, MASKED=masked, BLOCK=VECTOR_BLOCK),
+                                                 {"buf": ptr, "out": ptr})
+    out["get_put_copy_ctx_fp32"] = _spec(frontend.kernel(get_put_copy_ctx), dict(CTX=ctx, RANK=0, WORLD=2, BLOCK=1024),
+                                         {"a": "*fp32", "b": "*fp32"})
+    for sem in SEMS:
+        for scope in SCOPES:
+            out[f"atomics_ctx_{sem}_{scope}"] = _spec(frontend.kernel(atomics_ctx),
+                                                      dict(CTX=ctx, RANK=0, WORLD=2, SEM=sem, SCOPE=scope, BLOCK=128))
+    out["atomics_ctx_default"] = _spec(frontend.kernel(atomics_ctx_default), dict(CTX=ctx, RANK=0, WORLD=2, BLOCK=128))
+    out["signal_wait_ctx"] = _spec(frontend.kernel(signal_wait_ctx), dict(CTX=ctx, RANK=1, WORLD=2))
+    return {prefix + name: spec for name, spec in out.items()}
+
+
+def specs() -> dict:
+    out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON)}
     for short, ptr in VECTOR_TYPES.items():
         types = {"buf": ptr, "out": ptr}
         for masked in (False, True):
             tag = f"{short}{'_masked' if masked else ''}"
             out[f"load_store_{tag}"] = _spec(load_store, dict(RANK=0, MASKED=masked, BLOCK=VECTOR_BLOCK), types)
-            out[f"load_store_ctx_{tag}"] = _spec(load_store_ctx, dict(RANK=1, WORLD=2, MASKED=masked,
-                                                                                BLOCK=VECTOR_BLOCK),
-                                                 types)
     out["get_put_copy_fp32"] = _spec(get_put_copy, dict(RANK=0, BLOCK=1024), {"a": "*fp32", "b": "*fp32"})
-    out["get_put_copy_ctx_fp32"] = _spec(get_put_copy_ctx, dict(RANK=0, WORLD=2, BLOCK=1024),
-                                         {"a": "*fp32", "b": "*fp32"})
     out["get_put_copy_bf16"] = _spec(get_put_copy, dict(RANK=0, BLOCK=1024), {"a": "*bf16", "b": "*bf16"})
     out["control_local_i8"] = _spec(local_load_store, dict(BLOCK=VECTOR_BLOCK), {"buf": "*i8", "out": "*i8"})
     out["control_unhinted_translate"] = _spec(control_unhinted_translate, dict(RANK=0, BLOCK=1024),
@@ -322,10 +343,7 @@ def specs() -> dict:
     for sem in SEMS:
         for scope in SCOPES:
             out[f"atomics_{sem}_{scope}"] = _spec(atomics, dict(RANK=0, SEM=sem, SCOPE=scope, BLOCK=128))
-            out[f"atomics_ctx_{sem}_{scope}"] = _spec(atomics_ctx, dict(RANK=0, WORLD=2, SEM=sem, SCOPE=scope,
-                                                                       BLOCK=128))
     out["atomics_default"] = _spec(atomics_default, dict(RANK=0, BLOCK=128))
-    out["atomics_ctx_default"] = _spec(atomics_ctx_default, dict(RANK=0, WORLD=2, BLOCK=128))
     out["atomics_explicit_none"] = _spec(atomics_explicit_none, dict(RANK=0, BLOCK=128))
     out["signal_default"] = _spec(signal_default, dict(RANK=0))
     out["signal_acq_rel_gpu"] = _spec(signal_sem_scope, dict(RANK=0, SEM="acq_rel", SCOPE="gpu"))
@@ -335,7 +353,6 @@ def specs() -> dict:
         out[f"wait_cmp_{cmp}"] = _spec(wait_cmp, dict(RANK=0, CMP=cmp))
     out["wait_relaxed_gpu"] = _spec(wait_sem_scope, dict(RANK=0, SEM="relaxed", SCOPE="gpu"))
     out["wait_acquire_cta"] = _spec(wait_sem_scope, dict(RANK=0, SEM="acquire", SCOPE="cta"))
-    out["signal_wait_ctx"] = _spec(signal_wait_ctx, dict(RANK=1, WORLD=2))
     out["device_barrier"] = _spec(device_barrier_kernel, divisible=("state_ptr", "heap_bases"))
     return out
 
@@ -358,7 +375,8 @@ def compile_all() -> dict:
     ops, errors = {}, {}
     for name, (fn, signature, constexprs, attrs) in specs().items():
         try:
-            source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+            source_class = GluonASTSource if name.startswith("gluon:") else triton.compiler.ASTSource
+            source = source_class(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
             ops[name] = memory_instructions(triton.compile(source, target=TARGET).asm["ptx"])
         except Exception:  # reported to the test, which decides whether the failure was expected
             errors[name] = traceback.format_exc()

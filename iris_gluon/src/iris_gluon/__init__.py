@@ -1,5 +1,8 @@
-"""Gluon backend of iris: device functions for remote memory access on the symmetric heap."""
+"""Gluon backend of iris: ``IrisDeviceCtx``, the device API of one rank inside ``@gluon.jit``
+kernels, and the backend that compiles iris's kernels with Gluon."""
 
 from iris_gluon.backend import GluonBackend, GluonDeviceOps, iris
+from iris_gluon.context import IrisDeviceCtx
+from iris_gluon.layouts import block_layout
 
-__all__ = ["GluonBackend", "GluonDeviceOps", "iris"]
+__all__ = ["GluonBackend", "GluonDeviceOps", "IrisDeviceCtx", "block_layout", "iris"]

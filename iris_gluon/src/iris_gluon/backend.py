@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import iris as _iris
-from iris.backend import Backend, DeviceOps
+from iris.backend import Backend
+from iris_gluon.frontend import GLUON
+from iris_triton.backend import TritonDeviceOps
 
 __all__ = ["GluonBackend", "GluonDeviceOps", "iris"]
 
 
-class GluonDeviceOps(DeviceOps):
-    """Host side of the Gluon backend (GPUs only: Gluon has no interpreter)."""
+class GluonDeviceOps(TritonDeviceOps):
+    """Host side of the Gluon backend: the Triton backend's (device barrier, timeouts), with
+    iris's kernels compiled by Gluon. GPUs only: Gluon has no interpreter."""
+
+    frontend = GLUON
 
 
 GluonBackend = Backend(

@@ -8,6 +8,7 @@ import torch
 
 from iris.backend import Backend, DeviceOps
 from iris.errors import IrisError, IrisTimeoutError
+from iris_triton.frontend import TRITON
 
 __all__ = ["TritonBackend", "TritonDeviceOps"]
 
@@ -22,6 +23,9 @@ class TritonDeviceOps(DeviceOps):
 
     Requires ``device``, ``config``, ``rank``, ``world_size``, ``zeros`` and ``get_heap_bases``.
     """
+
+    #: The language this backend compiles iris's kernels in.
+    frontend = TRITON
 
     @classmethod
     def check_environment(cls, device: torch.device) -> None:

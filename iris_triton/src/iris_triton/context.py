@@ -1,5 +1,10 @@
 """``DeviceContext``: the device API bound to one rank, built from ``ctx.get_device_context()``.
 
+The methods live in :class:`DeviceMethods`, which the Gluon backend's ``IrisDeviceCtx`` shares:
+they call the free functions of :mod:`iris_triton.device`, which compile under both Triton's
+and Gluon's front end (a callee is compiled in its caller's language). Only how a context is
+built differs: here rank and world size are compile-time constants.
+
 Inside a kernel::
 
     dctx = DeviceContext.initialize(context_tensor, RANK, WORLD_SIZE)
@@ -24,7 +29,7 @@ from triton.language.core import _aggregate as aggregate
 
 from iris_triton import device
 
-__all__ = ["DeviceContext"]
+__all__ = ["DeviceContext", "DeviceMethods"]
 
 
 INTERPRETING = bool(knobs.runtime.interpret)
@@ -38,23 +43,10 @@ def _constructor(fn):
     return fn if INTERPRETING else constexpr_function(fn)
 
 
-class DeviceContext:
-    rank: tl.constexpr
-    world_size: tl.constexpr
-    heap_bases: tl.tensor
-
-    @_constructor
-    def __init__(self, rank, world_size, heap_bases):
-        self.rank = tl.constexpr(rank)
-        self.world_size = tl.constexpr(world_size)
-        self.heap_bases = heap_bases
-
-    @_method
-    def initialize(context_tensor, RANK: tl.constexpr, WORLD_SIZE: tl.constexpr):
-        """The context of rank ``RANK`` of ``WORLD_SIZE`` from the tensor ``[rank, world_size,
-        base_0, ...]`` that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE`` are
-        compile-time constants (``tl.constexpr`` kernel arguments), as in upstream iris kernels."""
-        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 2)
+class DeviceMethods:
+    """The device API of one rank: every method is the :mod:`iris_triton.device` function of
+    the same name with ``self.rank`` as the caller and ``self.heap_bases`` filled in. A subclass
+    declares the fields ``rank``, ``world_size`` and ``heap_bases`` and how to build itself."""
 
     @_method
     def translate(self, ptr, to_rank):
@@ -135,6 +127,31 @@ class DeviceContext:
     def wait_until(self, ptr, value, rank, max_spins, CMP: tl.constexpr = tl.constexpr("ge"),
                    sem: tl.constexpr = None, scope: tl.constexpr = None):
         return device.wait_until(ptr, value, self.rank, rank, self.heap_bases, max_spins, CMP, sem, scope)
+
+
+class DeviceContext(DeviceMethods):
+    rank: tl.constexpr
+    world_size: tl.constexpr
+    heap_bases: tl.tensor
+
+    @_constructor
+    def __init__(self, rank, world_size, heap_bases):
+        self.rank = tl.constexpr(rank)
+        self.world_size = tl.constexpr(world_size)
+        self.heap_bases = heap_bases
+
+    @_method
+    def initialize(context_tensor, RANK: tl.constexpr, WORLD_SIZE: tl.constexpr):
+        """The context of rank ``RANK`` of ``WORLD_SIZE`` from the tensor ``[rank, world_size,
+        base_0, ...]`` that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE`` are
+        compile-time constants (``tl.constexpr`` kernel arguments), as in upstream iris kernels."""
+        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 2)
+
+    @_method
+    def block_offsets(self, ptr, start, BLOCK: tl.constexpr):
+        """``start + [0, BLOCK)``: the offsets of one block of accesses to ``ptr``'s elements
+        (Gluon's context lays the same offsets out explicitly; Triton picks the layout)."""
+        return start + tl.arange(0, BLOCK)
 
 
 if not INTERPRETING:

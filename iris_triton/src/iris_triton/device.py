@@ -57,6 +57,19 @@ def _scope(scope):
 
 
 @triton.jit
+def _like(value, ptr):
+    """``value`` converted to ``ptr``'s element type and, when ``ptr`` is a block and ``value``
+    a scalar, spread over the block (Gluon's atomics and stores do not broadcast a scalar
+    themselves; a select between equal values keeps every bit, -0.0 and NaNs included)."""
+    value = tl.cast(value, ptr.dtype.element_ty)
+    if ptr.type.is_block():
+        if not value.type.is_block():
+            address = ptr.to(tl.int64)
+            value = tl.where(address == address, value, value)
+    return value
+
+
+@triton.jit
 def translate(ptr, from_rank, to_rank, heap_bases):
     """``ptr`` (an address in ``from_rank``'s heap) moved to the same offset of ``to_rank``'s
     heap, both as mapped in the calling process."""
@@ -80,7 +93,8 @@ def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modif
 @triton.jit
 def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):
     """Store ``value`` from the caller (``from_rank``) into ``to_rank``'s heap at ``ptr``'s offset."""
-    tl.store(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, cache_modifier=cache_modifier)
+    tl.store(translate(ptr, from_rank, to_rank, heap_bases), _like(value, ptr), mask=mask,
+             cache_modifier=cache_modifier)
 
 
 @triton.jit
@@ -109,64 +123,66 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -_like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                 scope: tl.constexpr = None):
     """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise and with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
               scope: tl.constexpr = None):
     """Atomic bitwise or with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise xor with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic minimum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic maximum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic compare-and-swap at ``ptr``'s offset on ``to_rank``: where the value equals
-    ``cmp`` it becomes ``val``; returns the old values."""
-    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), cmp, val, sem=_sem(sem), scope=_scope(scope))
+    ``cmp`` it becomes ``val``; returns the old values. ``cmp`` and ``val`` are converted to
+    the pointer's element type (Triton's own atomic_cas requires them to match it exactly)."""
+    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), _like(cmp, ptr), _like(val, ptr),
+                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
@@ -174,7 +190,7 @@ def signal(ptr, value, from_rank, to_rank, heap_bases, sem: tl.constexpr = None,
            scope: tl.constexpr = None):
     """Set the flag at ``ptr``'s offset on ``to_rank`` to ``value``, releasing the caller's earlier
     writes to whoever acquires the flag. Returns the flag's old value."""
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), value, sem=_sem(sem, "release"),
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), _like(value, ptr), sem=_sem(sem, "release"),
                           scope=_scope(scope))
 
 

@@ -1,0 +1,62 @@
+"""``IrisDeviceCtx``: the device API of one rank inside ``@gluon.jit`` kernels.
+
+Built from ``ctx.get_device_context()`` as in upstream iris's Gluon kernels::
+
+    dctx = IrisDeviceCtx.initialize(context_tensor)
+    offs = dctx.block_offsets(buf, start, BLOCK)
+    x = dctx.load(buf + offs, from_rank=peer, mask=offs < n)
+
+Its methods are those of the Triton backend's ``DeviceContext`` (shared, not copied:
+:class:`iris_triton.context.DeviceMethods`). What differs: rank and world size are read from the
+context tensor at run time, so one compiled kernel serves every rank, and ``block_offsets`` lays
+a block out explicitly, as Gluon requires.
+"""
+# No `from __future__ import annotations`: Triton aggregates read the field annotations as types.
+
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.language.core import _aggregate as aggregate
+
+from iris_gluon.layouts import block_layout
+from iris_triton.context import DeviceMethods
+
+__all__ = ["IrisDeviceCtx"]
+
+
+class IrisDeviceCtx(DeviceMethods):
+    rank: tl.tensor
+    world_size: tl.tensor
+    heap_bases: tl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, rank, world_size, heap_bases):
+        self.rank = rank
+        self.world_size = world_size
+        self.heap_bases = heap_bases
+
+    @gluon.jit
+    def initialize(context_tensor, RANK: gl.constexpr = None, WORLD_SIZE: gl.constexpr = None):
+        """The context of the calling rank from the tensor ``[rank, world_size, base_0, ...]``
+        that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE``, when given, are
+        used as constants instead (the Triton ``DeviceContext.initialize`` signature), so one
+        kernel source can build either context."""
+        if RANK is None:
+            rank = gl.load(context_tensor)
+        else:
+            rank = gl.to_tensor(RANK)
+        if WORLD_SIZE is None:
+            world_size = gl.load(context_tensor + 1)
+        else:
+            world_size = gl.to_tensor(WORLD_SIZE)
+        return IrisDeviceCtx(rank, world_size, context_tensor + 2)
+
+    @gluon.jit
+    def block_offsets(self, ptr, start, BLOCK: gl.constexpr):
+        """``start + [0, BLOCK)`` in the layout :func:`~iris_gluon.layouts.block_layout` gives
+        ``ptr``'s element type: coalesced 16-byte vectors per thread."""
+        layout: gl.constexpr = block_layout(BLOCK, ptr.dtype.element_ty.primitive_bitwidth, gl.num_warps())
+        return start + gl.arange(0, BLOCK, layout=layout)
+
+
+IrisDeviceCtx = aggregate(IrisDeviceCtx)

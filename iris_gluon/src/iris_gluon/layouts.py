@@ -1,0 +1,18 @@
+"""Layouts for one-dimensional blocks of memory traffic in Gluon kernels."""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+__all__ = ["block_layout"]
+
+#: Bytes one thread moves per memory instruction at most (``ld.global.v4.b32``).
+VECTOR_BYTES = 16
+
+
+@gluon.constexpr_function
+def block_layout(block, element_bits, num_warps):
+    """A blocked layout of ``block`` elements in which each thread owns 16 contiguous bytes
+    (fewer when the block is too small to give every thread that much) and neighbouring threads
+    own neighbouring vectors, so a warp's access is one coalesced run of memory."""
+    per_thread = max(1, min(VECTOR_BYTES * 8 // element_bits, block // (32 * num_warps)))
+    return gl.BlockedLayout([per_thread], [32], [num_warps], [0])

@@ -1,0 +1,43 @@
+"""Front ends: one kernel source, compiled as a Triton kernel or as a Gluon kernel.
+
+iris writes each of its kernels once, as an undecorated function that takes the device-context
+class as a constexpr argument (``CTX``) and uses only what both languages accept: the context
+(``CTX.initialize(context, RANK, WORLD)``, ``dctx.block_offsets(...)``, its remote accesses,
+atomics and flags) and ``tl`` operations on the tensors it returns. A :class:`Frontend` compiles
+such a function with its language's ``jit`` and supplies its context class; the Triton backend
+uses :data:`TRITON`, the Gluon backend its own. Nothing of a kernel is written twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import triton
+
+from iris_triton.context import DeviceContext
+
+__all__ = ["Frontend", "TRITON"]
+
+
+@attrs.frozen(eq=False)
+class Frontend:
+    """A language to compile iris kernels in."""
+
+    name: str
+    """``"triton"`` or ``"gluon"``."""
+    jit: Callable[[Callable], Any]
+    """The language's decorator (``triton.jit`` or ``gluon.jit``)."""
+    device_context: type
+    """The device-context class kernels receive as ``CTX``."""
+    _kernels: dict = attrs.field(factory=dict, init=False, repr=False)
+
+    def kernel(self, fn: Callable):
+        """``fn`` compiled by this front end (wrapped once, then reused)."""
+        compiled = self._kernels.get(fn)
+        if compiled is None:
+            compiled = self._kernels[fn] = self.jit(fn)
+        return compiled
+
+
+TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)
