@@ -1,11 +1,12 @@
 """Remote load, store, get, put and atomic_add bandwidth from rank 0 to rank 1.
 
-Rank 0 runs one persistent Triton kernel that moves ``size`` bytes between its heap and rank 1's
-heap (rank 1 stays idle), timed with CUDA events (median of repeats). Torch's peer copy (the
+Rank 0 runs one persistent kernel that moves ``size`` bytes between its heap and rank 1's heap
+(rank 1 stays idle), timed with CUDA events (median of repeats). The kernel is one source,
+compiled by each backend's front end (a Triton kernel, a Gluon kernel). Torch's peer copy (the
 copy engine, ``tensor.to("cuda:1")``) of the same bytes is measured in the same run. Results go
-to ``benchmarks/results/rma_bandwidth-<date>.json`` (or ``--out``) with a PNG plot.
+to ``benchmarks/results/rma_bandwidth-<backend>-<date>.json`` (or ``--out``) with a PNG plot.
 
-    python -m benchmarks.rma_bandwidth [--min 4KiB] [--max 1GiB] [--out DIR]
+    python -m benchmarks.rma_bandwidth [--min 4KiB] [--max 1GiB] [--backends triton,gluon] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,26 +25,26 @@ MODES = ("load", "store", "get", "put", "atomic_add")
 CACHE_MODIFIERS = {"load": (".cg", ".cv"), "store": (".cs", ".wt", ".cg")}
 
 
-@triton.jit
-def transfer_kernel(src, dst, n, heap_bases, rank, peer, MODE: tl.constexpr, BLOCK: tl.constexpr,
-                    CACHE: tl.constexpr):
+def transfer_kernel(context, src, dst, n, heap_bases, peer, CTX: tl.constexpr, RANK: tl.constexpr,
+                    MODE: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr):
     """Move ``n`` float32 between this rank's and ``peer``'s heap; grid-stride over blocks.
     ``CACHE`` is the cache modifier of the remote access in the load and store modes."""
+    dctx = CTX.initialize(context, RANK, 2)
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+        offs = dctx.block_offsets(src, start, BLOCK)
         mask = offs < n
         if MODE == "load":  # peer's src -> local dst
-            tl.store(dst + offs, iris.load(src + offs, rank, peer, heap_bases, mask=mask, cache_modifier=CACHE), mask=mask)
+            tl.store(dst + offs, iris.load(src + offs, RANK, peer, heap_bases, mask=mask, cache_modifier=CACHE), mask=mask)
         elif MODE == "store":  # local src -> peer's dst
-            iris.store(dst + offs, tl.load(src + offs, mask=mask), rank, peer, heap_bases, mask=mask,
+            iris.store(dst + offs, tl.load(src + offs, mask=mask), RANK, peer, heap_bases, mask=mask,
                        cache_modifier=CACHE)
         elif MODE == "get":
-            iris.get(src + offs, dst + offs, peer, rank, heap_bases, mask=mask)
+            iris.get(src + offs, dst + offs, peer, RANK, heap_bases, mask=mask)
         elif MODE == "put":
-            iris.put(src + offs, dst + offs, rank, peer, heap_bases, mask=mask)
+            iris.put(src + offs, dst + offs, RANK, peer, heap_bases, mask=mask)
         else:
             tl.static_assert(MODE == "atomic_add")
-            iris.atomic_add(dst + offs, tl.load(src + offs, mask=mask), rank, peer, heap_bases, mask=mask,
+            iris.atomic_add(dst + offs, tl.load(src + offs, mask=mask), RANK, peer, heap_bases, mask=mask,
                             sem="relaxed", scope="sys")
 
 
@@ -63,10 +64,11 @@ def _time_ms(fn, repeats: int) -> list[float]:
 
 def _launcher(ctx, mode, src, dst, n, grid, block, warps, cache=""):
     """A no-argument launch of one configuration; ``grid`` None means one program per block."""
-    bases = ctx.get_heap_bases()
+    bases, context, front = ctx.get_heap_bases(), ctx.get_device_context(), ctx.frontend
     programs = triton.cdiv(n, block) if grid is None else grid
-    return lambda: transfer_kernel[(programs,)](src, dst, n, bases, ctx.rank, 1 - ctx.rank, MODE=mode, BLOCK=block,
-                                                CACHE=cache, num_warps=warps)
+    kernel = front.kernel(transfer_kernel)
+    return lambda: kernel[(programs,)](context, src, dst, n, bases, 1 - ctx.rank, CTX=front.device_context,
+                                       RANK=ctx.rank, MODE=mode, BLOCK=block, CACHE=cache, num_warps=warps)
 
 
 def _check(ctx, src, dst, n) -> bool:
@@ -83,8 +85,8 @@ def _check(ctx, src, dst, n) -> bool:
     return bool(ok and torch.equal(src[:n], expected))
 
 
-def _run(rank: int, sizes: list[int], configs: list[tuple[int, int, int]], repeats: int):
-    ctx = iris.create(heap_size=2 * max(sizes) + (64 << 20))
+def _run(rank: int, backend: str, sizes: list[int], configs: list[tuple[int, int, int]], repeats: int):
+    ctx = iris.create(backend, heap_size=2 * max(sizes) + (64 << 20))
     n_max = max(sizes) // 4
     src = ctx.randn(n_max, generator=torch.Generator(ctx.device).manual_seed(rank))
     dst = ctx.zeros(n_max)
@@ -118,7 +120,7 @@ def _run(rank: int, sizes: list[int], configs: list[tuple[int, int, int]], repea
     return rows
 
 
-def plot(rows: list[dict], path) -> None:
+def plot(rows: list[dict], backend: str, path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,7 +134,7 @@ def plot(rows: list[dict], path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("bytes per transfer")
     ax.set_ylabel("GB/s (rank 0 <-> rank 1)")
-    ax.set_title("iris remote memory access, 2 x H200")
+    ax.set_title(f"iris remote memory access ({backend} backend), 2 x H200")
     ax.legend()
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -144,6 +146,7 @@ def main() -> None:
     parser.add_argument("--min", default="4KiB")
     parser.add_argument("--max", default="1GiB")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--backends", default="triton,gluon", help="comma-separated backends to measure")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if torch.cuda.device_count() < 2:
@@ -158,13 +161,16 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grids = [sms * k for k in (1, 2, 4)] + [None]  # None: one program per block
     configs = [(grid, block, warps) for grid in grids for block in (2048, 4096, 8192) for warps in (4, 8, 16)]
-    rows = iris.spawn(_run, 2, sizes, configs, args.repeats, device="cuda")[0]
-    print(f"{'bytes':>12} " + " ".join(f"{k:>16}" for k in (*MODES, "torch_peer_copy")) + "   (GB/s)")
-    for r in rows:
-        print(f"{r['bytes']:>12} " + " ".join(f"{r[k]['GBps']:>16.1f}" for k in (*MODES, "torch_peer_copy")))
-    path = write_results("rma_bandwidth", {"rows": rows, "configs_tried": configs}, args.out)
-    plot(rows, path.with_suffix(".png"))
-    print(f"wrote {path} and {path.with_suffix('.png')}; correct: {all(r['correct'] for r in rows)}")
+    for backend in args.backends.split(","):
+        rows = iris.spawn(_run, 2, backend, sizes, configs, args.repeats, device="cuda")[0]
+        print(f"{backend} backend")
+        print(f"{'bytes':>12} " + " ".join(f"{k:>16}" for k in (*MODES, "torch_peer_copy")) + "   (GB/s)")
+        for r in rows:
+            print(f"{r['bytes']:>12} " + " ".join(f"{r[k]['GBps']:>16.1f}" for k in (*MODES, "torch_peer_copy")))
+        path = write_results(f"rma_bandwidth-{backend}", {"backend": backend, "rows": rows, "configs_tried": configs},
+                             args.out)
+        plot(rows, backend, path.with_suffix(".png"))
+        print(f"wrote {path} and {path.with_suffix('.png')}; correct: {all(r['correct'] for r in rows)}")
 
 
 if __name__ == "__main__":

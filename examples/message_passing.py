@@ -6,9 +6,11 @@ on rank 1 (``signal``: an atomic exchange with release semantics at system scope
 acknowledges, so the producer never overwrites a message before it was read. Every round sends
 a different message; the consumer keeps all of them and the host compares them with torch.
 
-    python examples/message_passing.py [--rounds 100] [--size 1024]
+    python examples/message_passing.py [--rounds 100] [--size 1024] [--backend gluon]
 
-Runs on 2 GPUs when there are, else on 2 CPU ranks (Triton's interpreter).
+Runs on 2 GPUs when there are, else on 2 CPU ranks (Triton's interpreter). The kernels are
+written once and compiled by the backend's front end: with ``--backend gluon`` they are Gluon
+kernels using ``IrisDeviceCtx`` (GPUs only).
 """
 
 from __future__ import annotations
@@ -16,37 +18,36 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton
 import triton.language as tl
 
 import iris
 
 
-@triton.jit
-def producer_kernel(source, mailbox, flag, ack, heap_bases, rounds, n, max_spins, RANK: tl.constexpr,
-                    PEER: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
+def producer_kernel(context, source, mailbox, flag, ack, rounds, n, max_spins, CTX: tl.constexpr,
+                    RANK: tl.constexpr, PEER: tl.constexpr, BLOCK: tl.constexpr):
+    dctx = CTX.initialize(context, RANK, 2)
+    offs = dctx.block_offsets(source, 0, BLOCK)
     for r in range(1, rounds + 1):
         # Wait until the consumer has read the previous message (ack is on our own heap).
-        iris.wait_until(ack, r - 1, RANK, RANK, heap_bases, max_spins)
+        dctx.wait_until(ack, r - 1, RANK, max_spins)
         for start in range(0, n, BLOCK):
             mask = start + offs < n
             message = tl.load(source + (r % 7) * n + start + offs, mask=mask) + r
-            iris.store(mailbox + start + offs, message, RANK, PEER, heap_bases, mask=mask)
-        iris.signal(flag, r, RANK, PEER, heap_bases)
+            dctx.store(mailbox + start + offs, message, PEER, mask=mask)
+        dctx.signal(flag, r, PEER)
 
 
-@triton.jit
-def consumer_kernel(mailbox, flag, ack, received, heap_bases, rounds, n, max_spins, RANK: tl.constexpr,
-                    PEER: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
+def consumer_kernel(context, mailbox, flag, ack, received, rounds, n, max_spins, CTX: tl.constexpr,
+                    RANK: tl.constexpr, PEER: tl.constexpr, BLOCK: tl.constexpr):
+    dctx = CTX.initialize(context, RANK, 2)
+    offs = dctx.block_offsets(mailbox, 0, BLOCK)
     for r in range(1, rounds + 1):
-        iris.wait_until(flag, r, RANK, RANK, heap_bases, max_spins)
+        dctx.wait_until(flag, r, RANK, max_spins)
         for start in range(0, n, BLOCK):
             mask = start + offs < n
             message = tl.load(mailbox + start + offs, mask=mask, volatile=True)
             tl.store(received + (r - 1) * n + start + offs, message, mask=mask)
-        iris.signal(ack, r, RANK, PEER, heap_bases)
+        dctx.signal(ack, r, PEER)
 
 
 def expected_messages(source: torch.Tensor, rounds: int) -> torch.Tensor:
@@ -64,19 +65,22 @@ def exchange(ctx, rounds: int, n: int, block: int = 256) -> bool:
     flags = ctx.zeros(2, dtype=torch.int32)  # [flag, ack]
     received = torch.full((rounds, n), float("nan"), device=ctx.device)
     ctx.barrier()
-    common = dict(rounds=rounds, n=n, max_spins=ctx.max_spins, RANK=ctx.rank, PEER=1 - ctx.rank, BLOCK=block)
+    front = ctx.frontend  # compiles the kernels as Triton or as Gluon kernels, per the backend
+    common = dict(rounds=rounds, n=n, max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank,
+                  PEER=1 - ctx.rank, BLOCK=block)
+    context = ctx.get_device_context()
     if ctx.rank == 0:
-        producer_kernel[(1,)](source, mailbox, flags[0:], flags[1:], ctx.get_heap_bases(), **common)
+        front.kernel(producer_kernel)[(1,)](context, source, mailbox, flags[0:], flags[1:], **common)
     else:
-        consumer_kernel[(1,)](mailbox, flags[0:], flags[1:], received, ctx.get_heap_bases(), **common)
+        front.kernel(consumer_kernel)[(1,)](context, mailbox, flags[0:], flags[1:], received, **common)
     ctx.barrier()
     if ctx.rank == 0:
         return True
     return bool(torch.equal(received, expected_messages(source, rounds)))
 
 
-def _run(rank: int, rounds: int, n: int) -> bool:
-    with iris.create(heap_size="64MiB") as ctx:
+def _run(rank: int, backend: str, rounds: int, n: int) -> bool:
+    with iris.create(backend, heap_size="64MiB") as ctx:
         return exchange(ctx, rounds, n)
 
 
@@ -84,11 +88,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--size", type=int, default=1024, help="floats per message")
+    parser.add_argument("--backend", default="triton", help="triton (GPUs or CPU ranks) or gluon (GPUs)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
+    runs_on = iris.registry.get_backend(args.backend).device_types
+    if device not in runs_on:
+        raise SystemExit(f"backend {args.backend!r} runs on {', '.join(sorted(runs_on))} only; this machine has "
+                         f"fewer than 2 GPUs, so use --backend triton (CPU ranks)")
     rounds = args.rounds or (1000 if device == "cuda" else 20)
-    ok = iris.spawn(_run, 2, rounds, args.size, device=device)
-    print(f"{rounds} messages of {args.size} floats, rank 0 -> rank 1 on {device}: "
+    ok = iris.spawn(_run, 2, args.backend, rounds, args.size, device=device)
+    print(f"{rounds} messages of {args.size} floats, rank 0 -> rank 1 on {device} ({args.backend}): "
           f"{'all intact' if all(ok) else 'CORRUPTED'}")
     raise SystemExit(0 if all(ok) else 1)
 

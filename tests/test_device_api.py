@@ -1,5 +1,8 @@
-"""The Triton device API across real ranks: every device function, both as ``iris.<name>`` free
-functions inside our own ``@triton.jit`` kernels and as ``DeviceContext`` methods.
+"""The device API across real ranks, one conformance suite for every backend: every device
+function, both as ``iris.<name>`` free functions and as methods of the backend's device context
+(Triton's ``DeviceContext``, Gluon's ``IrisDeviceCtx``). Each kernel below is one source that the
+backend's front end compiles (``_launch``); a backend whose kernels cannot run on the ranks
+available is skipped by that capability (Gluon needs GPUs).
 
 Ranks are GPUs when there are enough of them, else CPU processes whose kernels run in Triton's
 interpreter. Starting ranks costs seconds and interpreted kernels are slow, so one module-level
@@ -70,10 +73,10 @@ def rank_device(nprocs: int) -> str:
 # -- kernels: data movement ---------------------------------------------------------------------------------
 
 
-@triton.jit
-def _move_free_kernel(src, loaded_next, loaded_prev, loaded_self, got, put_dst, stored_dst, copied_dst,
-                      heap_bases, n, nxt, prv, RANK: tl.constexpr, OTHER: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _move_free_kernel(context, src, loaded_next, loaded_prev, loaded_self, got, put_dst, stored_dst, copied_dst,
+                      heap_bases, n, nxt, prv, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                      OTHER: tl.constexpr, BLOCK: tl.constexpr):
+    offs = CTX.initialize(context, RANK, WORLD).block_offsets(src, tl.program_id(0) * BLOCK, BLOCK)
     mask = offs < n
     # Loads store all lanes, so the masked-off ones show ``other``.
     tl.store(loaded_next + offs, iris.load(src + offs, RANK, nxt, heap_bases, mask=mask, other=OTHER))
@@ -87,11 +90,11 @@ def _move_free_kernel(src, loaded_next, loaded_prev, loaded_self, got, put_dst, 
     iris.copy(src + offs, copied_dst + offs, nxt, prv, RANK, heap_bases, mask=mask)  # nxt's src -> prv
 
 
-@triton.jit
 def _move_ctx_kernel(context, src, loaded_next, loaded_prev, got, put_dst, stored_dst, copied_dst, n, nxt, prv,
-                     RANK: tl.constexpr, WORLD: tl.constexpr, OTHER: tl.constexpr, BLOCK: tl.constexpr):
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                     CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OTHER: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(src, tl.program_id(0) * BLOCK, BLOCK)
     mask = offs < n
     tl.store(loaded_next + offs, dctx.load(src + offs, nxt, mask=mask, other=OTHER))
     tl.store(loaded_prev + offs, dctx.load(src + offs, prv, mask=mask, other=OTHER, volatile=True))
@@ -101,12 +104,11 @@ def _move_ctx_kernel(context, src, loaded_next, loaded_prev, got, put_dst, store
     dctx.copy(src + offs, copied_dst + offs, nxt, prv, mask=mask)
 
 
-@triton.jit
-def _translate_kernel(context, buf, out, heap_bases, peer, RANK: tl.constexpr, WORLD: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
+def _translate_kernel(context, buf, out, heap_bases, peer, CTX: tl.constexpr, RANK: tl.constexpr,
+                      WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(buf, 0, BLOCK)
     tl.store(out + offs, iris.translate(buf + offs, RANK, peer, heap_bases).to(tl.int64))
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
     tl.store(out + BLOCK + offs, dctx.translate(buf + offs, peer).to(tl.int64))
 
 
@@ -115,108 +117,106 @@ def _translate_kernel(context, buf, out, heap_bases, peer, RANK: tl.constexpr, W
 
 @triton.jit
 def _apply(OP: tl.constexpr, ROW: tl.constexpr, buf, vals, cmps, olds, offs, mask, target, heap_bases, dctx,
-           RANK: tl.constexpr, CTX: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr, PAD: tl.constexpr):
+           RANK: tl.constexpr, API: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr, PAD: tl.constexpr):
     """Row ``ROW`` of ``buf`` on ``target`` op= this rank's row of ``vals``; old values to ``olds``."""
     ptr = buf + ROW * PAD + offs
     val = tl.load(vals + ROW * PAD + offs)
     if OP == "cas":  # no mask: every lane of the row
         cmp = tl.load(cmps + ROW * PAD + offs)
-        if CTX:
+        if API:
             old = dctx.atomic_cas(ptr, cmp, val, target, sem=SEM, scope=SCOPE)
         else:
             old = iris.atomic_cas(ptr, cmp, val, RANK, target, heap_bases, sem=SEM, scope=SCOPE)
         tl.store(olds + ROW * PAD + offs, old)
     else:
         if OP == "add":
-            if CTX:
+            if API:
                 old = dctx.atomic_add(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_add(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         elif OP == "sub":
-            if CTX:
+            if API:
                 old = dctx.atomic_sub(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_sub(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         elif OP == "min":
-            if CTX:
+            if API:
                 old = dctx.atomic_min(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_min(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         elif OP == "max":
-            if CTX:
+            if API:
                 old = dctx.atomic_max(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_max(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         elif OP == "and":
-            if CTX:
+            if API:
                 old = dctx.atomic_and(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_and(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         elif OP == "or":
-            if CTX:
+            if API:
                 old = dctx.atomic_or(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_or(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         elif OP == "xor":
-            if CTX:
+            if API:
                 old = dctx.atomic_xor(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_xor(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         else:
             tl.static_assert(OP == "xchg")
-            if CTX:
+            if API:
                 old = dctx.atomic_xchg(ptr, val, target, mask=mask, sem=SEM, scope=SCOPE)
             else:
                 old = iris.atomic_xchg(ptr, val, RANK, target, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
         tl.store(olds + ROW * PAD + offs, old, mask=mask)
 
 
-@triton.jit
 def _atomics_kernel(context, i32, v32, c32, o32, i64, v64, c64, o64, f32, vf32, of32, heap_bases, n, target,
-                    RANK: tl.constexpr, WORLD: tl.constexpr, CTX: tl.constexpr, SEM: tl.constexpr,
-                    SCOPE: tl.constexpr, PAD: tl.constexpr, BLOCK: tl.constexpr):
+                    CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, API: tl.constexpr,
+                    SEM: tl.constexpr, SCOPE: tl.constexpr, PAD: tl.constexpr, BLOCK: tl.constexpr):
     """Every rank runs every atomic into the same rows of ``target``'s heap at once. The rows
     follow ATOMIC_ROWS."""
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(i32, tl.program_id(0) * BLOCK, BLOCK)
     mask = offs < n
-    _apply("add", 0, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("sub", 1, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("min", 2, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("max", 3, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("and", 4, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("or", 5, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("xor", 6, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("xchg", 7, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("cas", 8, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("add", 0, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("sub", 1, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("min", 2, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("max", 3, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("and", 4, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("or", 5, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("xor", 6, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("xchg", 7, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("cas", 8, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("add", 0, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("sub", 1, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("min", 2, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
-    _apply("max", 3, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, CTX, SEM, SCOPE, PAD)
+    _apply("add", 0, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("sub", 1, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("min", 2, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("max", 3, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("and", 4, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("or", 5, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("xor", 6, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("xchg", 7, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("cas", 8, i32, v32, c32, o32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("add", 0, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("sub", 1, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("min", 2, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("max", 3, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("and", 4, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("or", 5, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("xor", 6, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("xchg", 7, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("cas", 8, i64, v64, c64, o64, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("add", 0, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("sub", 1, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("min", 2, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("max", 3, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
 
 
-@triton.jit
-def _cas_chain_kernel(context, flag, out, heap_bases, target, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr,
-                      CTX: tl.constexpr):
+def _cas_chain_kernel(context, flag, out, heap_bases, target, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
+                      WORLD: tl.constexpr, API: tl.constexpr):
     """Ranks take turns on one flag of ``target``: rank r moves it from r to r + 1 with
     compare-and-swap, retrying while it holds another value (a failed cas must not write)."""
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    if CTX:
+    dctx = CTX.initialize(context, RANK, WORLD)
+    if API:
         old = dctx.atomic_cas(flag, RANK, RANK + 1, target)
     else:
         old = iris.atomic_cas(flag, RANK, RANK + 1, RANK, target, heap_bases)
     spins = 0
     while old != RANK and spins < max_spins:
-        if CTX:
+        if API:
             old = dctx.atomic_cas(flag, RANK, RANK + 1, target)
         else:
             old = iris.atomic_cas(flag, RANK, RANK + 1, RANK, target, heap_bases)
@@ -228,8 +228,8 @@ def _cas_chain_kernel(context, flag, out, heap_bases, target, max_spins, RANK: t
 
 
 @triton.jit
-def _signal(ptr, value, to_rank, heap_bases, dctx, RANK: tl.constexpr, CTX: tl.constexpr):
-    if CTX:
+def _signal(ptr, value, to_rank, heap_bases, dctx, RANK: tl.constexpr, API: tl.constexpr):
+    if API:
         old = dctx.signal(ptr, value, to_rank)
     else:
         old = iris.signal(ptr, value, RANK, to_rank, heap_bases)
@@ -237,68 +237,74 @@ def _signal(ptr, value, to_rank, heap_bases, dctx, RANK: tl.constexpr, CTX: tl.c
 
 
 @triton.jit
-def _wait(ptr, value, rank, max_spins, heap_bases, dctx, RANK: tl.constexpr, CTX: tl.constexpr,
+def _wait(ptr, value, rank, max_spins, heap_bases, dctx, RANK: tl.constexpr, API: tl.constexpr,
           CMP: tl.constexpr):
-    if CTX:
+    if API:
         ok = dctx.wait_until(ptr, value, rank, max_spins, CMP=CMP)
     else:
         ok = iris.wait_until(ptr, value, RANK, rank, heap_bases, max_spins, CMP=CMP)
     return ok.to(tl.int32)
 
 
-@triton.jit
 def _ring_kernel(context, flags, mailbox, messages, received, results, cmp_results, heap_bases, n, nxt, rounds,
-                 max_spins, few_spins, RANK: tl.constexpr, WORLD: tl.constexpr, CTX: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 max_spins, few_spins, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                 API: tl.constexpr, BLOCK: tl.constexpr):
     """Message passing on a ring: each round, store a message into ``nxt``'s mailbox slot and
     signal its flag; wait for ``prv``'s signal on our own flag and read the slot it filled. Then
     compare ``nxt``'s flag (which only we write) with every CMP, and wait on flags nobody sets."""
-    dctx = iris.DeviceContext.initialize(context, RANK, WORLD)
-    offs = tl.arange(0, BLOCK)
+    dctx = CTX.initialize(context, RANK, WORLD)
+    offs = dctx.block_offsets(messages, 0, BLOCK)
     mask = offs < n
     for k in range(1, rounds + 1):
         slot = (k - 1) * BLOCK
         message = tl.load(messages + slot + offs, mask=mask)
-        if CTX:
+        if API:
             dctx.store(mailbox + slot + offs, message, nxt, mask=mask)
         else:
             iris.store(mailbox + slot + offs, message, RANK, nxt, heap_bases, mask=mask)
-        old = _signal(flags, k, nxt, heap_bases, dctx, RANK, CTX)
-        ok = _wait(flags, k, RANK, max_spins, heap_bases, dctx, RANK, CTX, "ge")
+        old = _signal(flags, k, nxt, heap_bases, dctx, RANK, API)
+        ok = _wait(flags, k, RANK, max_spins, heap_bases, dctx, RANK, API, "ge")
         tl.store(received + slot + offs, tl.load(mailbox + slot + offs, mask=mask, volatile=True), mask=mask)
         tl.store(results + 2 * (k - 1), ok)
         tl.store(results + 2 * (k - 1) + 1, old)
     # nxt's flag holds ``rounds`` now. Each case compares it with rounds - delta (CMP_CASES).
     v = rounds
-    tl.store(cmp_results + 0, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, CTX, "eq"))
-    tl.store(cmp_results + 1, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, CTX, "eq"))
-    tl.store(cmp_results + 2, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, CTX, "ne"))
-    tl.store(cmp_results + 3, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, CTX, "ne"))
-    tl.store(cmp_results + 4, _wait(flags, v - 1, nxt, few_spins, heap_bases, dctx, RANK, CTX, "gt"))
-    tl.store(cmp_results + 5, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, CTX, "gt"))
-    tl.store(cmp_results + 6, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, CTX, "ge"))
-    tl.store(cmp_results + 7, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, CTX, "ge"))
-    tl.store(cmp_results + 8, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, CTX, "lt"))
-    tl.store(cmp_results + 9, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, CTX, "lt"))
-    tl.store(cmp_results + 10, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, CTX, "le"))
-    tl.store(cmp_results + 11, _wait(flags, v - 1, nxt, few_spins, heap_bases, dctx, RANK, CTX, "le"))
+    tl.store(cmp_results + 0, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "eq"))
+    tl.store(cmp_results + 1, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "eq"))
+    tl.store(cmp_results + 2, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "ne"))
+    tl.store(cmp_results + 3, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "ne"))
+    tl.store(cmp_results + 4, _wait(flags, v - 1, nxt, few_spins, heap_bases, dctx, RANK, API, "gt"))
+    tl.store(cmp_results + 5, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "gt"))
+    tl.store(cmp_results + 6, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "ge"))
+    tl.store(cmp_results + 7, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "ge"))
+    tl.store(cmp_results + 8, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "lt"))
+    tl.store(cmp_results + 9, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "lt"))
+    tl.store(cmp_results + 10, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "le"))
+    tl.store(cmp_results + 11, _wait(flags, v - 1, nxt, few_spins, heap_bases, dctx, RANK, API, "le"))
     # flags[1] is never set anywhere: waits on it time out, locally and on a peer.
-    tl.store(cmp_results + 12, _wait(flags + 1, 1, RANK, few_spins, heap_bases, dctx, RANK, CTX, "ge"))
-    tl.store(cmp_results + 13, _wait(flags + 1, 1, nxt, few_spins, heap_bases, dctx, RANK, CTX, "eq"))
+    tl.store(cmp_results + 12, _wait(flags + 1, 1, RANK, few_spins, heap_bases, dctx, RANK, API, "ge"))
+    tl.store(cmp_results + 13, _wait(flags + 1, 1, nxt, few_spins, heap_bases, dctx, RANK, API, "eq"))
     # A condition that already holds succeeds without spinning.
-    tl.store(cmp_results + 14, _wait(flags + 1, 0, nxt, 0, heap_bases, dctx, RANK, CTX, "eq"))
+    tl.store(cmp_results + 14, _wait(flags + 1, 0, nxt, 0, heap_bases, dctx, RANK, API, "eq"))
 
 
-@triton.jit
-def _scatter_kernel(buf, data, heap_bases, n, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def _scatter_kernel(context, buf, data, heap_bases, n, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    BLOCK: tl.constexpr):
     """Row RANK of ``buf`` ([WORLD, n]) on every rank (one program per peer) := ``data``."""
     peer = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
+    offs = CTX.initialize(context, RANK, WORLD).block_offsets(data, 0, BLOCK)
     mask = offs < n
     iris.store(buf + RANK * n + offs, tl.load(data + offs, mask=mask), RANK, peer, heap_bases, mask=mask)
 
 
 # -- the worker ------------------------------------------------------------------------------------------------
+
+
+def _launch(ctx, source, grid, *args, **constexprs) -> None:
+    """Kernel ``source`` compiled in the language of ``ctx``'s backend and launched on ``grid``,
+    with that backend's device-context class as ``CTX``."""
+    front = ctx.frontend
+    front.kernel(source)[grid](*args, CTX=front.device_context, **constexprs)
 
 
 def _generator(*seed) -> torch.Generator:
@@ -355,11 +361,11 @@ def _check_movement(ctx, report: _Report) -> None:
                         for key in (("next", "prev", "self") if api == "free" else ("next", "prev"))}
                   for api in APIS}
         ctx.barrier()  # every rank's src and destinations are ready
-        _move_free_kernel[(PAD // BLOCK,)](
-            src, loaded["free"]["next"], loaded["free"]["prev"], loaded["free"]["self"], dsts["free"]["got"],
+        _launch(ctx, _move_free_kernel, (PAD // BLOCK,),
+            context, src, loaded["free"]["next"], loaded["free"]["prev"], loaded["free"]["self"], dsts["free"]["got"],
             dsts["free"]["put"], dsts["free"]["stored"], dsts["free"]["copied"], heap_bases, N, nxt, prv,
-            RANK=rank, OTHER=OTHER, BLOCK=BLOCK)
-        _move_ctx_kernel[(PAD // BLOCK,)](
+            RANK=rank, WORLD=world, OTHER=OTHER, BLOCK=BLOCK)
+        _launch(ctx, _move_ctx_kernel, (PAD // BLOCK,),
             context, src, loaded["ctx"]["next"], loaded["ctx"]["prev"], dsts["ctx"]["got"], dsts["ctx"]["put"],
             dsts["ctx"]["stored"], dsts["ctx"]["copied"], N, nxt, prv, RANK=rank, WORLD=world, OTHER=OTHER,
             BLOCK=BLOCK)
@@ -398,8 +404,8 @@ def _check_translate(ctx, report: _Report) -> None:
         offset = buf.data_ptr() - bases[rank]
         for peer in range(world):
             out = torch.zeros(2 * BLOCK, dtype=torch.int64, device=ctx.device)
-            _translate_kernel[(1,)](ctx.get_device_context(), buf, out, ctx.get_heap_bases(), peer, RANK=rank,
-                                    WORLD=world, BLOCK=BLOCK)
+            _launch(ctx, _translate_kernel, (1,), ctx.get_device_context(), buf, out, ctx.get_heap_bases(), peer,
+                    RANK=rank, WORLD=world, BLOCK=BLOCK)
             expected = bases[peer] + offset + torch.arange(BLOCK) * buf.element_size()
             out = out.cpu()
             name = f"translate/{str(dtype).removeprefix('torch.')}/to_{'self' if peer == rank else 'peer'}{peer}"
@@ -515,9 +521,9 @@ def _check_atomics(ctx, report: _Report) -> None:
                 bufs[dt].copy_(inputs[dt][0].to(device))
             ctx.barrier()
             i32, i64, f32 = torch.int32, torch.int64, torch.float32
-            _atomics_kernel[(PAD // BLOCK,)](
+            _launch(ctx, _atomics_kernel, (PAD // BLOCK,),
                 context, bufs[i32], vals[i32], cmps[i32], olds[i32], bufs[i64], vals[i64], cmps[i64], olds[i64],
-                bufs[f32], vals[f32], olds[f32], heap_bases, N, target, RANK=rank, WORLD=world, CTX=api == "ctx",
+                bufs[f32], vals[f32], olds[f32], heap_bases, N, target, RANK=rank, WORLD=world, API=api == "ctx",
                 SEM=sem, SCOPE=scope, PAD=PAD, BLOCK=BLOCK)
             ctx.barrier()
             gathered = ctx.comm.all_gather_object({str(dt): olds[dt].cpu() for dt in dtypes})
@@ -541,8 +547,8 @@ def _check_cas_chain(ctx, report: _Report) -> None:
         flag = ctx.zeros(1, dtype=torch.int32)
         out = torch.full((1,), -1, dtype=torch.int32, device=ctx.device)
         ctx.barrier()
-        _cas_chain_kernel[(1,)](ctx.get_device_context(), flag, out, ctx.get_heap_bases(), target, ctx.max_spins,
-                                RANK=rank, WORLD=world, CTX=api == "ctx")
+        _launch(ctx, _cas_chain_kernel, (1,), ctx.get_device_context(), flag, out, ctx.get_heap_bases(), target,
+                ctx.max_spins, RANK=rank, WORLD=world, API=api == "ctx")
         ctx.barrier()
         report.check(f"cas_chain/{api}/my_turn_came", int(out.item()) == rank)
         if rank == target:
@@ -566,9 +572,9 @@ def _check_flags(ctx, report: _Report) -> None:
         results = torch.full((2 * RING_ROUNDS,), -1, dtype=torch.int32, device=device)
         cmp_results = torch.full((15,), -1, dtype=torch.int32, device=device)
         ctx.barrier()
-        _ring_kernel[(1,)](ctx.get_device_context(), flags, mailbox, messages_of(rank).to(device), received, results,
+        _launch(ctx, _ring_kernel, (1,), ctx.get_device_context(), flags, mailbox, messages_of(rank).to(device), received, results,
                            cmp_results, ctx.get_heap_bases(), n, nxt, RING_ROUNDS, ctx.max_spins, FEW_SPINS,
-                           RANK=rank, WORLD=world, CTX=api == "ctx", BLOCK=BLOCK)
+                RANK=rank, WORLD=world, API=api == "ctx", BLOCK=BLOCK)
         ctx.barrier()
         results, cmp_results = results.cpu().tolist(), cmp_results.cpu().tolist()
         report.check(f"flags/{api}/waits_succeeded", results[0::2] == [1] * RING_ROUNDS)
@@ -591,7 +597,8 @@ def _check_device_barrier(ctx, report: _Report) -> None:
     snapshots = []
     for k in range(BARRIER_ROUNDS):  # no host barrier in between: only device_barrier orders them
         data = _peer_data(rank, torch.float32, N, 500 + k).to(device)
-        _scatter_kernel[(world,)](buf[k], data, ctx.get_heap_bases(), N, RANK=rank, WORLD=world, BLOCK=64)
+        _launch(ctx, _scatter_kernel, (world,), ctx.get_device_context(), buf[k], data, ctx.get_heap_bases(), N,
+                RANK=rank, WORLD=world, BLOCK=64)
         ctx.device_barrier()
         snapshots.append(buf[k].clone())  # read locally, stream-ordered after the barrier
     ctx.barrier()  # raises if a device_barrier timed out
@@ -601,10 +608,10 @@ def _check_device_barrier(ctx, report: _Report) -> None:
     ctx.barrier()
 
 
-def _check_device_barrier_timeout(report: _Report, device: str) -> None:
+def _check_device_barrier_timeout(report: _Report, backend: str, device: str) -> None:
     """One rank skips device_barrier: the other's next barrier() raises, naming it; the skipping
     rank still joins the host barrier, so nothing hangs."""
-    short = iris.create(heap_size="1MiB", device=device, timeout=0.5)
+    short = iris.create(backend, heap_size="1MiB", device=device, timeout=0.5)
     rank = short.rank
     try:
         if rank == 0:
@@ -635,9 +642,9 @@ def _check_message_passing(ctx, report: _Report) -> None:
     report.check("message_passing/exchange", exchange(ctx, 1000 if on_gpu else 25, 1024 if on_gpu else 100))
 
 
-def _device_api_worker(rank: int, device: str) -> dict:
+def _device_api_worker(rank: int, backend: str, device: str) -> dict:
     report = _Report(rank)
-    ctx = iris.create(heap_size="32MiB", device=device)
+    ctx = iris.create(backend, heap_size="32MiB", device=device)
     report.check("setup/rank", ctx.rank == rank)
     report.check("setup/iris_names_resolve_to_iris_triton",
                  iris.load is iris_triton.load and iris.DeviceContext is iris_triton.DeviceContext)
@@ -657,7 +664,7 @@ def _device_api_worker(rank: int, device: str) -> dict:
         with report.section("message_passing"):
             _check_message_passing(ctx, report)
         with report.section("timeout"):
-            _check_device_barrier_timeout(report, device)
+            _check_device_barrier_timeout(report, backend, device)
     ctx.barrier()
     ctx.destroy()
     # Compressed: iris.spawn reads the ranks' results only after every rank has exited, through
@@ -669,15 +676,22 @@ def _device_api_worker(rank: int, device: str) -> dict:
 # -- the tests ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
+@pytest.fixture(scope="module", params=[(backend, world) for backend in ("triton", "gluon") for world in (2, 3)],
+                ids=lambda p: f"{p[0]}-world{p[1]}")
 def reports(request) -> list[dict]:
-    """Every rank's report for one world size; one spawn serves all the tests of that size."""
-    world_size = request.param
+    """Every rank's report for one backend and world size; one spawn serves all the tests of
+    that pair. A backend whose kernels cannot run on the ranks available here is skipped."""
+    backend, world_size = request.param
+    device = rank_device(world_size)
+    runs_on = iris.registry.get_backend(backend).device_types
+    if device not in runs_on:
+        pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {world_size} ranks "
+                    f"here are {device} ranks")
     mp = pytest.MonkeyPatch()
     mp.setenv("IRIS_TIMEOUT", "120")  # a rank that hangs fails in two minutes, not five
     mp.delenv("IRIS_DEBUG", raising=False)
     try:
-        packed = iris.spawn(_device_api_worker, world_size, rank_device(world_size), device=rank_device(world_size))
+        packed = iris.spawn(_device_api_worker, world_size, backend, device, device=device)
         yield [pickle.loads(zlib.decompress(p)) for p in packed]
     finally:
         mp.undo()
