@@ -1,20 +1,202 @@
-"""CCLMixin: the ``ctx.ccl`` namespace of collectives."""
+"""CCLMixin: the ``ctx.ccl`` namespace of collectives.
+
+``ctx.ccl`` checks a call (devices, dtypes, sizes, contiguity), then dispatches it to a
+registered algorithm (:mod:`iris.collectives`). The namespace owns what algorithms share: the
+synchronisation words on the heap and a data workspace on the heap that grows, collectively, to
+the largest call seen. Calls after the first of a given size allocate nothing and never wait on
+the host, so they can be captured in a CUDA graph (make one call of each size before capturing).
+"""
 
 from __future__ import annotations
 
 from functools import cached_property
 
-__all__ = ["CCLMixin", "Collectives"]
+import torch
+
+from iris.collectives import REDUCE_OPS, Algorithm, CollectiveCall, algorithm_registry, choose
+from iris.errors import IrisError
+
+__all__ = ["CCLMixin", "Collectives", "SUPPORTED_DTYPES"]
+
+#: Element types every collective accepts.
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+#: Programs (thread blocks) per collective kernel on CPU ranks, where Triton's interpreter runs
+#: them one after another.
+CPU_PROGRAMS = 2
+
+
+def _reduce_op_name(op) -> str:
+    """``"sum"``/``"max"``/``"min"`` from a string or a ``torch.distributed.ReduceOp``."""
+    if isinstance(op, str):
+        name = op.lower()
+    else:
+        known = {torch.distributed.ReduceOp.SUM: "sum", torch.distributed.ReduceOp.MAX: "max",
+                 torch.distributed.ReduceOp.MIN: "min"}
+        name = known.get(op, repr(op))
+    if name not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)} (or the torch.distributed.ReduceOp of that "
+                         f"name), got {op!r}")
+    return name
 
 
 class Collectives:
-    """Host-launched collectives of one context (``ctx.ccl``), with torch.distributed semantics.
+    """Device-side collectives of one context (``ctx.ccl``), with torch.distributed semantics.
 
-    Every method is a collective operation: all ranks call it with matching arguments.
+    Every method is a collective operation: all ranks call it in the same order with tensors
+    of the same shape and dtype. Inputs may be heap tensors (used in place) or plain tensors on
+    the context's device (staged through the heap workspace); results land in the tensors
+    passed. Work is enqueued on the current stream; nothing waits on the host.
     """
 
     def __init__(self, context):
         self._context = context
+        device = context.device
+        #: Programs of every collective kernel. Fixed for the context's lifetime: program ``p``
+        #: of every rank handles the same data and synchronises only with program ``p`` of its
+        #: peers, so all calls must use the same count.
+        self.programs = context.get_cu_count() if device.type == "cuda" else CPU_PROGRAMS
+        self._sync: torch.Tensor | None = None
+        self._workspace: torch.Tensor | None = None
+
+    # -- what algorithms share ----------------------------------------------------------------
+
+    @property
+    def context(self):
+        return self._context
+
+    def sync_state(self) -> torch.Tensor:
+        """int32 words on the heap: per program, its call count and its signal count, then one
+        flag per program and peer (written by that peer). Zeroed once, never reset."""
+        if self._sync is None:
+            self._sync = self._context.zeros(self.programs * (2 + self._context.world_size), dtype=torch.int32)
+            self._context.barrier()  # every peer's flags exist and are zero before anyone signals
+        return self._sync
+
+    def workspace(self, nbytes: int) -> torch.Tensor:
+        """At least ``nbytes`` of heap (uint8), the same on every rank. Grows collectively, with a
+        host barrier, the first time a call needs more than before; otherwise allocates nothing."""
+        if self._workspace is None or self._workspace.numel() < nbytes:
+            ctx = self._context
+            ctx.barrier()  # no peer is still writing into the old workspace
+            if self._workspace is not None:
+                ctx.free(self._workspace)
+                self._workspace = None
+            self._workspace = ctx.empty(nbytes, dtype=torch.uint8)
+            ctx.barrier()  # every rank's new workspace exists before anyone writes into it
+        return self._workspace
+
+    # -- discovery ------------------------------------------------------------------------------
+
+    def algorithms(self, collective: str) -> list[str]:
+        """Names of the algorithms registered for ``collective``."""
+        return algorithm_registry(collective).names()
+
+    def _algorithm(self, collective: str, name: str | None, nbytes: int) -> Algorithm:
+        name = name or choose(collective, nbytes, self._context.world_size)
+        registry = algorithm_registry(collective)
+        algorithm = registry.get(name) if name in registry.entries else None
+        if algorithm is None:
+            raise IrisError(f"no {collective} algorithm named {name!r}; registered: {registry.names()}")
+        frontend = getattr(self._context, "frontend", None)
+        if frontend is not None and frontend.name not in algorithm.frontends:
+            raise IrisError(f"{collective} algorithm {name!r} is implemented for {sorted(algorithm.frontends)} "
+                            f"kernels, but this context's backend compiles {frontend.name} kernels; choose one of "
+                            f"{registry.names()}")
+        return algorithm
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def _check_tensor(self, what: str, collective: str, tensor) -> None:
+        ctx = self._context
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{collective}: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device != ctx.device:
+            raise IrisError(f"{collective}: {what} is on {tensor.device}, but this context runs on {ctx.device}; "
+                            f"move it with .to({str(ctx.device)!r})")
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise IrisError(f"{collective}: {what} has dtype {tensor.dtype}; supported: "
+                            f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        if not tensor.is_contiguous():
+            raise IrisError(f"{collective}: {what} is not contiguous; pass tensor.contiguous()")
+
+    def _check_pair(self, collective: str, output, input) -> None:
+        self._check_tensor("output", collective, output)
+        self._check_tensor("input", collective, input)
+        if output.dtype != input.dtype:
+            raise IrisError(f"{collective}: output dtype {output.dtype} differs from input dtype {input.dtype}")
+        out_start, in_start = output.data_ptr(), input.data_ptr()
+        out_end = out_start + output.numel() * output.element_size()
+        in_end = in_start + input.numel() * input.element_size()
+        if out_start < in_end and in_start < out_end:
+            raise IrisError(f"{collective}: output and input overlap in memory; pass separate tensors")
+
+    def _divisible(self, collective: str, what: str, numel: int) -> int:
+        world = self._context.world_size
+        if numel % world:
+            raise IrisError(f"{collective}: {what} has {numel} elements, not divisible by the world size {world}; "
+                            f"pad it to a multiple of {world}")
+        return numel // world
+
+    def _launch(self, collective: str, algorithm: str | None, nbytes: int, **call) -> None:
+        chosen = self._algorithm(collective, algorithm, nbytes)
+        if call["input"].numel() == 0:
+            return
+        chosen.run(CollectiveCall(context=self._context, collective=collective, **call))
+
+    # -- the collectives ------------------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None) -> torch.Tensor:
+        """Reduce ``tensor`` across ranks (sum, max or min) in place; every rank gets the same
+        result. ``algorithm``: ``"one_shot"``, ``"two_shot"`` or any registered one; by default
+        chosen by size."""
+        self._check_tensor("tensor", "all_reduce", tensor)
+        self._launch("all_reduce", algorithm, tensor.numel() * tensor.element_size(), output=tensor, input=tensor,
+                     op=_reduce_op_name(op))
+        return tensor
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
+        """``output`` (world_size x input's elements, e.g. shape ``[world_size, *input.shape]``)
+        := every rank's ``input``, in rank order (torch's ``all_gather_into_tensor``)."""
+        self._check_pair("all_gather", output, input)
+        world = self._context.world_size
+        if output.numel() != world * input.numel():
+            raise IrisError(f"all_gather: output has {output.numel()} elements; it needs world_size x input = "
+                            f"{world} x {input.numel()} = {world * input.numel()}")
+        self._launch("all_gather", algorithm, input.numel() * input.element_size(), output=output, input=input)
+        return output
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", *,
+                       algorithm: str | None = None) -> torch.Tensor:
+        """``output`` := the reduction across ranks of this rank's share of ``input``: rank r gets
+        segment r of the ``world_size`` equal segments (torch's ``reduce_scatter_tensor``)."""
+        self._check_pair("reduce_scatter", output, input)
+        share = self._divisible("reduce_scatter", "input", input.numel())
+        if output.numel() != share:
+            raise IrisError(f"reduce_scatter: output has {output.numel()} elements; it needs input / world_size = "
+                            f"{share}")
+        self._launch("reduce_scatter", algorithm, input.numel() * input.element_size(), output=output, input=input,
+                     op=_reduce_op_name(op))
+        return output
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
+        """Segment j of this rank's ``input`` goes to rank j, which stores it as its segment r
+        (``world_size`` equal segments; torch's ``all_to_all_single`` without split sizes)."""
+        self._check_pair("all_to_all", output, input)
+        self._divisible("all_to_all", "input", input.numel())
+        if output.numel() != input.numel():
+            raise IrisError(f"all_to_all: output has {output.numel()} elements, input {input.numel()}; they must match")
+        self._launch("all_to_all", algorithm, input.numel() * input.element_size(), output=output, input=input)
+        return output
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, *, algorithm: str | None = None) -> torch.Tensor:
+        """Every rank's ``tensor`` := rank ``src``'s, in place."""
+        self._check_tensor("tensor", "broadcast", tensor)
+        world = self._context.world_size
+        if not isinstance(src, int) or not 0 <= src < world:
+            raise IrisError(f"broadcast: src={src!r} is not a rank of this world (0..{world - 1})")
+        self._launch("broadcast", algorithm, tensor.numel() * tensor.element_size(), output=tensor, input=tensor,
+                     src=src)
+        return tensor
 
     def barrier(self) -> None:
         """Wait until every rank's earlier device work is complete and every rank arrived."""
@@ -23,8 +205,9 @@ class Collectives:
 
 class CCLMixin:
     """Adds ``ccl``, the :class:`Collectives` namespace bound to this context. Requires
-    ``barrier()`` (ContextBase)."""
+    ``barrier()`` (ContextBase) and the heap's constructors (TensorMixin)."""
 
     @cached_property
     def ccl(self) -> Collectives:
         return Collectives(self)
+

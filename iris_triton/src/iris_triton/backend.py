@@ -43,6 +43,12 @@ class TritonDeviceOps(DeviceOps):
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
         self.max_spins = int(self.config.timeout * SPINS_PER_SECOND[self.device.type])
 
+    @property
+    def wait_failures(self) -> torch.Tensor:
+        """int32 per peer, set by any device-side wait of this rank (the device barrier, the
+        collectives) that gave up on that peer; ``barrier()`` reports and clears it."""
+        return self._barrier_state[self.world_size : 2 * self.world_size]
+
     def device_barrier(self) -> None:
         """Device-side barrier: returns at once on the host; kernels queued after it on this
         rank's stream start only once every rank has reached its own ``device_barrier``.
@@ -57,13 +63,14 @@ class TritonDeviceOps(DeviceOps):
 
     def barrier(self) -> None:
         super().barrier()
-        missing = self._barrier_state[self.world_size : 2 * self.world_size].nonzero().flatten().tolist()
+        missing = self.wait_failures.nonzero().flatten().tolist()
         if missing:
-            self._barrier_state[self.world_size : 2 * self.world_size].zero_()
+            self.wait_failures.zero_()
             raise IrisTimeoutError(
-                f"device_barrier on rank {self.rank} timed out after {self.config.timeout:g} s waiting "
-                f"for rank(s) {missing}; check that every rank calls device_barrier() equally often, "
-                f"or raise the timeout with create(timeout=...) / IRIS_TIMEOUT"
+                f"a device-side wait (device_barrier or a collective) on rank {self.rank} timed out after "
+                f"{self.config.timeout:g} s waiting for rank(s) {missing}; check that every rank calls "
+                f"device_barrier() and the same collectives equally often, or raise the timeout with "
+                f"create(timeout=...) / IRIS_TIMEOUT"
             )
 
 

@@ -1,0 +1,95 @@
+"""Collective algorithms: what one is, the registry of each collective, and the automatic choice.
+
+An :class:`Algorithm` implements one collective (``all_reduce``, ``all_gather``, ...). Each
+collective has its own registry, filled from the entry-point group ``iris.ccl.<collective>``
+(the Triton backend declares its algorithms there; a plugin distribution adds its own the same
+way) and by :func:`register_algorithm` in process. ``ctx.ccl`` validates a call, then hands it
+to the algorithm that ``algorithm=`` names or that :func:`choose` picks by size; the choice
+depends only on arguments every rank passes identically, so every rank runs the same one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import attrs
+
+from iris.registry import PluginRegistry
+
+__all__ = [
+    "COLLECTIVES",
+    "REDUCE_OPS",
+    "Algorithm",
+    "CollectiveCall",
+    "algorithm_registry",
+    "choose",
+    "register_algorithm",
+]
+
+#: The collectives of ``ctx.ccl`` that dispatch to registered algorithms.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+#: Reductions, by the names the kernels use.
+REDUCE_OPS = ("sum", "max", "min")
+
+
+@attrs.frozen(kw_only=True)
+class CollectiveCall:
+    """One validated call, as an algorithm receives it."""
+
+    context: Any
+    """The iris context."""
+    collective: str
+    output: Any
+    """The result tensor (for ``all_reduce`` and ``broadcast``: the tensor itself)."""
+    input: Any
+    op: str = "sum"
+    """``"sum"``, ``"max"`` or ``"min"`` (reductions only)."""
+    src: int = 0
+    """The source rank (``broadcast`` only)."""
+
+
+@attrs.frozen(kw_only=True)
+class Algorithm:
+    """An implementation of one collective, as registered under ``iris.ccl.<collective>``."""
+
+    name: str
+    collective: str = attrs.field(validator=attrs.validators.in_(COLLECTIVES))
+    run: Callable[[CollectiveCall], None]
+    """Enqueues the collective on the context's current stream; returns without waiting."""
+    frontends: frozenset[str] = attrs.field(default=frozenset({"triton", "gluon"}), converter=frozenset)
+    """Kernel languages it is implemented in; a context whose backend compiles in another
+    language cannot run it."""
+    description: str = ""
+
+
+@functools.cache
+def algorithm_registry(collective: str) -> PluginRegistry:
+    """The registry of ``collective``'s algorithms (entry-point group ``iris.ccl.<collective>``)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; collectives: {', '.join(COLLECTIVES)}")
+    return PluginRegistry(f"{collective} algorithm", f"iris.ccl.{collective}")
+
+
+def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
+    """Register ``algorithm`` in process under its collective and name."""
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"expected an iris.collectives.Algorithm, got {type(algorithm).__name__}")
+    algorithm_registry(algorithm.collective).register(algorithm.name, algorithm, clobber=clobber)
+
+
+#: Automatic choice for all_reduce: one-shot (every rank reads every input: one exchange round)
+#: up to this many bytes per rank, two-shot (reduce-scatter then all-gather: a 1/world share of
+#: the traffic per rank, two rounds) above. With two ranks both move the same bytes, so one-shot
+#: always wins there.
+ONE_SHOT_MAX_BYTES = {2: float("inf"), 3: 1 << 20}
+ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10
+
+
+def choose(collective: str, nbytes: int, world_size: int) -> str:
+    """The algorithm ``ctx.ccl`` runs when none is named: a function of the collective, the
+    bytes per rank and the world size only, hence the same on every rank."""
+    if collective == "all_reduce":
+        limit = ONE_SHOT_MAX_BYTES.get(world_size, ONE_SHOT_MAX_BYTES_DEFAULT)
+        return "one_shot" if nbytes <= limit else "two_shot"
+    return "direct"
