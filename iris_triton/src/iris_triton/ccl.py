@@ -4,7 +4,9 @@ Each kernel is one source, compiled by the context's front end (a Triton kernel 
 backend, a Gluon kernel for the Gluon backend). All follow one protocol:
 
 - Data moves by *push*: a rank writes, with remote stores, what a peer needs into that peer's
-  workspace (heap), then signals the peer. The workspace has two slots, used on alternate calls.
+  workspace (heap), then signals the peer. The workspace has two fixed halves ("slots", ``stride``
+  elements apart), used on alternate calls whatever the collective, so calls of different
+  collectives and sizes never share bytes between consecutive calls.
 - Work is split in blocks of ``BLOCK`` elements; program ``p`` handles blocks ``p, p + P, ...``
   on every rank, in rounds of ``ROUND`` blocks: push the round's blocks, signal every peer's
   flag ``[p, rank]`` with the program's signal count, wait until every peer's flag ``[p, peer]``
@@ -124,12 +126,12 @@ def _reduce(own, received, offs, mask, m, OP: tl.constexpr, RANK: tl.constexpr, 
 # peer), max_spins; CTX (device-context class), RANK, WORLD, BLOCK, ROUND as constexprs.
 
 
-def all_gather_kernel(context, inp, out, ws, sync, failures, n, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
+def all_gather_kernel(context, inp, out, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
                       WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
-    """out[q * n:(q + 1) * n] := rank q's inp[:n]. Workspace: [2 slots, WORLD sources, n]."""
+    """out[q * n:(q + 1) * n] := rank q's inp[:n]. Slot: [WORLD sources, n]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * WORLD * n
+    region = ws + (call % 2) * stride
     for r in range(_rounds(n, BLOCK, ROUND)):
         for k in tl.static_range(ROUND):
             offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
@@ -150,12 +152,12 @@ def all_gather_kernel(context, inp, out, ws, sync, failures, n, max_spins, CTX: 
     _finish(sync, call, count)
 
 
-def all_to_all_kernel(context, inp, out, ws, sync, failures, m, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
+def all_to_all_kernel(context, inp, out, ws, sync, failures, m, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
                       WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
-    """out[q * m:(q + 1) * m] := rank q's inp[RANK * m:(RANK + 1) * m]. Workspace: [2, WORLD, m]."""
+    """out[q * m:(q + 1) * m] := rank q's inp[RANK * m:(RANK + 1) * m]. Slot: [WORLD, m]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * WORLD * m
+    region = ws + (call % 2) * stride
     for r in range(_rounds(m, BLOCK, ROUND)):
         for k in tl.static_range(ROUND):
             offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
@@ -177,14 +179,14 @@ def all_to_all_kernel(context, inp, out, ws, sync, failures, m, max_spins, CTX: 
     _finish(sync, call, count)
 
 
-def reduce_scatter_kernel(context, inp, out, ws, sync, failures, m, max_spins, CTX: tl.constexpr,
+def reduce_scatter_kernel(context, inp, out, ws, sync, failures, m, stride, max_spins, CTX: tl.constexpr,
                           RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                           ROUND: tl.constexpr):
     """out[:m] := the reduction over ranks q of rank q's inp[RANK * m:(RANK + 1) * m].
-    Workspace: [2, WORLD, m]."""
+    Slot: [WORLD, m]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * WORLD * m
+    region = ws + (call % 2) * stride
     for r in range(_rounds(m, BLOCK, ROUND)):
         for k in tl.static_range(ROUND):
             offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
@@ -201,14 +203,14 @@ def reduce_scatter_kernel(context, inp, out, ws, sync, failures, m, max_spins, C
     _finish(sync, call, count)
 
 
-def all_reduce_one_shot_kernel(context, inp, out, ws, sync, failures, n, max_spins, CTX: tl.constexpr,
+def all_reduce_one_shot_kernel(context, inp, out, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr,
                                RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                                ROUND: tl.constexpr):
     """out[:n] := the reduction over ranks of inp[:n] (out may be inp). Every rank receives every
-    input and reduces all of them itself. Workspace: [2, WORLD, n]."""
+    input and reduces all of them itself. Slot: [WORLD, n]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * WORLD * n
+    region = ws + (call % 2) * stride
     for r in range(_rounds(n, BLOCK, ROUND)):
         for k in tl.static_range(ROUND):
             offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
@@ -226,16 +228,16 @@ def all_reduce_one_shot_kernel(context, inp, out, ws, sync, failures, n, max_spi
     _finish(sync, call, count)
 
 
-def all_reduce_two_shot_kernel(context, inp, out, ws, sync, failures, n, m, max_spins, CTX: tl.constexpr,
+def all_reduce_two_shot_kernel(context, inp, out, ws, sync, failures, n, m, stride, max_spins, CTX: tl.constexpr,
                                RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                                ROUND: tl.constexpr):
     """out[:n] := the reduction over ranks of inp[:n] (out may be inp), in two exchanges of
     segments of ``m = cdiv(n, WORLD)`` elements: rank q reduces segment q (reduce-scatter), then
-    sends the result to every rank (all-gather). Workspace: [2 exchanges, 2 slots, WORLD, m]."""
+    sends the result to every rank (all-gather). Slot: [2 exchanges, WORLD, m]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
-    scattered = ws + (call % 2) * WORLD * m
-    gathered = ws + (2 + call % 2) * WORLD * m
+    scattered = ws + (call % 2) * stride
+    gathered = scattered + WORLD * m
     for r in range(_rounds(m, BLOCK, ROUND)):
         for k in tl.static_range(ROUND):
             offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
@@ -264,13 +266,13 @@ def all_reduce_two_shot_kernel(context, inp, out, ws, sync, failures, n, m, max_
     _finish(sync, call, count)
 
 
-def broadcast_kernel(context, buf, ws, sync, failures, n, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
+def broadcast_kernel(context, buf, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
                      WORLD: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
     """buf[:n] := rank SRC's buf[:n]. Every rank signals every round, so none runs ahead of
-    the others. Workspace: [2 slots, n]."""
+    the others. Slot: [n]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * n
+    region = ws + (call % 2) * stride
     for r in range(_rounds(n, BLOCK, ROUND)):
         if RANK == SRC:
             for k in tl.static_range(ROUND):
@@ -294,58 +296,61 @@ def broadcast_kernel(context, buf, ws, sync, failures, n, max_spins, CTX: tl.con
 
 #: Launch shape per device type: elements per block, blocks per round, warps.
 CONFIGS = {"cuda": dict(BLOCK=4096, ROUND=4, num_warps=8), "cpu": dict(BLOCK=64, ROUND=2)}
-#: Offsets are 32-bit: a workspace region larger than this many elements needs the call split.
+#: Offsets are 32-bit: a workspace larger than this many elements needs the call split.
 MAX_WORKSPACE_ELEMENTS = 2**31 - 1
+#: Byte alignment of the two workspace slots (keeps 16-byte vector accesses).
+SLOT_ALIGNMENT = 256
 
 
-def _launch(call: CollectiveCall, source, workspace_elements: int, tensors: tuple, sizes: tuple,
-            **constexprs) -> None:
-    """Launch kernel ``source`` for ``call`` with a workspace of ``workspace_elements`` of the
-    call's dtype. The kernels' arguments are ``context, *tensors, ws, sync, failures, *sizes,
-    max_spins`` and the constexprs."""
+def _launch(call: CollectiveCall, source, slot_elements: int, tensors: tuple, sizes: tuple, **constexprs) -> None:
+    """Launch kernel ``source`` for ``call``, whose workspace slot holds ``slot_elements`` of
+    the call's dtype. The kernels' arguments are ``context, *tensors, ws, sync, failures,
+    *sizes, stride, max_spins`` and the constexprs."""
     ctx = call.context
-    if workspace_elements > MAX_WORKSPACE_ELEMENTS:
+    element_size = call.input.element_size()
+    slot_bytes = -(-slot_elements * element_size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
+    workspace = ctx.ccl.workspace(2 * slot_bytes)
+    stride = workspace.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT // element_size  # between the halves
+    if 2 * stride > MAX_WORKSPACE_ELEMENTS:
         raise IrisError(f"{call.collective}: {call.input.numel()} elements per rank is too large for one call "
                         f"(workspace offsets are 32-bit); split it into smaller calls")
-    dtype = call.input.dtype
-    element_size = call.input.element_size()
-    ws = ctx.ccl.workspace(workspace_elements * element_size)[: workspace_elements * element_size].view(dtype)
+    ws = workspace[: 2 * stride * element_size].view(call.input.dtype)
     front = ctx.frontend
     front.kernel(source)[(ctx.ccl.programs,)](
-        ctx.get_device_context(), *tensors, ws, ctx.ccl.sync_state(), ctx.wait_failures, *sizes, ctx.max_spins,
+        ctx.get_device_context(), *tensors, ws, ctx.ccl.sync_state(), ctx.wait_failures, *sizes, stride, ctx.max_spins,
         CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, **CONFIGS[ctx.device.type], **constexprs)
 
 
 def _all_gather(call: CollectiveCall) -> None:
     n = call.input.numel()
-    _launch(call, all_gather_kernel, 2 * call.context.world_size * n, (call.input, call.output), (n,))
+    _launch(call, all_gather_kernel, call.context.world_size * n, (call.input, call.output), (n,))
 
 
 def _all_to_all(call: CollectiveCall) -> None:
     m = call.input.numel() // call.context.world_size
-    _launch(call, all_to_all_kernel, 2 * call.input.numel(), (call.input, call.output), (m,))
+    _launch(call, all_to_all_kernel, call.input.numel(), (call.input, call.output), (m,))
 
 
 def _reduce_scatter(call: CollectiveCall) -> None:
     m = call.output.numel()
-    _launch(call, reduce_scatter_kernel, 2 * call.input.numel(), (call.input, call.output), (m,), OP=call.op)
+    _launch(call, reduce_scatter_kernel, call.input.numel(), (call.input, call.output), (m,), OP=call.op)
 
 
 def _all_reduce_one_shot(call: CollectiveCall) -> None:
     n = call.input.numel()
-    _launch(call, all_reduce_one_shot_kernel, 2 * call.context.world_size * n, (call.input, call.output), (n,),
+    _launch(call, all_reduce_one_shot_kernel, call.context.world_size * n, (call.input, call.output), (n,),
             OP=call.op)
 
 
 def _all_reduce_two_shot(call: CollectiveCall) -> None:
     n, world = call.input.numel(), call.context.world_size
     m = triton.cdiv(n, world)
-    _launch(call, all_reduce_two_shot_kernel, 4 * world * m, (call.input, call.output), (n, m), OP=call.op)
+    _launch(call, all_reduce_two_shot_kernel, 2 * world * m, (call.input, call.output), (n, m), OP=call.op)
 
 
 def _broadcast(call: CollectiveCall) -> None:
     n = call.input.numel()
-    _launch(call, broadcast_kernel, 2 * n, (call.input,), (n,), SRC=call.src)
+    _launch(call, broadcast_kernel, n, (call.input,), (n,), SRC=call.src)
 
 
 ALL_GATHER_DIRECT = Algorithm(name="direct", collective="all_gather", run=_all_gather,

@@ -1,0 +1,189 @@
+"""Collectives: iris vs NCCL (torch.distributed) vs torch SymmetricMemory, in one run.
+
+For each collective and size (bytes of input per rank, bf16), every implementation is checked
+against NCCL's result, then timed per call, eager and under CUDA graphs: ``--calls`` calls back
+to back between CUDA events (captured as one graph, or launched eagerly), ``--repeats`` times;
+each rank's median, and the slowest rank's median is the figure. Results go to
+``benchmarks/results/ccl-<date>.json`` (or ``--out``) with one PNG per collective.
+
+    python -m benchmarks.ccl [--min 8KiB] [--max 256MiB] [--backend triton] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.distributed as dist
+
+import iris
+from iris.config import parse_size
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def _implementations(ctx, collective: str, n: int, world: int):
+    """``{name: (callable, output tensor)}`` for one collective at ``n`` bf16 elements of input."""
+    device, bf16 = ctx.device, torch.bfloat16
+    g = torch.Generator(device).manual_seed(ctx.rank)
+    x = ctx.randn(n, dtype=bf16, generator=g)  # heap input, as an iris user would allocate it
+    impls = {}
+    if collective == "all_reduce":
+        for algorithm in ("one_shot", "two_shot"):
+            buf = ctx.empty(n, dtype=bf16)
+            impls[f"iris_{algorithm}"] = (lambda b=buf, a=algorithm: (b.copy_(x), ctx.ccl.all_reduce(b, algorithm=a)), buf)
+        nccl = torch.empty(n, dtype=bf16, device=device)
+        impls["nccl"] = (lambda: (nccl.copy_(x), dist.all_reduce(nccl)), nccl)
+        impls.update(_symmetric_memory(x))
+    elif collective == "all_gather":
+        out, ref = ctx.empty(world * n, dtype=bf16), torch.empty(world * n, dtype=bf16, device=device)
+        impls["iris"] = (lambda: ctx.ccl.all_gather(out, x), out)
+        impls["nccl"] = (lambda: dist.all_gather_into_tensor(ref, x), ref)
+    elif collective == "reduce_scatter":
+        out, ref = ctx.empty(n // world, dtype=bf16), torch.empty(n // world, dtype=bf16, device=device)
+        impls["iris"] = (lambda: ctx.ccl.reduce_scatter(out, x), out)
+        impls["nccl"] = (lambda: dist.reduce_scatter_tensor(ref, x), ref)
+    else:
+        out, ref = ctx.empty(n, dtype=bf16), torch.empty(n, dtype=bf16, device=device)
+        impls["iris"] = (lambda: ctx.ccl.all_to_all(out, x), out)
+        impls["nccl"] = (lambda: dist.all_to_all_single(ref, x), ref)
+    return impls
+
+
+def _symmetric_memory(x: torch.Tensor) -> dict:
+    """torch SymmetricMemory's one-shot and two-shot all_reduce of a copy of ``x``."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD.group_name
+    buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    symm_mem.rendezvous(buf, group)
+    one_shot_out = torch.empty_like(x)
+
+    def one_shot():
+        buf.copy_(x)
+        one_shot_out.copy_(torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group))
+
+    def two_shot():
+        buf.copy_(x)
+        torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)
+
+    return {"symm_mem_one_shot": (one_shot, one_shot_out), "symm_mem_two_shot": (two_shot, buf)}
+
+
+def _per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
+    """This rank's median per-call time in microseconds."""
+    stream = torch.cuda.Stream(ctx.device)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    replay = fn
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(cuda_graph, stream=stream):
+            for _ in range(calls):
+                fn()
+        replay = cuda_graph.replay
+    samples = []
+    for _ in range(repeats):
+        ctx.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        if graph:
+            replay()
+        else:
+            for _ in range(calls):
+                fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) -> list[dict]:
+    ctx = iris.create(backend, heap_size=24 * max(sizes) + (256 << 20))
+    world = ctx.world_size
+    rows = []
+    for collective in COLLECTIVES:
+        for size in sizes:
+            n = size // 2 // world * world  # bf16 elements, divisible by the world size
+            impls = _implementations(ctx, collective, n, world)
+            row = {"collective": collective, "bytes": size}
+            for name, (fn, out) in impls.items():
+                fn()
+                torch.cuda.synchronize()
+                row.setdefault("results", {})[name] = out.float().cpu()
+            reference = row["results"]["nccl"]
+            correct = {name: bool(torch.allclose(r, reference, rtol=1e-2, atol=1e-2))
+                       for name, r in row.pop("results").items()}
+            row["correct"] = correct
+            for mode in ("graph", "eager"):
+                row[mode] = {}
+                for name, (fn, _) in impls.items():
+                    mine = _per_call_us(ctx, fn, calls if size <= (32 << 20) else 4, repeats, mode == "graph")
+                    row[mode][name] = max(ctx.comm.all_gather_object(mine))  # the slowest rank
+            rows.append(row)
+            ctx.barrier()
+    ctx.destroy()
+    return rows
+
+
+def plot(rows: list[dict], path_stem) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for collective in COLLECTIVES:
+        mine = [r for r in rows if r["collective"] == collective]
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for mode, style in (("graph", "-"), ("eager", ":")):
+            for name in mine[0][mode]:
+                ax.plot([r["bytes"] for r in mine], [r[mode][name] for r in mine], style, marker="o",
+                        label=f"{name} ({mode})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes of input per rank (bf16)")
+        ax.set_ylabel("us per call (slowest rank, median)")
+        ax.set_title(f"{collective}, 2 x H200")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = f"{path_stem}-{collective}.png"
+        fig.savefig(path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--min", default="8KiB")
+    parser.add_argument("--max", default="256MiB")
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if torch.cuda.device_count() < 2:
+        raise SystemExit("benchmarks.ccl needs 2 GPUs")
+    from benchmarks.common import write_results
+
+    sizes, size = [], parse_size(args.min)
+    while size <= parse_size(args.max):
+        sizes.append(size)
+        size *= 8
+    rows = iris.spawn(_run, 2, args.backend, sizes, args.calls, args.repeats, device="cuda")[0]
+    for row in rows:
+        print(f"{row['collective']:>15} {row['bytes']:>10} graph: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in row["graph"].items())
+              + " | eager: " + ", ".join(f"{k} {v:.1f}" for k, v in row["eager"].items())
+              + ("" if all(row["correct"].values()) else f"  INCORRECT: {row['correct']}"))
+    path = write_results(f"ccl-{args.backend}", {"backend": args.backend, "unit": "us per call", "rows": rows},
+                         args.out)
+    plot(rows, str(path.with_suffix("")))
+    print(f"wrote {path} and its plots")
+
+
+if __name__ == "__main__":
+    main()

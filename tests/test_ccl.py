@@ -1,0 +1,303 @@
+"""Collectives (``ctx.ccl``) across real ranks, for every backend whose kernels run here.
+
+One spawn per (backend, world size) runs every collective x dtype x op x size against torch
+references built from every rank's input (gathered on the host), with heap and plain tensors,
+forced and automatic algorithms, many back-to-back calls with changing data, and CUDA graph
+capture on GPUs. Each rank returns ``{check name: True | False | error text}``.
+"""
+
+from __future__ import annotations
+
+import traceback
+import zlib
+
+import pytest
+import torch
+
+import iris
+from conftest import skip_unless_interpreter_runs_kernel_loops
+from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
+from iris.errors import IrisError
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+OPS = ("sum", "max", "min")
+#: Elements per rank: one element, odd sizes, and (on CPU ranks: BLOCK 64, ROUND 2, 2 programs)
+#: sizes that take several rounds per program.
+SIZES = {"cpu": (1, 37, 300), "cuda": (1, 37, 4099, 3 * 4096 * 132 + 5)}
+BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
+#: all_reduce algorithms checked by name (None: the automatic choice, which picks one of them;
+#: checked on GPUs, where calls are cheap).
+ALL_REDUCE_ALGORITHMS = {"cpu": ("one_shot", "two_shot"), "cuda": ("one_shot", "two_shot", None)}
+
+
+def rank_device(nprocs: int) -> str:
+    if torch.cuda.device_count() >= nprocs:
+        return "cuda"
+    skip_unless_interpreter_runs_kernel_loops()
+    return "cpu"
+
+
+def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
+    """Seeded values every rank can recompute; small integers so sums cannot overflow."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g).to(dtype)
+    return torch.randint(-1000, 1000, (n,), generator=g).to(dtype)
+
+
+def _reference_reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+    """Reduction in rank order, accumulating 16-bit floats in float32 as the kernels do."""
+    wide = [t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors]
+    acc = wide[0]
+    for t in wide[1:]:
+        acc = acc + t if op == "sum" else torch.maximum(acc, t) if op == "max" else torch.minimum(acc, t)
+    return acc.to(tensors[0].dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point:
+        return a.shape == b.shape and torch.allclose(a.float(), b.float(), rtol=1e-2 if a.element_size() == 2 else 1e-5,
+                                                     atol=1e-2 if a.element_size() == 2 else 1e-5)
+    return torch.equal(a, b)
+
+
+class _Report(dict):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def check(self, name: str, ok) -> None:
+        self[name] = bool(ok)
+
+    def guard(self, name: str, fn) -> None:
+        try:
+            fn()
+        except Exception:
+            self[name] = f"rank {self.rank}: {traceback.format_exc()[-2500:]}"
+
+
+def _tensor(ctx, values: torch.Tensor, on_heap: bool) -> torch.Tensor:
+    values = values.to(ctx.device)
+    return ctx.as_symmetric(values) if on_heap else values.clone()
+
+
+def _check_matrix(ctx, report: _Report) -> None:
+    rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    for size in SIZES[device.type]:
+        for dtype in DTYPES:
+            name = f"{str(dtype).removeprefix('torch.')}/n{size}"
+            mine = [_data(dtype, world * size, q, size, str(dtype)) for q in range(world)]
+            on_heap = (size + DTYPES.index(dtype)) % 2 == 0  # alternate heap and plain tensors
+            for op in OPS:
+                expected = _reference_reduce(mine, op)
+                for algorithm in ALL_REDUCE_ALGORITHMS[device.type]:
+                    t = _tensor(ctx, mine[rank], on_heap)
+                    ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+                    result = t.cpu()
+                    report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}", _same(result, expected))
+                    everyone = ctx.comm.all_gather_object(result)
+                    report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}/identical_on_all_ranks",
+                                 all(torch.equal(everyone[0], r) for r in everyone))
+                out = torch.empty(size, dtype=dtype, device=device)
+                ctx.ccl.reduce_scatter(out, _tensor(ctx, mine[rank], on_heap), op=op)
+                report.check(f"reduce_scatter/{op}/{name}", _same(out.cpu(), expected[rank * size:(rank + 1) * size]))
+            x = mine[rank][:size]
+            out = torch.full((world, size), 7, dtype=dtype, device=device)
+            ctx.ccl.all_gather(out, _tensor(ctx, x, on_heap))
+            report.check(f"all_gather/{name}", torch.equal(out.cpu(), torch.stack([m[:size] for m in mine])))
+            out = torch.empty(world * size, dtype=dtype, device=device)
+            ctx.ccl.all_to_all(out, _tensor(ctx, mine[rank], on_heap))
+            report.check(f"all_to_all/{name}", torch.equal(
+                out.cpu(), torch.cat([mine[q][rank * size:(rank + 1) * size] for q in range(world)])))
+            src = (size + 1) % world
+            t = _tensor(ctx, x, on_heap)
+            ctx.ccl.broadcast(t, src=src)
+            report.check(f"broadcast/src{src}/{name}", torch.equal(t.cpu(), mine[src][:size]))
+            ctx.barrier()
+            report.check(f"no_wait_failed/{name}", not ctx.wait_failures.any().item())
+
+
+def _check_back_to_back(ctx, report: _Report) -> None:
+    """Many calls in a row, no host synchronisation between them, each with new data: a stale
+    workspace slot or flag would show as a wrong result."""
+    rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    calls, n = BACK_TO_BACK[device.type], 129
+    base = torch.stack([_data(torch.float32, n, q, "b2b") for q in range(world)]).to(device)
+    results = torch.empty(calls, n, device=device)
+    gathered = torch.empty(calls, world, n, device=device)
+    for i in range(calls):
+        results[i].copy_(base[rank] + i)
+        ctx.ccl.all_reduce(results[i], algorithm=("one_shot", "two_shot")[i % 2])
+        ctx.ccl.all_gather(gathered[i], base[rank] * (i + 1))
+    steps = torch.arange(calls, device=device, dtype=torch.float32)[:, None]
+    expected = base.sum(0)[None, :] + world * steps
+    report.check("back_to_back/all_reduce", torch.allclose(results, expected, atol=1e-4))
+    report.check("back_to_back/all_gather", torch.equal(gathered, base[None] * (steps[:, :, None] + 1)))
+
+
+def _check_cuda_graph(ctx, report: _Report) -> None:
+    device = ctx.device
+    n = 4099
+    x = ctx.zeros(n)
+    out = ctx.zeros(ctx.world_size, n)
+    for _ in range(2):  # warm up: compile and size the workspace before capturing
+        ctx.ccl.all_reduce(x)
+        ctx.ccl.all_gather(out, x)
+    torch.cuda.synchronize(device)
+    stream = torch.cuda.Stream(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        ctx.ccl.all_reduce(x)
+        ctx.ccl.all_gather(out, x)
+    ok = True
+    for replay in range(20):
+        mine = _data(torch.float32, n, ctx.rank, "graph", replay).to(device)
+        everyone = [_data(torch.float32, n, q, "graph", replay).to(device) for q in range(ctx.world_size)]
+        x.copy_(mine)
+        ctx.barrier()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        reduced = sum(everyone[1:], everyone[0])
+        ok &= torch.allclose(x, reduced, atol=1e-5) and torch.equal(out, reduced.expand(ctx.world_size, n))
+    report.check("cuda_graph/replays_match_eager_reference", ok)
+
+
+def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
+    import pickle
+
+    report = _Report(rank)
+    ctx = iris.create(backend, heap_size="256MiB" if device == "cuda" else "32MiB", device=device)
+    report.guard("matrix/completed", lambda: _check_matrix(ctx, report))
+    report.guard("back_to_back/completed", lambda: _check_back_to_back(ctx, report))
+    if device == "cuda":
+        report.guard("cuda_graph/completed", lambda: _check_cuda_graph(ctx, report))
+    ctx.barrier()
+    ctx.destroy()
+    return zlib.compress(pickle.dumps(dict(report)))
+
+
+@pytest.fixture(scope="module", params=[(backend, world) for backend in ("triton", "gluon") for world in (2, 3)],
+                ids=lambda p: f"{p[0]}-world{p[1]}")
+def reports(request) -> list[dict]:
+    import pickle
+
+    backend, world = request.param
+    device = rank_device(world)
+    runs_on = iris.registry.get_backend(backend).device_types
+    if device not in runs_on:
+        pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {world} ranks here are "
+                    f"{device} ranks")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("IRIS_TIMEOUT", "120")
+    try:
+        packed = iris.spawn(_ccl_worker, world, backend, device, device=device)
+        yield [pickle.loads(zlib.decompress(p)) for p in packed]
+    finally:
+        mp.undo()
+
+
+def _assert_checks(reports: list[dict], prefix: str, minimum: int) -> None:
+    errors = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items()
+              if k.endswith("/completed") and v is not True}
+    assert not errors, "\n".join(f"{k}: {v}" for k, v in errors.items())
+    checks = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items() if k.startswith(prefix)}
+    assert len(checks) >= minimum, f"only {len(checks)} checks named {prefix}*"
+    failed = sorted(k for k, v in checks.items() if v is not True)
+    assert not failed, f"{len(failed)} of {len(checks)} failed: {failed[:30]}"
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"])
+def test_collective_matches_torch(reports, collective):
+    per_size = {"all_reduce": 2 * 2 * 3, "reduce_scatter": 3}.get(collective, 1) * len(DTYPES)
+    _assert_checks(reports, f"{collective}/", per_size * len(reports))
+
+
+def test_no_device_wait_timed_out(reports):
+    _assert_checks(reports, "no_wait_failed/", len(DTYPES) * len(reports))
+
+
+def test_back_to_back_calls_see_no_stale_data(reports):
+    _assert_checks(reports, "back_to_back/", 2 * len(reports))
+
+
+def test_cuda_graph_capture_and_replay(reports):
+    if not any(k.startswith("cuda_graph/") for k in reports[0]):
+        pytest.skip("CUDA graphs need GPU ranks")
+    _assert_checks(reports, "cuda_graph/", len(reports))
+
+
+# -- single-rank checks (the session context) -------------------------------------------------------------
+
+
+def test_algorithms_are_registered_for_every_collective(ctx):
+    assert ctx.ccl.algorithms("all_reduce") == ["one_shot", "two_shot"]
+    for collective in ("all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+        assert "direct" in ctx.ccl.algorithms(collective)
+    with pytest.raises(ValueError, match="unknown collective"):
+        ctx.ccl.algorithms("all_scatter")
+
+
+def test_automatic_choice_depends_only_on_size_and_world():
+    assert choose("all_reduce", 8 << 10, 2) == "one_shot"
+    assert choose("all_reduce", 256 << 20, 2) == "one_shot"  # two ranks: one-shot moves no more bytes
+    assert choose("all_reduce", 256 << 20, 4) == "two_shot"
+    assert choose("all_gather", 1, 8) == "direct"
+
+
+def test_unknown_algorithm_lists_the_registered_ones(ctx):
+    t = ctx.ones(4)
+    with pytest.raises(IrisError, match=r"no all_reduce algorithm named 'ring'.*one_shot"):
+        ctx.ccl.all_reduce(t, algorithm="ring")
+
+
+def test_a_registered_algorithm_is_selectable(ctx):
+    seen = []
+    algorithm = Algorithm(name="test_recorder", collective="broadcast", run=lambda call: seen.append(call.src))
+    register_algorithm(algorithm)
+    try:
+        ctx.ccl.broadcast(ctx.ones(3), src=0, algorithm="test_recorder")
+        assert seen == [0]
+        assert "test_recorder" in ctx.ccl.algorithms("broadcast")
+    finally:
+        registry = algorithm_registry("broadcast")
+        with registry._lock:
+            registry._entries.pop("test_recorder")
+            registry._loaded.pop("test_recorder", None)
+
+
+def test_single_rank_collectives_are_identities(ctx):
+    x = torch.randn(1000, device=ctx.device)
+    t = x.clone()
+    ctx.ccl.all_reduce(t)
+    assert torch.equal(t, x)
+    out = torch.empty(1, 1000, device=ctx.device)
+    ctx.ccl.all_gather(out, x)
+    assert torch.equal(out[0], x)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda c: c.ccl.all_reduce(torch.ones(4, dtype=torch.uint8, device=c.device)), "dtype torch.uint8"),
+        (lambda c: c.ccl.all_reduce(torch.ones(4, 4, device=c.device).t()), "not contiguous"),
+        (lambda c: c.ccl.all_reduce(torch.ones(4, device=c.device), op="prod"), "op must be one of"),
+        (lambda c: c.ccl.all_gather(torch.ones(3, device=c.device), torch.ones(4, device=c.device)), "needs world_size"),
+        (lambda c: c.ccl.all_gather(torch.ones(4, dtype=torch.int32, device=c.device), torch.ones(4, device=c.device)),
+         "differs from input dtype"),
+        (lambda c: c.ccl.reduce_scatter(torch.ones(3, device=c.device), torch.ones(4, device=c.device)),
+         "needs input / world_size"),
+        (lambda c: c.ccl.broadcast(torch.ones(4, device=c.device), src=1), "not a rank"),
+        (lambda c: (lambda t: c.ccl.all_to_all(t[:4], t[2:]))(torch.ones(6, device=c.device)), "overlap"),
+    ],
+    ids=["dtype", "contiguity", "op", "gather_size", "dtype_mismatch", "scatter_size", "src", "overlap"],
+)
+def test_bad_calls_raise_clear_errors(ctx, call, message):
+    with pytest.raises((IrisError, ValueError), match=message):
+        call(ctx)
+
+
+def test_tensor_on_another_device_is_rejected(ctx):
+    if ctx.device.type == "cpu":
+        pytest.skip("needs a GPU context to have another device")
+    with pytest.raises(IrisError, match="move it with"):
+        ctx.ccl.all_reduce(torch.ones(4))
