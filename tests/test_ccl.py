@@ -76,13 +76,17 @@ class _Report(dict):
             self[name] = f"rank {self.rank}: {traceback.format_exc()[-2500:]}"
 
 
-def _tensor(ctx, values: torch.Tensor, on_heap: bool) -> torch.Tensor:
-    values = values.to(ctx.device)
-    return ctx.as_symmetric(values) if on_heap else values.clone()
-
-
 def _check_matrix(ctx, report: _Report) -> None:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    on_the_heap = []
+
+    def _tensor(ctx, values: torch.Tensor, on_heap: bool) -> torch.Tensor:
+        values = values.to(ctx.device)
+        if not on_heap:
+            return values.clone()
+        on_the_heap.append(ctx.as_symmetric(values))
+        return on_the_heap[-1]
+
     for size in SIZES[device.type]:
         for dtype in DTYPES:
             name = f"{str(dtype).removeprefix('torch.')}/n{size}"
@@ -115,6 +119,8 @@ def _check_matrix(ctx, report: _Report) -> None:
             report.check(f"broadcast/src{src}/{name}", torch.equal(t.cpu(), mine[src][:size]))
             ctx.barrier()
             report.check(f"no_wait_failed/{name}", not ctx.wait_failures.any().item())
+            while on_the_heap:
+                ctx.free(on_the_heap.pop())
 
 
 def _check_back_to_back(ctx, report: _Report) -> None:

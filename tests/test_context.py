@@ -351,3 +351,25 @@ def _large_result(rank: int) -> str:
 @pytest.mark.slow
 def test_spawn_returns_results_larger_than_a_pipe():
     assert iris.spawn(_large_result, 2, device="cpu") == ["0" * 300_000, "1" * 300_000]
+
+
+def test_gluon_device_context_shares_the_triton_methods():
+    # One implementation of the device API: Gluon's IrisDeviceCtx carries the very functions of
+    # the Triton DeviceContext (compiled in the caller's language), not copies.
+    from iris_gluon import IrisDeviceCtx
+    from iris_triton.context import DeviceContext, DeviceMethods
+
+    shared = [name for name in vars(DeviceMethods) if not name.startswith("_")]
+    assert {"load", "store", "get", "put", "copy", "atomic_add", "atomic_cas", "signal", "wait_until"} <= set(shared)
+    for name in shared:
+        assert getattr(IrisDeviceCtx, name) is vars(DeviceMethods)[name], name
+        assert getattr(DeviceContext, name) is vars(DeviceMethods)[name], name
+
+
+def test_iris_gluon_iris_is_create_with_the_gluon_backend(monkeypatch):
+    import iris_gluon
+
+    calls = []
+    monkeypatch.setattr(iris, "create", lambda backend, **kwargs: calls.append((backend, kwargs)))
+    iris_gluon.iris("2GiB")
+    assert calls == [("gluon", {"heap_size": "2GiB"})]
