@@ -8,7 +8,7 @@ backend, a Gluon kernel for the Gluon backend). All follow one protocol:
   elements apart), used on alternate calls whatever the collective, so calls of different
   collectives and sizes never share bytes between consecutive calls.
 - Work is split in blocks of ``BLOCK`` elements; program ``p`` handles blocks ``p, p + P, ...``
-  on every rank, in rounds of ``ROUND`` blocks: push the round's blocks, signal every peer's
+  on every rank, in at most ``SYNCS`` rounds of groups of ``ROUND`` blocks: push the round's blocks, signal every peer's
   flag ``[p, rank]`` with the program's signal count, wait until every peer's flag ``[p, peer]``
   here reaches that count, then consume the round's blocks from the local workspace. Programs
   synchronise only with the same program of their peers, and every program does at least one
@@ -72,17 +72,20 @@ def _exchange_signals(dctx, flags, count, failures, max_spins, RANK: tl.constexp
 
 
 @triton.jit
-def _rounds(n, BLOCK: tl.constexpr, ROUND: tl.constexpr):
-    """Rounds this program runs for ``n`` elements (at least one)."""
+def _schedule(n, BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
+    """(rounds, groups per round) of this program for ``n`` elements: its blocks, in groups of
+    ``ROUND``, split into at most ``SYNCS`` rounds (at least one), each ending in one exchange of
+    signals. Fewer rounds wait less; more rounds overlap one round's pushes with another's use."""
     blocks = tl.cdiv(n, BLOCK)
-    mine = tl.cdiv(blocks - tl.program_id(0), tl.num_programs(0))
-    return tl.maximum(tl.cdiv(mine, ROUND), 1)
+    groups = tl.cdiv(tl.cdiv(blocks - tl.program_id(0), tl.num_programs(0)), ROUND)
+    rounds = tl.maximum(tl.minimum(groups, SYNCS), 1)
+    return rounds, tl.cdiv(groups, rounds)
 
 
 @triton.jit
-def _block_start(r, k, ROUND: tl.constexpr, BLOCK: tl.constexpr):
-    """First element of block ``k`` of round ``r`` of this program."""
-    return (tl.program_id(0) + (r * ROUND + k) * tl.num_programs(0)) * BLOCK
+def _block_start(g, k, ROUND: tl.constexpr, BLOCK: tl.constexpr):
+    """First element of block ``k`` of group ``g`` of this program."""
+    return (tl.program_id(0) + (g * ROUND + k) * tl.num_programs(0)) * BLOCK
 
 
 @triton.jit
@@ -123,114 +126,129 @@ def _reduce(own, received, offs, mask, m, OP: tl.constexpr, RANK: tl.constexpr, 
 
 # -- kernel sources ------------------------------------------------------------------------------------
 # Arguments common to all: context (device-context tensor), sync (int32 words), failures (int32 per
-# peer), max_spins; CTX (device-context class), RANK, WORLD, BLOCK, ROUND as constexprs.
+# peer), stride (elements between the workspace's two slots), max_spins; CTX (device-context class),
+# RANK, WORLD, BLOCK, ROUND, SYNCS as constexprs.
 
 
-def all_gather_kernel(context, inp, out, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
-                      WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
+def all_gather_kernel(context, inp, out, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr,
+                      RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
+                      SYNCS: tl.constexpr):
     """out[q * n:(q + 1) * n] := rank q's inp[:n]. Slot: [WORLD sources, n]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
     region = ws + (call % 2) * stride
-    for r in range(_rounds(n, BLOCK, ROUND)):
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < n
-            x = tl.load(inp + offs, mask=mask)
-            tl.store(out + RANK * n + offs, x, mask=mask)
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    dctx.store(region + RANK * n + offs, x, q, mask=mask)
+    rounds, per_round = _schedule(n, BLOCK, ROUND, SYNCS)
+    for r in range(rounds):
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < n
+                x = tl.load(inp + offs, mask=mask)
+                tl.store(out + RANK * n + offs, x, mask=mask)
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        dctx.store(region + RANK * n + offs, x, q, mask=mask)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < n
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    tl.store(out + q * n + offs, tl.load(region + q * n + offs, mask=mask), mask=mask)
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < n
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        tl.store(out + q * n + offs, tl.load(region + q * n + offs, mask=mask), mask=mask)
     _finish(sync, call, count)
 
 
 def all_to_all_kernel(context, inp, out, ws, sync, failures, m, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
-                      WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
+                      WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
+                      SYNCS: tl.constexpr):
     """out[q * m:(q + 1) * m] := rank q's inp[RANK * m:(RANK + 1) * m]. Slot: [WORLD, m]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
     region = ws + (call % 2) * stride
-    for r in range(_rounds(m, BLOCK, ROUND)):
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < m
-            for q in tl.static_range(WORLD):
-                x = tl.load(inp + q * m + offs, mask=mask)
-                if q == RANK:
-                    tl.store(out + RANK * m + offs, x, mask=mask)
-                else:
-                    dctx.store(region + RANK * m + offs, x, q, mask=mask)
+    rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
+    for r in range(rounds):
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < m
+                for q in tl.static_range(WORLD):
+                    x = tl.load(inp + q * m + offs, mask=mask)
+                    if q == RANK:
+                        tl.store(out + RANK * m + offs, x, mask=mask)
+                    else:
+                        dctx.store(region + RANK * m + offs, x, q, mask=mask)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < m
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    tl.store(out + q * m + offs, tl.load(region + q * m + offs, mask=mask), mask=mask)
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < m
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        tl.store(out + q * m + offs, tl.load(region + q * m + offs, mask=mask), mask=mask)
     _finish(sync, call, count)
 
 
 def reduce_scatter_kernel(context, inp, out, ws, sync, failures, m, stride, max_spins, CTX: tl.constexpr,
                           RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
-                          ROUND: tl.constexpr):
+                          ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """out[:m] := the reduction over ranks q of rank q's inp[RANK * m:(RANK + 1) * m].
     Slot: [WORLD, m]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
     region = ws + (call % 2) * stride
-    for r in range(_rounds(m, BLOCK, ROUND)):
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < m
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    dctx.store(region + RANK * m + offs, tl.load(inp + q * m + offs, mask=mask), q, mask=mask)
+    rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
+    for r in range(rounds):
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < m
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        dctx.store(region + RANK * m + offs, tl.load(inp + q * m + offs, mask=mask), q, mask=mask)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < m
-            tl.store(out + offs, _reduce(inp + RANK * m, region, offs, mask, m, OP, RANK, WORLD), mask=mask)
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < m
+                tl.store(out + offs, _reduce(inp + RANK * m, region, offs, mask, m, OP, RANK, WORLD), mask=mask)
     _finish(sync, call, count)
 
 
 def all_reduce_one_shot_kernel(context, inp, out, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr,
                                RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
-                               ROUND: tl.constexpr):
+                               ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """out[:n] := the reduction over ranks of inp[:n] (out may be inp). Every rank receives every
     input and reduces all of them itself. Slot: [WORLD, n]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
     region = ws + (call % 2) * stride
-    for r in range(_rounds(n, BLOCK, ROUND)):
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < n
-            x = tl.load(inp + offs, mask=mask)
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    dctx.store(region + RANK * n + offs, x, q, mask=mask)
+    rounds, per_round = _schedule(n, BLOCK, ROUND, SYNCS)
+    for r in range(rounds):
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < n
+                x = tl.load(inp + offs, mask=mask)
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        dctx.store(region + RANK * n + offs, x, q, mask=mask)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = offs < n
-            tl.store(out + offs, _reduce(inp, region, offs, mask, n, OP, RANK, WORLD), mask=mask)
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = offs < n
+                tl.store(out + offs, _reduce(inp, region, offs, mask, n, OP, RANK, WORLD), mask=mask)
     _finish(sync, call, count)
 
 
 def all_reduce_two_shot_kernel(context, inp, out, ws, sync, failures, n, m, stride, max_spins, CTX: tl.constexpr,
                                RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
-                               ROUND: tl.constexpr):
+                               ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """out[:n] := the reduction over ranks of inp[:n] (out may be inp), in two exchanges of
     segments of ``m = cdiv(n, WORLD)`` elements: rank q reduces segment q (reduce-scatter), then
     sends the result to every rank (all-gather). Slot: [2 exchanges, WORLD, m]."""
@@ -238,64 +256,73 @@ def all_reduce_two_shot_kernel(context, inp, out, ws, sync, failures, n, m, stri
     call, count, flags = _program_state(sync, WORLD)
     scattered = ws + (call % 2) * stride
     gathered = scattered + WORLD * m
-    for r in range(_rounds(m, BLOCK, ROUND)):
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    mask = (offs < m) & (q * m + offs < n)
-                    dctx.store(scattered + RANK * m + offs, tl.load(inp + q * m + offs, mask=mask), q, mask=mask)
+    rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
+    for r in range(rounds):
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        mask = (offs < m) & (q * m + offs < n)
+                        dctx.store(scattered + RANK * m + offs, tl.load(inp + q * m + offs, mask=mask), q, mask=mask)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            mask = (offs < m) & (RANK * m + offs < n)
-            reduced = _reduce(inp + RANK * m, scattered, offs, mask, m, OP, RANK, WORLD)
-            tl.store(out + RANK * m + offs, reduced, mask=mask)
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    dctx.store(gathered + RANK * m + offs, reduced, q, mask=mask)
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                mask = (offs < m) & (RANK * m + offs < n)
+                reduced = _reduce(inp + RANK * m, scattered, offs, mask, m, OP, RANK, WORLD)
+                tl.store(out + RANK * m + offs, reduced, mask=mask)
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        dctx.store(gathered + RANK * m + offs, reduced, q, mask=mask)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for k in tl.static_range(ROUND):
-            offs = dctx.block_offsets(inp, _block_start(r, k, ROUND, BLOCK), BLOCK)
-            for q in tl.static_range(WORLD):
-                if q != RANK:
-                    mask = (offs < m) & (q * m + offs < n)
-                    tl.store(out + q * m + offs, tl.load(gathered + q * m + offs, mask=mask), mask=mask)
+        for g in range(r * per_round, (r + 1) * per_round):
+            for k in tl.static_range(ROUND):
+                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                for q in tl.static_range(WORLD):
+                    if q != RANK:
+                        mask = (offs < m) & (q * m + offs < n)
+                        tl.store(out + q * m + offs, tl.load(gathered + q * m + offs, mask=mask), mask=mask)
     _finish(sync, call, count)
 
 
 def broadcast_kernel(context, buf, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
-                     WORLD: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
+                     WORLD: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
+                     SYNCS: tl.constexpr):
     """buf[:n] := rank SRC's buf[:n]. Every rank signals every round, so none runs ahead of
     the others. Slot: [n]."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
     region = ws + (call % 2) * stride
-    for r in range(_rounds(n, BLOCK, ROUND)):
+    rounds, per_round = _schedule(n, BLOCK, ROUND, SYNCS)
+    for r in range(rounds):
         if RANK == SRC:
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(buf, _block_start(r, k, ROUND, BLOCK), BLOCK)
-                mask = offs < n
-                x = tl.load(buf + offs, mask=mask)
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        dctx.store(region + offs, x, q, mask=mask)
+            for g in range(r * per_round, (r + 1) * per_round):
+                for k in tl.static_range(ROUND):
+                    offs = dctx.block_offsets(buf, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                    mask = offs < n
+                    x = tl.load(buf + offs, mask=mask)
+                    for q in tl.static_range(WORLD):
+                        if q != RANK:
+                            dctx.store(region + offs, x, q, mask=mask)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
         if RANK != SRC:
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(buf, _block_start(r, k, ROUND, BLOCK), BLOCK)
-                mask = offs < n
-                tl.store(buf + offs, tl.load(region + offs, mask=mask), mask=mask)
+            for g in range(r * per_round, (r + 1) * per_round):
+                for k in tl.static_range(ROUND):
+                    offs = dctx.block_offsets(buf, _block_start(g, k, ROUND, BLOCK), BLOCK)
+                    mask = offs < n
+                    tl.store(buf + offs, tl.load(region + offs, mask=mask), mask=mask)
     _finish(sync, call, count)
 
 
 # -- launching -----------------------------------------------------------------------------------------
 
-#: Launch shape per device type: elements per block, blocks per round, warps.
-CONFIGS = {"cuda": dict(BLOCK=4096, ROUND=4, num_warps=8), "cpu": dict(BLOCK=64, ROUND=2)}
+#: Launch shape per device type: elements per block, blocks per group (unrolled), most exchanges
+#: of signals per call, warps.
+CONFIGS = {"cuda": dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8), "cpu": dict(BLOCK=64, ROUND=2, SYNCS=2)}
 #: Offsets are 32-bit: a workspace larger than this many elements needs the call split.
 MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 #: Byte alignment of the two workspace slots (keeps 16-byte vector accesses).
