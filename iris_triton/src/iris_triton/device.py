@@ -188,8 +188,11 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
 @triton.jit
 def signal(ptr, value, from_rank, to_rank, heap_bases, sem: tl.constexpr = None,
            scope: tl.constexpr = None):
-    """Set the flag at ``ptr``'s offset on ``to_rank`` to ``value``, releasing the caller's earlier
-    writes to whoever acquires the flag. Returns the flag's old value."""
+    """Set the flag at ``ptr``'s offset on ``to_rank`` to ``value``, releasing the program's earlier
+    writes to whoever acquires the flag. Returns the flag's old value. A scalar atomic is issued
+    by one thread, and its release covers only what that thread has seen: the barrier first makes
+    every thread's earlier writes part of it."""
+    tl.debug_barrier()
     return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), _like(value, ptr), sem=_sem(sem, "release"),
                           scope=_scope(scope))
 
