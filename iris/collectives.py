@@ -78,11 +78,11 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
     algorithm_registry(algorithm.collective).register(algorithm.name, algorithm, clobber=clobber)
 
 
-#: Automatic choice for all_reduce: one-shot (every rank reads every input: one exchange round)
-#: up to this many bytes per rank, two-shot (reduce-scatter then all-gather: a 1/world share of
-#: the traffic per rank, two rounds) above. With two ranks both move the same bytes, so one-shot
-#: always wins there.
-ONE_SHOT_MAX_BYTES = {2: float("inf"), 3: 1 << 20}
+#: Automatic choice for all_reduce: one-shot (every rank receives every input: one exchange)
+#: up to this many bytes per rank, two-shot (reduce-scatter then all-gather: two exchanges, each
+#: rank reducing only its share) above. On 2 x H200 one-shot measured faster up to 4 MiB and
+#: two-shot from 32 MiB (benchmarks/NOTES.md); other world sizes are not measured yet.
+ONE_SHOT_MAX_BYTES = {2: 8 << 20, 3: 1 << 20}
 ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10
 
 

@@ -245,7 +245,8 @@ def test_algorithms_are_registered_for_every_collective(ctx):
 
 def test_automatic_choice_depends_only_on_size_and_world():
     assert choose("all_reduce", 8 << 10, 2) == "one_shot"
-    assert choose("all_reduce", 256 << 20, 2) == "one_shot"  # two ranks: one-shot moves no more bytes
+    assert choose("all_reduce", 4 << 20, 2) == "one_shot"
+    assert choose("all_reduce", 256 << 20, 2) == "two_shot"
     assert choose("all_reduce", 256 << 20, 4) == "two_shot"
     assert choose("all_gather", 1, 8) == "direct"
 
