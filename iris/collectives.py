@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import attrs
 
+from iris.errors import IrisError
 from iris.registry import PluginRegistry
 
 __all__ = [
@@ -68,7 +69,7 @@ def algorithm_registry(collective: str) -> PluginRegistry:
     """The registry of ``collective``'s algorithms (entry-point group ``iris.ccl.<collective>``)."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; collectives: {', '.join(COLLECTIVES)}")
-    return PluginRegistry(f"{collective} algorithm", f"iris.ccl.{collective}")
+    return PluginRegistry(f"{collective} algorithm", f"iris.ccl.{collective}", error=IrisError)
 
 
 def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:

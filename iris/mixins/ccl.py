@@ -60,10 +60,6 @@ class Collectives:
 
     # -- what algorithms share ----------------------------------------------------------------
 
-    @property
-    def context(self):
-        return self._context
-
     def sync_state(self) -> torch.Tensor:
         """int32 words on the heap: per program, its call count and its signal count, then one
         flag per program and peer (written by that peer). Zeroed once, never reset."""
@@ -94,9 +90,7 @@ class Collectives:
     def _algorithm(self, collective: str, name: str | None, nbytes: int) -> Algorithm:
         name = name or choose(collective, nbytes, self._context.world_size)
         registry = algorithm_registry(collective)
-        algorithm = registry.get(name) if name in registry.entries else None
-        if algorithm is None:
-            raise IrisError(f"no {collective} algorithm named {name!r}; registered: {registry.names()}")
+        algorithm = registry.get(name)
         frontend = getattr(self._context, "frontend", None)
         if frontend is not None and frontend.name not in algorithm.frontends:
             raise IrisError(f"{collective} algorithm {name!r} is implemented for {sorted(algorithm.frontends)} "
