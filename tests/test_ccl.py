@@ -8,14 +8,12 @@ capture on GPUs. Each rank returns ``{check name: True | False | error text}``.
 
 from __future__ import annotations
 
-import traceback
-import zlib
 
 import pytest
 import torch
 
 import iris
-from conftest import skip_unless_interpreter_runs_kernel_loops
+from conftest import RankReport, backend_rank_device, seeded_generator, spawn_reports
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
 
@@ -30,16 +28,9 @@ BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 ALL_REDUCE_ALGORITHMS = {"cpu": ("one_shot", "two_shot"), "cuda": ("one_shot", "two_shot", None)}
 
 
-def rank_device(nprocs: int) -> str:
-    if torch.cuda.device_count() >= nprocs:
-        return "cuda"
-    skip_unless_interpreter_runs_kernel_loops()
-    return "cpu"
-
-
 def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
     """Seeded values every rank can recompute; small integers so sums cannot overflow."""
-    g = torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
+    g = seeded_generator(*seed)
     if dtype.is_floating_point:
         return torch.randn(n, generator=g).to(dtype)
     return torch.randint(-1000, 1000, (n,), generator=g).to(dtype)
@@ -61,22 +52,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-class _Report(dict):
-    def __init__(self, rank: int):
-        super().__init__()
-        self.rank = rank
-
-    def check(self, name: str, ok) -> None:
-        self[name] = bool(ok)
-
-    def guard(self, name: str, fn) -> None:
-        try:
-            fn()
-        except Exception:
-            self[name] = f"rank {self.rank}: {traceback.format_exc()[-2500:]}"
-
-
-def _check_matrix(ctx, report: _Report) -> None:
+def _check_matrix(ctx, report: RankReport) -> None:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     on_the_heap = []
 
@@ -123,7 +99,7 @@ def _check_matrix(ctx, report: _Report) -> None:
                 ctx.free(on_the_heap.pop())
 
 
-def _check_back_to_back(ctx, report: _Report) -> None:
+def _check_back_to_back(ctx, report: RankReport) -> None:
     """Many calls in a row, no host synchronisation between them, each with new data: a stale
     workspace slot or flag would show as a wrong result."""
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
@@ -141,7 +117,7 @@ def _check_back_to_back(ctx, report: _Report) -> None:
     report.check("back_to_back/all_gather", torch.equal(gathered, base[None] * (steps[:, :, None] + 1)))
 
 
-def _check_cuda_graph(ctx, report: _Report) -> None:
+def _check_cuda_graph(ctx, report: RankReport) -> None:
     device = ctx.device
     n = 4099
     x = ctx.zeros(n)
@@ -169,37 +145,26 @@ def _check_cuda_graph(ctx, report: _Report) -> None:
 
 
 def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
-    import pickle
-
-    report = _Report(rank)
+    report = RankReport(rank)
     ctx = iris.create(backend, heap_size="256MiB" if device == "cuda" else "32MiB", device=device)
-    report.guard("matrix/completed", lambda: _check_matrix(ctx, report))
-    report.guard("back_to_back/completed", lambda: _check_back_to_back(ctx, report))
+    with report.section("matrix"):
+        _check_matrix(ctx, report)
+    with report.section("back_to_back"):
+        _check_back_to_back(ctx, report)
     if device == "cuda":
-        report.guard("cuda_graph/completed", lambda: _check_cuda_graph(ctx, report))
+        with report.section("cuda_graph"):
+            _check_cuda_graph(ctx, report)
     ctx.barrier()
     ctx.destroy()
-    return zlib.compress(pickle.dumps(dict(report)))
+    return report.packed()
 
 
 @pytest.fixture(scope="module", params=[(backend, world) for backend in ("triton", "gluon") for world in (2, 3)],
                 ids=lambda p: f"{p[0]}-world{p[1]}")
 def reports(request) -> list[dict]:
-    import pickle
-
     backend, world = request.param
-    device = rank_device(world)
-    runs_on = iris.registry.get_backend(backend).device_types
-    if device not in runs_on:
-        pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {world} ranks here are "
-                    f"{device} ranks")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("IRIS_TIMEOUT", "120")
-    try:
-        packed = iris.spawn(_ccl_worker, world, backend, device, device=device)
-        yield [pickle.loads(zlib.decompress(p)) for p in packed]
-    finally:
-        mp.undo()
+    device = backend_rank_device(backend, world)
+    return spawn_reports(_ccl_worker, world, backend, device, device=device)
 
 
 def _assert_checks(reports: list[dict], prefix: str, minimum: int) -> None:

@@ -16,11 +16,7 @@ recompute it) and compared with ``torch.equal`` against the expected tensor buil
 
 from __future__ import annotations
 
-import pickle
 import sys
-import traceback
-import zlib
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,7 +25,7 @@ import triton
 import triton.language as tl
 
 import iris
-from conftest import skip_unless_interpreter_runs_kernel_loops
+from conftest import RankReport, backend_rank_device, seeded_generator, spawn_reports
 import iris_triton
 from iris.errors import IrisTimeoutError
 
@@ -60,14 +56,6 @@ CMP_CASES = [
     ("gt", 1, True), ("gt", 0, False), ("ge", 0, True), ("ge", -1, False),
     ("lt", -1, True), ("lt", 0, False), ("le", 0, True), ("le", 1, False),
 ]
-
-
-def rank_device(nprocs: int) -> str:
-    """GPU ranks when there is one GPU per rank, else CPU ranks (Triton's interpreter)."""
-    if torch.cuda.device_count() >= nprocs:
-        return "cuda"
-    skip_unless_interpreter_runs_kernel_loops()
-    return "cpu"
 
 
 # -- kernels: data movement ---------------------------------------------------------------------------------
@@ -307,14 +295,9 @@ def _launch(ctx, source, grid, *args, **constexprs) -> None:
     front.kernel(source)[grid](*args, CTX=front.device_context, **constexprs)
 
 
-def _generator(*seed) -> torch.Generator:
-    """A CPU generator seeded from ``seed`` the same way in every process (``hash`` of a str is not)."""
-    return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
-
-
 def _random(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
     """Seeded random values spanning ``dtype``'s range (CPU)."""
-    g = _generator(*seed)
+    g = seeded_generator(*seed)
     if dtype.is_floating_point:
         return torch.randn(n, generator=g).to(dtype)
     bits = torch.iinfo(dtype).bits
@@ -326,27 +309,7 @@ def _peer_data(rank: int, dtype: torch.dtype, n: int, salt: int) -> torch.Tensor
     return _random(dtype, n, 1000 + rank, salt, DTYPES.index(dtype) if dtype in DTYPES else 99)
 
 
-class _Report(dict):
-    """Check name -> True / False / error text. A section that raises records its traceback
-    instead of ending the worker, so the other sections still report."""
-
-    def __init__(self, rank: int):
-        super().__init__()
-        self.rank = rank
-
-    def check(self, name: str, ok) -> None:
-        self[name] = bool(ok)
-
-    @contextmanager
-    def section(self, name: str):
-        try:
-            yield
-            self[f"{name}/completed"] = True
-        except Exception:
-            self[f"{name}/completed"] = f"rank {self.rank}: {traceback.format_exc()[-3000:]}"
-
-
-def _check_movement(ctx, report: _Report) -> None:
+def _check_movement(ctx, report: RankReport) -> None:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     heap_bases = ctx.get_heap_bases()
@@ -396,7 +359,7 @@ def _check_movement(ctx, report: _Report) -> None:
             ctx.free(t)
 
 
-def _check_translate(ctx, report: _Report) -> None:
+def _check_translate(ctx, report: RankReport) -> None:
     rank, world = ctx.rank, ctx.world_size
     bases = ctx.get_heap_bases().tolist()
     for dtype in (torch.int8, torch.int16, torch.float32, torch.int64):
@@ -425,11 +388,11 @@ def _atomic_inputs(dtype: torch.dtype, combo: int, api: str, world: int):
     def operand(op, q):
         if dtype.is_floating_point:
             if op in ("add", "sub"):  # positive multiples of 1/8: every partial sum is exact
-                g = _generator(*seed, op, q)
+                g = seeded_generator(*seed, op, q)
                 return torch.randint(1, 1024, (PAD,), generator=g).to(dtype) / 8
             return rnd(op, q)
         if op in ("add", "sub"):
-            g = _generator(*seed, op, q)
+            g = seeded_generator(*seed, op, q)
             return torch.randint(1, 2**20, (PAD,), generator=g).to(dtype)
         if op == "and":  # clears about an eighth of the bits
             return ~(rnd(op, q, 0) & rnd(op, q, 1) & rnd(op, q, 2))
@@ -441,7 +404,7 @@ def _atomic_inputs(dtype: torch.dtype, combo: int, api: str, world: int):
 
     def base_of(op):
         if op in ("add", "sub"):
-            g = _generator(*seed, op, "base")
+            g = seeded_generator(*seed, op, "base")
             b = torch.randint(-(2**20), 2**20, (PAD,), generator=g).to(dtype)
             return b / 8 if dtype.is_floating_point else b
         if op == "or":
@@ -500,7 +463,7 @@ def _atomic_checks(op: str, base, vals, olds, final, n: int) -> dict[str, bool]:
     return checks
 
 
-def _check_atomics(ctx, report: _Report) -> None:
+def _check_atomics(ctx, report: RankReport) -> None:
     """Every rank applies every atomic to the same rows of one target rank at once, for every
     sem and scope: lost updates show in the final values, and the old values each rank got back
     must fit one order of arrival. (At "cta" and "gpu" scope the PTX memory model promises no
@@ -540,7 +503,7 @@ def _check_atomics(ctx, report: _Report) -> None:
             ctx.barrier()  # the target has read its rows before they are reset
 
 
-def _check_cas_chain(ctx, report: _Report) -> None:
+def _check_cas_chain(ctx, report: RankReport) -> None:
     rank, world = ctx.rank, ctx.world_size
     for i, api in enumerate(APIS):
         target = (world - 1 + i) % world
@@ -555,7 +518,7 @@ def _check_cas_chain(ctx, report: _Report) -> None:
             report.check(f"cas_chain/{api}/final", int(flag.item()) == world)
 
 
-def _check_flags(ctx, report: _Report) -> None:
+def _check_flags(ctx, report: RankReport) -> None:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     n = BLOCK - 3  # one block with a ragged tail
@@ -590,7 +553,7 @@ def _check_flags(ctx, report: _Report) -> None:
         ctx.barrier()
 
 
-def _check_device_barrier(ctx, report: _Report) -> None:
+def _check_device_barrier(ctx, report: RankReport) -> None:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     buf = ctx.full((BARRIER_ROUNDS, world, N), float("nan"))
     ctx.barrier()
@@ -608,7 +571,7 @@ def _check_device_barrier(ctx, report: _Report) -> None:
     ctx.barrier()
 
 
-def _check_device_barrier_timeout(report: _Report, backend: str, device: str) -> None:
+def _check_device_barrier_timeout(report: RankReport, backend: str, device: str) -> None:
     """One rank skips device_barrier: the other's next barrier() raises, naming it; the skipping
     rank still joins the host barrier, so nothing hangs."""
     short = iris.create(backend, heap_size="1MiB", device=device, timeout=0.5)
@@ -633,7 +596,7 @@ def _check_device_barrier_timeout(report: _Report, backend: str, device: str) ->
         short.destroy()
 
 
-def _check_message_passing(ctx, report: _Report) -> None:
+def _check_message_passing(ctx, report: RankReport) -> None:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     from examples.message_passing import exchange
@@ -642,8 +605,8 @@ def _check_message_passing(ctx, report: _Report) -> None:
     report.check("message_passing/exchange", exchange(ctx, 1000 if on_gpu else 25, 1024 if on_gpu else 100))
 
 
-def _device_api_worker(rank: int, backend: str, device: str) -> dict:
-    report = _Report(rank)
+def _device_api_worker(rank: int, backend: str, device: str) -> bytes:
+    report = RankReport(rank)
     ctx = iris.create(backend, heap_size="32MiB", device=device)
     report.check("setup/rank", ctx.rank == rank)
     report.check("setup/iris_names_resolve_to_iris_triton",
@@ -667,10 +630,7 @@ def _device_api_worker(rank: int, backend: str, device: str) -> dict:
             _check_device_barrier_timeout(report, backend, device)
     ctx.barrier()
     ctx.destroy()
-    # Compressed: iris.spawn reads the ranks' results only after every rank has exited, through
-    # one pipe, so a rank whose pickled result passes the pipe's 64 KiB blocks in put() forever
-    # (the full report of the atomics section is about that big).
-    return zlib.compress(pickle.dumps(dict(report)))
+    return report.packed()  # the full report of the atomics section alone is about 64 KiB
 
 
 # -- the tests ----------------------------------------------------------------------------------------------
@@ -682,19 +642,8 @@ def reports(request) -> list[dict]:
     """Every rank's report for one backend and world size; one spawn serves all the tests of
     that pair. A backend whose kernels cannot run on the ranks available here is skipped."""
     backend, world_size = request.param
-    device = rank_device(world_size)
-    runs_on = iris.registry.get_backend(backend).device_types
-    if device not in runs_on:
-        pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {world_size} ranks "
-                    f"here are {device} ranks")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("IRIS_TIMEOUT", "120")  # a rank that hangs fails in two minutes, not five
-    mp.delenv("IRIS_DEBUG", raising=False)
-    try:
-        packed = iris.spawn(_device_api_worker, world_size, backend, device, device=device)
-        yield [pickle.loads(zlib.decompress(p)) for p in packed]
-    finally:
-        mp.undo()
+    device = backend_rank_device(backend, world_size)
+    return spawn_reports(_device_api_worker, world_size, backend, device, device=device)
 
 
 def _select(reports: list[dict], prefix: str) -> dict[str, object]:
