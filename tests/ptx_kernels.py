@@ -26,6 +26,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 import iris
 from iris_gluon.frontend import GLUON
+from iris_triton import ccl
 from iris_triton.barrier import device_barrier_kernel
 from iris_triton.frontend import TRITON
 
@@ -279,7 +280,7 @@ def signal_wait_ctx(context, flag, out, peer, max_spins, CTX: tl.constexpr, RANK
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
               "flag": "*i32", "out": "*i32", "state_ptr": "*i32"}
-_INT_ARGS = {"n", "peer", "max_spins", "rank", "world_size"}
+_INT_ARGS = {"n", "m", "stride", "peer", "max_spins", "rank", "world_size"}
 
 
 def _spec(fn, constexprs=None, types=None, divisible=("buf", "out", "a", "b", "f32", "i32", "i64")):
@@ -328,8 +329,34 @@ def _ctx_specs(frontend) -> dict:
     return {prefix + name: spec for name, spec in out.items()}
 
 
+#: The collectives' (push, middle, consume) steps, as the algorithms of iris_triton.ccl pass them.
+CCL_STEPS = {
+    "all_gather": (ccl._push_own_and_keep, None, ccl._collect),
+    "all_to_all": (ccl._push_segments_and_keep, None, ccl._collect),
+    "reduce_scatter": (ccl._push_segments, None, ccl._reduce_own_segment),
+    "all_reduce_one_shot": (ccl._push_own, None, ccl._reduce_whole),
+    "all_reduce_two_shot": (ccl._push_segments, ccl._reduce_and_share_segment, ccl._collect_shared),
+    "broadcast": (ccl._push_from_source, None, ccl._take_from_source),
+}
+
+
+def _ccl_specs(frontend) -> dict:
+    """The collective kernel with each collective's steps, bf16, as the GPU configuration
+    launches it; Gluon's keys get a ``gluon:`` prefix."""
+    prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
+    types = {name: "*bf16" for name in ("inp", "out", "ws")}
+    types.update(sync="*i32", failures="*i32")
+    out = {}
+    for name, (push, middle, consume) in CCL_STEPS.items():
+        constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle, CONSUME=consume,
+                          OP="sum", SRC=1, **{k: v for k, v in ccl.CONFIGS["cuda"].items() if k != "num_warps"})
+        out[f"{prefix}ccl_{name}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
+                                           divisible=("context", "inp", "out", "ws", "sync", "failures", "m", "stride"))
+    return out
+
+
 def specs() -> dict:
-    out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON)}
+    out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON)}
     for short, ptr in VECTOR_TYPES.items():
         types = {"buf": ptr, "out": ptr}
         for masked in (False, True):

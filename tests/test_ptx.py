@@ -199,6 +199,22 @@ def test_device_barrier_releases_and_acquires_at_system_scope(ptx):
     assert flag_reads(ops) == {"atom.global.sys.release.add.u32", "ld.global.sys.acquire.b32", "ld.global.b32"}
 
 
+# -- collectives ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
+@pytest.mark.parametrize("collective", ["all_gather", "all_to_all", "reduce_scatter", "all_reduce_one_shot",
+                                        "all_reduce_two_shot", "broadcast"])
+def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, frontend, collective):
+    # The one collective kernel, with each collective's steps, compiled by each front end: data
+    # moves in 16-byte vectors (bf16), a signal is a release exchange at system scope and a wait an
+    # acquire load at system scope; no other atomics.
+    ops = ops_of(ptx, f"{frontend}ccl_{collective}")
+    assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, ops
+    assert atomics_of(ops) == ["atom.global.sys.release.exch.b32"], ops
+    assert "ld.global.sys.acquire.b32" in ops, ops
+
+
 def test_every_kernel_compiled_except_the_bogus_comparison(ptx):
     assert set(ptx["errors"]) == {"wait_cmp_bogus"}, {k: v[-1500:] for k, v in ptx["errors"].items()}
     assert len(ptx["ops"]) >= 90

@@ -1,7 +1,9 @@
 """Collective kernels and the algorithms that launch them (entry points ``iris.ccl.<collective>``).
 
-Each kernel is one source, compiled by the context's front end (a Triton kernel for the Triton
-backend, a Gluon kernel for the Gluon backend). All follow one protocol:
+One kernel source, :func:`collective_kernel`, serves every collective: it runs the protocol
+below and calls the collective's *steps* (what to do with one block before and after an
+exchange of signals), passed as constexpr functions. It is compiled by the context's front end
+(a Triton kernel for the Triton backend, a Gluon kernel for the Gluon backend). The protocol:
 
 - Data moves by *push*: a rank writes, with remote stores, what a peer needs into that peer's
   workspace (heap), then signals the peer. The workspace has two fixed halves ("slots", ``stride``
@@ -124,197 +126,156 @@ def _reduce(own, received, offs, mask, m, OP: tl.constexpr, RANK: tl.constexpr, 
     return acc.to(own.dtype.element_ty)
 
 
-# -- kernel sources ------------------------------------------------------------------------------------
-# Arguments common to all: context (device-context tensor), sync (int32 words), failures (int32 per
-# peer), stride (elements between the workspace's two slots), max_spins; CTX (device-context class),
-# RANK, WORLD, BLOCK, ROUND, SYNCS as constexprs.
+# -- steps: what a collective does to one block, before and after an exchange of signals --------------
+# Every step takes (dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC): ``offs`` are the
+# offsets of one block within a segment of ``m`` elements, ``n`` is the input's element count,
+# ``region`` is this call's workspace slot, laid out [WORLD sources, m] (two-shot: two of those;
+# broadcast: [m]).
 
 
-def all_gather_kernel(context, inp, out, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr,
-                      RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
-                      SYNCS: tl.constexpr):
-    """out[q * n:(q + 1) * n] := rank q's inp[:n]. Slot: [WORLD sources, n]."""
-    dctx = CTX.initialize(context, RANK, WORLD)
-    call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * stride
-    rounds, per_round = _schedule(n, BLOCK, ROUND, SYNCS)
-    for r in range(rounds):
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < n
-                x = tl.load(inp + offs, mask=mask)
-                tl.store(out + RANK * n + offs, x, mask=mask)
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        dctx.store(region + RANK * n + offs, x, q, mask=mask)
-        count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < n
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        tl.store(out + q * n + offs, tl.load(region + q * n + offs, mask=mask), mask=mask)
-    _finish(sync, call, count)
+@triton.jit
+def _push_own(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
+              SRC: tl.constexpr):
+    """This rank's block of ``inp`` into every peer's region ``RANK``; returns the block."""
+    mask = offs < m
+    x = tl.load(inp + offs, mask=mask)
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            dctx.store(region + RANK * m + offs, x, q, mask=mask)
+    return x
 
 
-def all_to_all_kernel(context, inp, out, ws, sync, failures, m, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
-                      WORLD: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
-                      SYNCS: tl.constexpr):
-    """out[q * m:(q + 1) * m] := rank q's inp[RANK * m:(RANK + 1) * m]. Slot: [WORLD, m]."""
+@triton.jit
+def _push_own_and_keep(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                       OP: tl.constexpr, SRC: tl.constexpr):
+    """:func:`_push_own`, and the block into this rank's own segment of ``out`` (all_gather)."""
+    x = _push_own(dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC)
+    tl.store(out + RANK * m + offs, x, mask=offs < m)
+
+
+@triton.jit
+def _push_segments(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                   OP: tl.constexpr, SRC: tl.constexpr):
+    """Segment q of ``inp`` into peer q's region ``RANK``, for every peer q."""
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            mask = (offs < m) & (q * m + offs < n)
+            dctx.store(region + RANK * m + offs, tl.load(inp + q * m + offs, mask=mask), q, mask=mask)
+
+
+@triton.jit
+def _push_segments_and_keep(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                            OP: tl.constexpr, SRC: tl.constexpr):
+    """:func:`_push_segments`, and this rank's own segment into ``out`` (all_to_all)."""
+    _push_segments(dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC)
+    mask = offs < m
+    tl.store(out + RANK * m + offs, tl.load(inp + RANK * m + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _collect(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
+             SRC: tl.constexpr):
+    """Segment q of ``out`` := region q, for every peer q."""
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            mask = (offs < m) & (q * m + offs < n)
+            tl.store(out + q * m + offs, tl.load(region + q * m + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _reduce_whole(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
+                  SRC: tl.constexpr):
+    """``out`` := every rank's ``inp`` reduced (one-shot all_reduce)."""
+    mask = offs < m
+    tl.store(out + offs, _reduce(inp, region, offs, mask, m, OP, RANK, WORLD), mask=mask)
+
+
+@triton.jit
+def _reduce_own_segment(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                        OP: tl.constexpr, SRC: tl.constexpr):
+    """``out`` := every rank's segment ``RANK`` of ``inp`` reduced (reduce_scatter)."""
+    mask = offs < m
+    tl.store(out + offs, _reduce(inp + RANK * m, region, offs, mask, m, OP, RANK, WORLD), mask=mask)
+
+
+@triton.jit
+def _reduce_and_share_segment(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                              OP: tl.constexpr, SRC: tl.constexpr):
+    """Two-shot all_reduce, between its exchanges: reduce segment ``RANK`` into ``out`` and
+    push it into every peer's second region (``region + WORLD * m``), slot ``RANK``."""
+    mask = (offs < m) & (RANK * m + offs < n)
+    reduced = _reduce(inp + RANK * m, region, offs, mask, m, OP, RANK, WORLD)
+    tl.store(out + RANK * m + offs, reduced, mask=mask)
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            dctx.store(region + WORLD * m + RANK * m + offs, reduced, q, mask=mask)
+
+
+@triton.jit
+def _collect_shared(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    OP: tl.constexpr, SRC: tl.constexpr):
+    """Two-shot all_reduce, last: segment q of ``out`` := the reduced segment peer q shared."""
+    _collect(dctx, offs, inp, out, region + WORLD * m, n, m, RANK, WORLD, OP, SRC)
+
+
+@triton.jit
+def _push_from_source(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                      OP: tl.constexpr, SRC: tl.constexpr):
+    """Broadcast: rank ``SRC``'s block into every peer's region, laid out [m] (only ``SRC``
+    pushes)."""
+    if RANK == SRC:
+        mask = offs < m
+        x = tl.load(inp + offs, mask=mask)
+        for q in tl.static_range(WORLD):
+            if q != RANK:
+                dctx.store(region + offs, x, q, mask=mask)
+
+
+@triton.jit
+def _take_from_source(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                      OP: tl.constexpr, SRC: tl.constexpr):
+    """Broadcast: ``out`` := what rank ``SRC`` pushed (on every rank but ``SRC``)."""
+    if RANK != SRC:
+        mask = offs < m
+        tl.store(out + offs, tl.load(region + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, RANK: tl.constexpr,
+                WORLD: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr,
+                ROUND: tl.constexpr):
+    """``STEP`` on every block of round ``r`` of this program."""
+    for g in range(r * per_round, (r + 1) * per_round):
+        for k in tl.static_range(ROUND):
+            offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
+            STEP(dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC)
+
+
+# -- the kernel source ---------------------------------------------------------------------------------
+
+
+def collective_kernel(context, inp, out, ws, sync, failures, n, m, stride, max_spins, CTX: tl.constexpr,
+                      RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
+                      CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr,
+                      ROUND: tl.constexpr, SYNCS: tl.constexpr):
+    """One collective, by the protocol above: per round, ``PUSH`` every block, exchange signals,
+    then (two-shot) ``MIDDLE`` every block and exchange again, then ``CONSUME`` every block.
+    Blocks cover segments of ``m`` elements; ``n`` is the input's element count; ``stride`` is
+    the distance between the workspace's two slots (elements); ``failures`` (int32 per peer)
+    records waits that timed out."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, WORLD)
     region = ws + (call % 2) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
     for r in range(rounds):
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < m
-                for q in tl.static_range(WORLD):
-                    x = tl.load(inp + q * m + offs, mask=mask)
-                    if q == RANK:
-                        tl.store(out + RANK * m + offs, x, mask=mask)
-                    else:
-                        dctx.store(region + RANK * m + offs, x, q, mask=mask)
+        _each_block(PUSH, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
         count += 1
         _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < m
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        tl.store(out + q * m + offs, tl.load(region + q * m + offs, mask=mask), mask=mask)
-    _finish(sync, call, count)
-
-
-def reduce_scatter_kernel(context, inp, out, ws, sync, failures, m, stride, max_spins, CTX: tl.constexpr,
-                          RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
-                          ROUND: tl.constexpr, SYNCS: tl.constexpr):
-    """out[:m] := the reduction over ranks q of rank q's inp[RANK * m:(RANK + 1) * m].
-    Slot: [WORLD, m]."""
-    dctx = CTX.initialize(context, RANK, WORLD)
-    call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * stride
-    rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
-    for r in range(rounds):
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < m
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        dctx.store(region + RANK * m + offs, tl.load(inp + q * m + offs, mask=mask), q, mask=mask)
-        count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < m
-                tl.store(out + offs, _reduce(inp + RANK * m, region, offs, mask, m, OP, RANK, WORLD), mask=mask)
-    _finish(sync, call, count)
-
-
-def all_reduce_one_shot_kernel(context, inp, out, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr,
-                               RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
-                               ROUND: tl.constexpr, SYNCS: tl.constexpr):
-    """out[:n] := the reduction over ranks of inp[:n] (out may be inp). Every rank receives every
-    input and reduces all of them itself. Slot: [WORLD, n]."""
-    dctx = CTX.initialize(context, RANK, WORLD)
-    call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * stride
-    rounds, per_round = _schedule(n, BLOCK, ROUND, SYNCS)
-    for r in range(rounds):
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < n
-                x = tl.load(inp + offs, mask=mask)
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        dctx.store(region + RANK * n + offs, x, q, mask=mask)
-        count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = offs < n
-                tl.store(out + offs, _reduce(inp, region, offs, mask, n, OP, RANK, WORLD), mask=mask)
-    _finish(sync, call, count)
-
-
-def all_reduce_two_shot_kernel(context, inp, out, ws, sync, failures, n, m, stride, max_spins, CTX: tl.constexpr,
-                               RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
-                               ROUND: tl.constexpr, SYNCS: tl.constexpr):
-    """out[:n] := the reduction over ranks of inp[:n] (out may be inp), in two exchanges of
-    segments of ``m = cdiv(n, WORLD)`` elements: rank q reduces segment q (reduce-scatter), then
-    sends the result to every rank (all-gather). Slot: [2 exchanges, WORLD, m]."""
-    dctx = CTX.initialize(context, RANK, WORLD)
-    call, count, flags = _program_state(sync, WORLD)
-    scattered = ws + (call % 2) * stride
-    gathered = scattered + WORLD * m
-    rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
-    for r in range(rounds):
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        mask = (offs < m) & (q * m + offs < n)
-                        dctx.store(scattered + RANK * m + offs, tl.load(inp + q * m + offs, mask=mask), q, mask=mask)
-        count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                mask = (offs < m) & (RANK * m + offs < n)
-                reduced = _reduce(inp + RANK * m, scattered, offs, mask, m, OP, RANK, WORLD)
-                tl.store(out + RANK * m + offs, reduced, mask=mask)
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        dctx.store(gathered + RANK * m + offs, reduced, q, mask=mask)
-        count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        for g in range(r * per_round, (r + 1) * per_round):
-            for k in tl.static_range(ROUND):
-                offs = dctx.block_offsets(inp, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                for q in tl.static_range(WORLD):
-                    if q != RANK:
-                        mask = (offs < m) & (q * m + offs < n)
-                        tl.store(out + q * m + offs, tl.load(gathered + q * m + offs, mask=mask), mask=mask)
-    _finish(sync, call, count)
-
-
-def broadcast_kernel(context, buf, ws, sync, failures, n, stride, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
-                     WORLD: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
-                     SYNCS: tl.constexpr):
-    """buf[:n] := rank SRC's buf[:n]. Every rank signals every round, so none runs ahead of
-    the others. Slot: [n]."""
-    dctx = CTX.initialize(context, RANK, WORLD)
-    call, count, flags = _program_state(sync, WORLD)
-    region = ws + (call % 2) * stride
-    rounds, per_round = _schedule(n, BLOCK, ROUND, SYNCS)
-    for r in range(rounds):
-        if RANK == SRC:
-            for g in range(r * per_round, (r + 1) * per_round):
-                for k in tl.static_range(ROUND):
-                    offs = dctx.block_offsets(buf, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                    mask = offs < n
-                    x = tl.load(buf + offs, mask=mask)
-                    for q in tl.static_range(WORLD):
-                        if q != RANK:
-                            dctx.store(region + offs, x, q, mask=mask)
-        count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
-        if RANK != SRC:
-            for g in range(r * per_round, (r + 1) * per_round):
-                for k in tl.static_range(ROUND):
-                    offs = dctx.block_offsets(buf, _block_start(g, k, ROUND, BLOCK), BLOCK)
-                    mask = offs < n
-                    tl.store(buf + offs, tl.load(region + offs, mask=mask), mask=mask)
+        if MIDDLE is not None:
+            _each_block(MIDDLE, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
+            count += 1
+            _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
+        _each_block(CONSUME, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
     _finish(sync, call, count)
 
 
@@ -329,10 +290,9 @@ MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 SLOT_ALIGNMENT = 256
 
 
-def _launch(call: CollectiveCall, source, slot_elements: int, tensors: tuple, sizes: tuple, **constexprs) -> None:
-    """Launch kernel ``source`` for ``call``, whose workspace slot holds ``slot_elements`` of
-    the call's dtype. The kernels' arguments are ``context, *tensors, ws, sync, failures,
-    *sizes, stride, max_spins`` and the constexprs."""
+def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, consume, middle=None) -> None:
+    """Launch :func:`collective_kernel` for ``call`` with its steps, ``n`` input elements,
+    segments of ``m`` and a workspace slot of ``slot_elements`` of the call's dtype."""
     ctx = call.context
     element_size = call.input.element_size()
     slot_bytes = -(-slot_elements * element_size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
@@ -343,41 +303,41 @@ def _launch(call: CollectiveCall, source, slot_elements: int, tensors: tuple, si
                         f"(workspace offsets are 32-bit); split it into smaller calls")
     ws = workspace[: 2 * stride * element_size].view(call.input.dtype)
     front = ctx.frontend
-    front.kernel(source)[(ctx.ccl.programs,)](
-        ctx.get_device_context(), *tensors, ws, ctx.ccl.sync_state(), ctx.wait_failures, *sizes, stride, ctx.max_spins,
-        CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, **CONFIGS[ctx.device.type], **constexprs)
+    front.kernel(collective_kernel)[(ctx.ccl.programs,)](
+        ctx.get_device_context(), call.input, call.output, ws, ctx.ccl.sync_state(), ctx.wait_failures, n, m, stride,
+        ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push, MIDDLE=middle,
+        CONSUME=consume, OP=call.op, SRC=call.src, **CONFIGS[ctx.device.type])
 
 
 def _all_gather(call: CollectiveCall) -> None:
-    n = call.input.numel()
-    _launch(call, all_gather_kernel, call.context.world_size * n, (call.input, call.output), (n,))
+    m, world = call.input.numel(), call.context.world_size
+    _launch(call, world * m, m, world * m, _push_own_and_keep, _collect)
 
 
 def _all_to_all(call: CollectiveCall) -> None:
-    m = call.input.numel() // call.context.world_size
-    _launch(call, all_to_all_kernel, call.input.numel(), (call.input, call.output), (m,))
+    n = call.input.numel()
+    _launch(call, n, n // call.context.world_size, n, _push_segments_and_keep, _collect)
 
 
 def _reduce_scatter(call: CollectiveCall) -> None:
-    m = call.output.numel()
-    _launch(call, reduce_scatter_kernel, call.input.numel(), (call.input, call.output), (m,), OP=call.op)
+    n = call.input.numel()
+    _launch(call, n, call.output.numel(), n, _push_segments, _reduce_own_segment)
 
 
 def _all_reduce_one_shot(call: CollectiveCall) -> None:
     n = call.input.numel()
-    _launch(call, all_reduce_one_shot_kernel, call.context.world_size * n, (call.input, call.output), (n,),
-            OP=call.op)
+    _launch(call, n, n, call.context.world_size * n, _push_own, _reduce_whole)
 
 
 def _all_reduce_two_shot(call: CollectiveCall) -> None:
     n, world = call.input.numel(), call.context.world_size
     m = triton.cdiv(n, world)
-    _launch(call, all_reduce_two_shot_kernel, 2 * world * m, (call.input, call.output), (n, m), OP=call.op)
+    _launch(call, n, m, 2 * world * m, _push_segments, _collect_shared, middle=_reduce_and_share_segment)
 
 
 def _broadcast(call: CollectiveCall) -> None:
     n = call.input.numel()
-    _launch(call, broadcast_kernel, n, (call.input,), (n,), SRC=call.src)
+    _launch(call, n, n, n, _push_from_source, _take_from_source)
 
 
 ALL_GATHER_DIRECT = Algorithm(name="direct", collective="all_gather", run=_all_gather,
