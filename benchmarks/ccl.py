@@ -108,15 +108,14 @@ def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) ->
         for size in sizes:
             n = size // 2 // world * world  # bf16 elements, divisible by the world size
             impls = _implementations(ctx, collective, n, world)
-            row = {"collective": collective, "bytes": size}
+            results = {}
             for name, (fn, out) in impls.items():
                 fn()
                 torch.cuda.synchronize()
-                row.setdefault("results", {})[name] = out.float().cpu()
-            reference = row["results"]["nccl"]
-            correct = {name: bool(torch.allclose(r, reference, rtol=1e-2, atol=1e-2))
-                       for name, r in row.pop("results").items()}
-            row["correct"] = correct
+                results[name] = out.float().cpu()
+            row = {"collective": collective, "bytes": size,
+                   "correct": {name: bool(torch.allclose(r, results["nccl"], rtol=1e-2, atol=1e-2))
+                               for name, r in results.items()}}
             for mode in ("graph", "eager"):
                 row[mode] = {}
                 for name, (fn, _) in impls.items():
