@@ -56,8 +56,12 @@ class Algorithm:
 
     name: str
     collective: str = attrs.field(validator=attrs.validators.in_(COLLECTIVES))
-    run: Callable[[CollectiveCall], None]
-    """Enqueues the collective on the context's current stream; returns without waiting."""
+    run: Callable[[CollectiveCall], Callable[[], None] | None]
+    """Enqueues the collective on the context's current stream and returns without waiting.
+    It may return a *repeat*: a callable that enqueues the same call again, on the then-current
+    stream, without preparing it anew; ``ctx.ccl`` runs it instead of ``run`` for identical later
+    calls (same tensors by address, size, dtype and layout, same options) until the workspace
+    grows. None means every call goes through ``run``."""
     frontends: frozenset[str] = attrs.field(default=frozenset({"triton", "gluon"}), converter=frozenset)
     """Kernel languages it is implemented in; a context whose backend compiles in another
     language cannot run it."""

@@ -149,3 +149,15 @@ def spawn_reports(worker, nprocs: int, *args, device: str) -> list[dict]:
         return [pickle.loads(zlib.decompress(p)) for p in iris.spawn(worker, nprocs, *args, device=device)]
     finally:
         mp.undo()
+
+
+def assert_rank_checks(reports: list[dict], prefix: str, minimum: int) -> None:
+    """Every rank's sections completed, at least ``minimum`` checks are named ``prefix*``, and
+    all of them passed."""
+    errors = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items()
+              if k.endswith("/completed") and v is not True}
+    assert not errors, "\n".join(f"{k}: {v}" for k, v in errors.items())
+    checks = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items() if k.startswith(prefix)}
+    assert len(checks) >= minimum, f"only {len(checks)} checks named {prefix}*"
+    failed = sorted(k for k, v in checks.items() if v is not True)
+    assert not failed, f"{len(failed)} of {len(checks)} failed: {failed[:30]}"

@@ -29,6 +29,8 @@ from iris_gluon.frontend import GLUON
 from iris_triton import ccl
 from iris_triton.barrier import device_barrier_kernel
 from iris_triton.frontend import TRITON
+from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
+from iris_triton.gemm import GEMM_CONFIGS
 
 TARGET = GPUTarget("cuda", 90, 32)
 SEMS = ("relaxed", "acquire", "release", "acq_rel")
@@ -280,7 +282,8 @@ def signal_wait_ctx(context, flag, out, peer, max_spins, CTX: tl.constexpr, RANK
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
               "flag": "*i32", "out": "*i32", "state_ptr": "*i32"}
-_INT_ARGS = {"n", "m", "stride", "peer", "max_spins", "rank", "world_size"}
+_INT_ARGS = {"n", "m", "stride", "peer", "max_spins", "rank", "world_size", "programs", "capacity", "K", "N",
+             "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride"}
 
 
 def _spec(fn, constexprs=None, types=None, divisible=("buf", "out", "a", "b", "f32", "i32", "i64")):
@@ -349,14 +352,38 @@ def _ccl_specs(frontend) -> dict:
     out = {}
     for name, (push, middle, consume) in CCL_STEPS.items():
         constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle, CONSUME=consume,
-                          OP="sum", SRC=1, **{k: v for k, v in ccl.CONFIGS["cuda"].items() if k != "num_warps"})
+                          OP="sum", SRC=1, **{k: v for k, v in ccl.launch_config("cuda", 1 << 20).items() if k != "num_warps"})
         out[f"{prefix}ccl_{name}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
                                            divisible=("context", "inp", "out", "ws", "sync", "failures", "m", "stride"))
     return out
 
 
+def _fused_specs() -> dict:
+    """The fused GEMM + communication kernels, bf16, with the GPU tile shape; unit strides
+    (last dimensions) are constants, as Triton's launcher specializes them."""
+    config = {k: v for k, v in GEMM_CONFIGS["cuda"].items() if k not in OPTIONS}
+    types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
+    types.update(flags="*i32", calls="*i32", failures="*i32")
+    divisible = ("shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "failures", "heap_bases", "m", "K",
+                 "N", "stride_sm", "stride_am", "stride_bk", "stride_om")
+    unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
+    return {
+        "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, BLOCK_M=config["BLOCK_M"], BLOCK_K=128,
+                                                        stride_sk=1), types, divisible),
+        "fused_all_gather_matmul": _spec(all_gather_matmul_kernel,
+                                         dict(RANK=0, WORLD=2, **config, **{k: 1 for k in ("stride_bn", "stride_on")}),
+                                         types, divisible),
+        "fused_matmul_reduce_scatter": _spec(matmul_reduce_scatter_kernel, dict(RANK=0, WORLD=2, **config, **unit),
+                                             types, divisible),
+    }
+
+
+#: Compile options of the kernels that are not launched with Triton's defaults.
+OPTIONS = {"num_warps", "num_stages"}
+
+
 def specs() -> dict:
-    out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON)}
+    out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON), **_fused_specs()}
     for short, ptr in VECTOR_TYPES.items():
         types = {"buf": ptr, "out": ptr}
         for masked in (False, True):
@@ -384,11 +411,12 @@ def specs() -> dict:
     return out
 
 
-_MEMORY_OP = re.compile(r"^(ld|st|atom|red|fence|membar)\.")
+_MEMORY_OP = re.compile(r"^(ld|st|atom|red|fence|membar|wgmma\.mma_async)\.")
 
 
 def memory_instructions(ptx: str) -> list[str]:
-    """Sorted unique memory instructions of ``ptx`` (first tokens, predicates removed)."""
+    """Sorted unique memory instructions (and Hopper tensor-core products, ``wgmma.mma_async``)
+    of ``ptx``: first tokens, predicates removed."""
     found = set()
     for line in ptx.splitlines():
         line = re.sub(r"^@!?%p\d+\s+", "", line.strip())
@@ -404,7 +432,8 @@ def compile_all() -> dict:
         try:
             source_class = GluonASTSource if name.startswith("gluon:") else triton.compiler.ASTSource
             source = source_class(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-            ops[name] = memory_instructions(triton.compile(source, target=TARGET).asm["ptx"])
+            options = {k: v for k, v in GEMM_CONFIGS["cuda"].items() if k in OPTIONS} if name.startswith("fused_") else {}
+            ops[name] = memory_instructions(triton.compile(source, target=TARGET, options=options).asm["ptx"])
         except Exception:  # reported to the test, which decides whether the failure was expected
             errors[name] = traceback.format_exc()
     return {"ops": ops, "errors": errors}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import iris
-from conftest import RankReport, backend_rank_device, seeded_generator, spawn_reports
+from conftest import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
 
@@ -23,6 +23,9 @@ OPS = ("sum", "max", "min")
 #: sizes that take several rounds per program.
 SIZES = {"cpu": (1, 37, 300), "cuda": (1, 37, 4099, 3 * 4096 * 132 + 5)}
 BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
+#: Element counts the back-to-back calls alternate between: one block (one program) and blocks
+#: for more programs than the GPU has multiprocessors.
+BACK_TO_BACK_SIZES = {"cpu": (37, 129), "cuda": (129, 4096 * 140 + 3)}
 #: all_reduce algorithms checked by name (None: the automatic choice, which picks one of them;
 #: checked on GPUs, where calls are cheap).
 ALL_REDUCE_ALGORITHMS = {"cpu": ("one_shot", "two_shot"), "cuda": ("one_shot", "two_shot", None)}
@@ -100,21 +103,27 @@ def _check_matrix(ctx, report: RankReport) -> None:
 
 
 def _check_back_to_back(ctx, report: RankReport) -> None:
-    """Many calls in a row, no host synchronisation between them, each with new data: a stale
-    workspace slot or flag would show as a wrong result."""
+    """Many calls in a row, no host synchronisation between them, each with new data, sizes
+    alternating between a one-program grid and a grid of several programs: a stale workspace slot
+    or flag would show as a wrong result."""
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
-    calls, n = BACK_TO_BACK[device.type], 129
-    base = torch.stack([_data(torch.float32, n, q, "b2b") for q in range(world)]).to(device)
-    results = torch.empty(calls, n, device=device)
-    gathered = torch.empty(calls, world, n, device=device)
+    calls = BACK_TO_BACK[device.type]
+    base = {n: torch.stack([_data(torch.float32, n, q, "b2b") for q in range(world)]).to(device)
+            for n in BACK_TO_BACK_SIZES[device.type]}
+    results, gathered = [], []
     for i in range(calls):
-        results[i].copy_(base[rank] + i)
-        ctx.ccl.all_reduce(results[i], algorithm=("one_shot", "two_shot")[i % 2])
-        ctx.ccl.all_gather(gathered[i], base[rank] * (i + 1))
-    steps = torch.arange(calls, device=device, dtype=torch.float32)[:, None]
-    expected = base.sum(0)[None, :] + world * steps
-    report.check("back_to_back/all_reduce", torch.allclose(results, expected, atol=1e-4))
-    report.check("back_to_back/all_gather", torch.equal(gathered, base[None] * (steps[:, :, None] + 1)))
+        n = BACK_TO_BACK_SIZES[device.type][i % 2]
+        results.append(base[n][rank] + i)
+        ctx.ccl.all_reduce(results[i], algorithm=("one_shot", "two_shot")[i // 2 % 2])
+        gathered.append(torch.empty(world, n, device=device))
+        ctx.ccl.all_gather(gathered[i], base[n][rank] * (i + 1))
+    reduced_ok = gathered_ok = True
+    for i in range(calls):
+        b = base[BACK_TO_BACK_SIZES[device.type][i % 2]]
+        reduced_ok &= torch.allclose(results[i], b.sum(0) + world * i, atol=1e-4)
+        gathered_ok &= torch.equal(gathered[i], b * (i + 1))
+    report.check("back_to_back/all_reduce", bool(reduced_ok))
+    report.check("back_to_back/all_gather", bool(gathered_ok))
 
 
 def _check_cuda_graph(ctx, report: RankReport) -> None:
@@ -167,34 +176,24 @@ def reports(request) -> list[dict]:
     return spawn_reports(_ccl_worker, world, backend, device, device=device)
 
 
-def _assert_checks(reports: list[dict], prefix: str, minimum: int) -> None:
-    errors = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items()
-              if k.endswith("/completed") and v is not True}
-    assert not errors, "\n".join(f"{k}: {v}" for k, v in errors.items())
-    checks = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items() if k.startswith(prefix)}
-    assert len(checks) >= minimum, f"only {len(checks)} checks named {prefix}*"
-    failed = sorted(k for k, v in checks.items() if v is not True)
-    assert not failed, f"{len(failed)} of {len(checks)} failed: {failed[:30]}"
-
-
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"])
 def test_collective_matches_torch(reports, collective):
     per_size = {"all_reduce": 2 * 2 * 3, "reduce_scatter": 3}.get(collective, 1) * len(DTYPES)
-    _assert_checks(reports, f"{collective}/", per_size * len(reports))
+    assert_rank_checks(reports, f"{collective}/", per_size * len(reports))
 
 
 def test_no_device_wait_timed_out(reports):
-    _assert_checks(reports, "no_wait_failed/", len(DTYPES) * len(reports))
+    assert_rank_checks(reports, "no_wait_failed/", len(DTYPES) * len(reports))
 
 
 def test_back_to_back_calls_see_no_stale_data(reports):
-    _assert_checks(reports, "back_to_back/", 2 * len(reports))
+    assert_rank_checks(reports, "back_to_back/", 2 * len(reports))
 
 
 def test_cuda_graph_capture_and_replay(reports):
     if not any(k.startswith("cuda_graph/") for k in reports[0]):
         pytest.skip("CUDA graphs need GPU ranks")
-    _assert_checks(reports, "cuda_graph/", len(reports))
+    assert_rank_checks(reports, "cuda_graph/", len(reports))
 
 
 # -- single-rank checks (the session context) -------------------------------------------------------------
@@ -235,6 +234,32 @@ def test_a_registered_algorithm_is_selectable(ctx):
         with registry._lock:
             registry._entries.pop("test_recorder")
             registry._loaded.pop("test_recorder", None)
+
+
+def test_an_identical_call_runs_the_algorithms_repeat(ctx):
+    runs, repeats = [], []
+
+    def run(call):
+        runs.append(call.input.data_ptr())
+        return lambda: repeats.append(call.input.data_ptr())
+
+    register_algorithm(Algorithm(name="test_repeating", collective="broadcast", run=run))
+    try:
+        a, b = ctx.ones(8), ctx.ones(8)
+        for tensor in (a, a, a, b, b):
+            ctx.ccl.broadcast(tensor, algorithm="test_repeating")
+        assert runs == [a.data_ptr(), b.data_ptr()]  # checked and prepared once per tensor
+        assert repeats == [a.data_ptr(), a.data_ptr(), b.data_ptr()]
+        with pytest.raises(IrisError, match="not contiguous"):  # a different layout is checked again
+            ctx.ccl.broadcast(ctx.ones(4, 4).t(), algorithm="test_repeating")
+        ctx.ccl.workspace(ctx.ccl.workspace(1).numel() + 1024)  # growing the workspace drops every repeat
+        ctx.ccl.broadcast(a, algorithm="test_repeating")
+        assert runs == [a.data_ptr(), b.data_ptr(), a.data_ptr()]
+    finally:
+        registry = algorithm_registry("broadcast")
+        with registry._lock:
+            registry._entries.pop("test_repeating")
+            registry._loaded.pop("test_repeating", None)
 
 
 def test_single_rank_collectives_are_identities(ctx):

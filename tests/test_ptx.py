@@ -215,6 +215,28 @@ def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, fronten
     assert "ld.global.sys.acquire.b32" in ops, ops
 
 
+# -- fused matmul + communication ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"])
+def test_fused_gemms_use_hopper_tensor_cores_and_wait_at_system_scope(ptx, kernel):
+    # bf16 tiles go through wgmma (sm_90's asynchronous tensor-core product), results leave in
+    # 16-byte vectors, and a tile waits on its flag with an acquire load at system scope.
+    ops = ops_of(ptx, kernel)
+    assert any(op.startswith("wgmma.mma_async.") and op.endswith(".f32.bf16.bf16") for op in ops), ops
+    assert "st.global.v4.b32" in ops, ops
+    assert "ld.global.sys.acquire.b32" in ops, ops
+
+
+@pytest.mark.parametrize("kernel", ["fused_push_rows", "fused_matmul_reduce_scatter"])
+def test_fused_kernels_push_vectors_then_release_a_flag(ptx, kernel):
+    # What goes to a peer is 16-byte vector stores, followed by one release exchange at system
+    # scope per tile (the kernels' only atomic).
+    ops = ops_of(ptx, kernel)
+    assert "st.global.v4.b32" in ops, ops
+    assert atomics_of(ops) == ["atom.global.sys.release.exch.b32"], ops
+
+
 def test_every_kernel_compiled_except_the_bogus_comparison(ptx):
     assert set(ptx["errors"]) == {"wait_cmp_bogus"}, {k: v[-1500:] for k, v in ptx["errors"].items()}
     assert len(ptx["ops"]) >= 90

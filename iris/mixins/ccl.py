@@ -5,11 +5,17 @@ registered algorithm (:mod:`iris.collectives`). The namespace owns what algorith
 synchronisation words on the heap and a data workspace on the heap that grows, collectively, to
 the largest call seen. Calls after the first of a given size allocate nothing and never wait on
 the host, so they can be captured in a CUDA graph (make one call of each size before capturing).
+
+A call identical to an earlier one (the same tensors by address, size, dtype and layout, the
+same options) skips the checks and the algorithm's preparation: the algorithm's *repeat* of the
+earlier launch runs instead, which keeps the host's cost per call low when calls are not
+captured in a graph.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Callable
 
 import torch
 
@@ -23,6 +29,15 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, t
 #: Programs (thread blocks) per collective kernel on CPU ranks, where Triton's interpreter runs
 #: them one after another.
 CPU_PROGRAMS = 2
+#: Most repeats kept (the oldest is dropped first); each is a few addresses and a callable.
+MAX_REPEATS = 256
+
+
+def _identity(tensor) -> tuple | None:
+    """What the checks of a call read from ``tensor`` (None for anything but a tensor)."""
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    return tensor.data_ptr(), tensor.numel(), tensor.dtype, tensor.device, tensor.is_contiguous()
 
 
 def _reduce_op_name(op) -> str:
@@ -51,12 +66,14 @@ class Collectives:
     def __init__(self, context):
         self._context = context
         device = context.device
-        #: Programs of every collective kernel. Fixed for the context's lifetime: program ``p``
-        #: of every rank handles the same data and synchronises only with program ``p`` of its
-        #: peers, so all calls must use the same count.
+        #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
+        #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
+        #: ``p`` of its peers; a small call launches fewer.
         self.programs = context.get_cu_count() if device.type == "cuda" else CPU_PROGRAMS
         self._sync: torch.Tensor | None = None
         self._workspace: torch.Tensor | None = None
+        #: Repeats of earlier launches, by everything the call's checks and launch depend on.
+        self._repeats: dict[tuple, Callable[[], None]] = {}
 
     # -- what algorithms share ----------------------------------------------------------------
 
@@ -75,6 +92,7 @@ class Collectives:
             ctx = self._context
             ctx.barrier()  # no peer is still writing into the old workspace
             if self._workspace is not None:
+                self._repeats.clear()  # they launch with the old workspace's address
                 ctx.free(self._workspace)
                 self._workspace = None
             self._workspace = ctx.empty(nbytes, dtype=torch.uint8)
@@ -131,11 +149,27 @@ class Collectives:
                             f"pad it to a multiple of {world}")
         return numel // world
 
-    def _launch(self, collective: str, algorithm: str | None, nbytes: int, **call) -> None:
-        chosen = self._algorithm(collective, algorithm, nbytes)
-        if call["input"].numel() == 0:
+    def _run(self, collective: str, algorithm: str | None, output, input, validate: Callable[[], None], *,
+             op: str = "sum", src: int = 0) -> None:
+        """Run one call: the repeat of an identical earlier call, or else ``validate()`` it and
+        hand it to its algorithm (keeping the launch's repeat)."""
+        if algorithm is not None and not isinstance(algorithm, str):
+            raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
+        key = (collective, algorithm, op, src, _identity(output), _identity(input))
+        repeat = self._repeats.get(key)
+        if repeat is not None:
+            repeat()
             return
-        chosen.run(CollectiveCall(context=self._context, collective=collective, **call))
+        validate()
+        chosen = self._algorithm(collective, algorithm, input.numel() * input.element_size())
+        if input.numel() == 0:
+            return
+        repeat = chosen.run(CollectiveCall(context=self._context, collective=collective, output=output, input=input,
+                                           op=op, src=src))
+        if repeat is not None:
+            if len(self._repeats) >= MAX_REPEATS:
+                del self._repeats[next(iter(self._repeats))]
+            self._repeats[key] = repeat
 
     # -- the collectives ------------------------------------------------------------------------
 
@@ -143,53 +177,60 @@ class Collectives:
         """Reduce ``tensor`` across ranks (sum, max or min) in place; every rank gets the same
         result. ``algorithm``: ``"one_shot"``, ``"two_shot"`` or any registered one; by default
         chosen by size."""
-        self._check_tensor("tensor", "all_reduce", tensor)
-        self._launch("all_reduce", algorithm, tensor.numel() * tensor.element_size(), output=tensor, input=tensor,
-                     op=_reduce_op_name(op))
+        self._run("all_reduce", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "all_reduce", tensor),
+                  op=_reduce_op_name(op))
         return tensor
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
         """``output`` (world_size x input's elements, e.g. shape ``[world_size, *input.shape]``)
         := every rank's ``input``, in rank order (torch's ``all_gather_into_tensor``)."""
-        self._check_pair("all_gather", output, input)
-        world = self._context.world_size
-        if output.numel() != world * input.numel():
-            raise IrisError(f"all_gather: output has {output.numel()} elements; it needs world_size x input = "
-                            f"{world} x {input.numel()} = {world * input.numel()}")
-        self._launch("all_gather", algorithm, input.numel() * input.element_size(), output=output, input=input)
+
+        def validate():
+            self._check_pair("all_gather", output, input)
+            world = self._context.world_size
+            if output.numel() != world * input.numel():
+                raise IrisError(f"all_gather: output has {output.numel()} elements; it needs world_size x input = "
+                                f"{world} x {input.numel()} = {world * input.numel()}")
+
+        self._run("all_gather", algorithm, output, input, validate)
         return output
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", *,
                        algorithm: str | None = None) -> torch.Tensor:
         """``output`` := the reduction across ranks of this rank's share of ``input``: rank r gets
         segment r of the ``world_size`` equal segments (torch's ``reduce_scatter_tensor``)."""
-        self._check_pair("reduce_scatter", output, input)
-        share = self._divisible("reduce_scatter", "input", input.numel())
-        if output.numel() != share:
-            raise IrisError(f"reduce_scatter: output has {output.numel()} elements; it needs input / world_size = "
-                            f"{share}")
-        self._launch("reduce_scatter", algorithm, input.numel() * input.element_size(), output=output, input=input,
-                     op=_reduce_op_name(op))
+
+        def validate():
+            self._check_pair("reduce_scatter", output, input)
+            share = self._divisible("reduce_scatter", "input", input.numel())
+            if output.numel() != share:
+                raise IrisError(f"reduce_scatter: output has {output.numel()} elements; it needs input / world_size "
+                                f"= {share}")
+
+        self._run("reduce_scatter", algorithm, output, input, validate, op=_reduce_op_name(op))
         return output
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
         """Segment j of this rank's ``input`` goes to rank j, which stores it as its segment r
         (``world_size`` equal segments; torch's ``all_to_all_single`` without split sizes)."""
-        self._check_pair("all_to_all", output, input)
-        self._divisible("all_to_all", "input", input.numel())
-        if output.numel() != input.numel():
-            raise IrisError(f"all_to_all: output has {output.numel()} elements, input {input.numel()}; they must match")
-        self._launch("all_to_all", algorithm, input.numel() * input.element_size(), output=output, input=input)
+
+        def validate():
+            self._check_pair("all_to_all", output, input)
+            self._divisible("all_to_all", "input", input.numel())
+            if output.numel() != input.numel():
+                raise IrisError(f"all_to_all: output has {output.numel()} elements, input {input.numel()}; they "
+                                f"must match")
+
+        self._run("all_to_all", algorithm, output, input, validate)
         return output
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, algorithm: str | None = None) -> torch.Tensor:
         """Every rank's ``tensor`` := rank ``src``'s, in place."""
-        self._check_tensor("tensor", "broadcast", tensor)
         world = self._context.world_size
         if not isinstance(src, int) or not 0 <= src < world:
             raise IrisError(f"broadcast: src={src!r} is not a rank of this world (0..{world - 1})")
-        self._launch("broadcast", algorithm, tensor.numel() * tensor.element_size(), output=tensor, input=tensor,
-                     src=src)
+        self._run("broadcast", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "broadcast", tensor),
+                  src=src)
         return tensor
 
     def barrier(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import cached_property
 
 import torch
 
@@ -18,8 +19,8 @@ SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 5_000}
 
 
 class TritonDeviceOps(DeviceOps):
-    """Host side of the Triton backend: ``device_barrier()``, and the timeout check that
-    ``barrier()`` adds. On CPU ranks, kernels run in Triton's interpreter.
+    """Host side of the Triton backend: ``device_barrier()``, the fused operations ``ops``, and the
+    timeout check that ``barrier()`` adds. On CPU ranks, kernels run in Triton's interpreter.
 
     Requires ``device``, ``config``, ``rank``, ``world_size``, ``zeros`` and ``get_heap_bases``.
     """
@@ -42,6 +43,13 @@ class TritonDeviceOps(DeviceOps):
 
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
         self.max_spins = int(self.config.timeout * SPINS_PER_SECOND[self.device.type])
+
+    @cached_property
+    def ops(self):
+        """Matrix products fused with their communication (:class:`iris_triton.ops.FusedOps`)."""
+        from iris_triton.ops import FusedOps
+
+        return FusedOps(self)
 
     @property
     def wait_failures(self) -> torch.Tensor:

@@ -9,16 +9,20 @@ exchange of signals), passed as constexpr functions. It is compiled by the conte
   workspace (heap), then signals the peer. The workspace has two fixed halves ("slots", ``stride``
   elements apart), used on alternate calls whatever the collective, so calls of different
   collectives and sizes never share bytes between consecutive calls.
-- Work is split in blocks of ``BLOCK`` elements; program ``p`` handles blocks ``p, p + P, ...``
-  on every rank, in at most ``SYNCS`` rounds of groups of ``ROUND`` blocks: push the round's blocks, signal every peer's
-  flag ``[p, rank]`` with the program's signal count, wait until every peer's flag ``[p, peer]``
-  here reaches that count, then consume the round's blocks from the local workspace. Programs
-  synchronise only with the same program of their peers, and every program does at least one
-  round per call.
-- So a rank is never more than one call ahead of a peer (program by program), and the slot it
-  pushes into was consumed one call earlier: data is never overwritten before it was read.
-  The counts live on the heap and are advanced by the kernels, so calls need no host work and
-  can be captured in CUDA graphs.
+- Work is split in blocks of ``BLOCK`` elements; program ``p`` of a grid of ``P`` handles blocks
+  ``p, p + P, ...`` on every rank, in at most ``SYNCS`` rounds of groups of ``ROUND`` blocks:
+  push the round's blocks, signal every peer's flag ``[p, rank]`` with the program's signal
+  count, wait until every peer's flag ``[p, peer]`` here reaches that count, then consume the
+  round's blocks from the local workspace. Programs synchronise only with the same program of
+  their peers, and every program does at least one round per call.
+- ``P`` is the smaller of the blocks of the call and the programs the sync words are laid out
+  for, so a small call launches few programs; the call counts (:mod:`iris_triton.calls`) still
+  agree on a call's number, hence on its slot, across every program index.
+- A rank's calls run one after another on its stream. A rank starts call ``k + 1`` only after
+  its call ``k`` exchanged signals with every peer's call ``k``, which therefore began, so the
+  peer finished call ``k - 1``: the slot that call ``k + 1`` pushes into was read one call
+  earlier, and data is never overwritten before it was read. The counts live on the heap and
+  are advanced by the kernels, so calls need no host work and can be captured in CUDA graphs.
 
 A wait that times out records the peer in the context's ``wait_failures`` (reported by the next
 ``ctx.barrier()``) and the call goes on rather than hang.
@@ -31,6 +35,7 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
+from iris_triton.calls import call_number, count_call
 
 __all__ = [
     "ALL_GATHER_DIRECT",
@@ -45,19 +50,17 @@ __all__ = [
 
 
 @triton.jit
-def _program_state(sync, WORLD: tl.constexpr):
+def _program_state(sync, programs):
     """This program's (call count, signal count, flags of program 0) from the sync words
-    ``[calls[P], counts[P], flags[P, WORLD]]``."""
-    p = tl.program_id(0)
-    programs = tl.num_programs(0)
-    return tl.load(sync + p), tl.load(sync + programs + p), sync + 2 * programs
+    ``[calls[programs], counts[programs], flags[programs, WORLD]]``."""
+    return call_number(sync), tl.load(sync + programs + tl.program_id(0)), sync + 2 * programs
 
 
 @triton.jit
-def _finish(sync, call, count):
-    p = tl.program_id(0)
-    tl.store(sync + tl.num_programs(0) + p, count)
-    tl.store(sync + p, call + 1)
+def _finish(sync, programs, call, count):
+    """Record this program's signal count and count the call (:mod:`iris_triton.calls`)."""
+    tl.store(sync + programs + tl.program_id(0), count)
+    count_call(sync, programs, call)
 
 
 @triton.jit
@@ -254,17 +257,18 @@ def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, 
 # -- the kernel source ---------------------------------------------------------------------------------
 
 
-def collective_kernel(context, inp, out, ws, sync, failures, n, m, stride, max_spins, CTX: tl.constexpr,
+def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, stride, max_spins, CTX: tl.constexpr,
                       RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
                       CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr,
                       ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """One collective, by the protocol above: per round, ``PUSH`` every block, exchange signals,
     then (two-shot) ``MIDDLE`` every block and exchange again, then ``CONSUME`` every block.
     Blocks cover segments of ``m`` elements; ``n`` is the input's element count; ``stride`` is
-    the distance between the workspace's two slots (elements); ``failures`` (int32 per peer)
-    records waits that timed out."""
+    the distance between the workspace's two slots (elements); ``programs`` is the number of
+    programs the sync words are laid out for (the grid may be smaller); ``failures`` (int32 per
+    peer) records waits that timed out."""
     dctx = CTX.initialize(context, RANK, WORLD)
-    call, count, flags = _program_state(sync, WORLD)
+    call, count, flags = _program_state(sync, programs)
     region = ws + (call % 2) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
     for r in range(rounds):
@@ -276,23 +280,38 @@ def collective_kernel(context, inp, out, ws, sync, failures, n, m, stride, max_s
             count += 1
             _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
         _each_block(CONSUME, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
-    _finish(sync, call, count)
+    _finish(sync, programs, call, count)
 
 
 # -- launching -----------------------------------------------------------------------------------------
 
-#: Launch shape per device type: elements per block, blocks per group (unrolled), most exchanges
-#: of signals per call, warps.
-CONFIGS = {"cuda": dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8), "cpu": dict(BLOCK=64, ROUND=2, SYNCS=2)}
+#: Launch shapes per device type, by the call's input bytes per rank: the first entry whose limit
+#: (None: any size) holds it. A shape is elements per block, blocks per group (unrolled), most
+#: exchanges of signals per call, and warps. It may change from one call to the next: a rank's
+#: calls run one after another on its stream, and every shape alternates the workspace slots
+#: alike. On 2 x H200 the larger shape measured faster from 32 MiB on (benchmarks/NOTES.md).
+CONFIGS = {
+    "cuda": ((16 << 20, dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8)),
+             (None, dict(BLOCK=8192, ROUND=4, SYNCS=8, num_warps=16))),
+    "cpu": ((None, dict(BLOCK=64, ROUND=2, SYNCS=2)),),
+}
+
+
+def launch_config(device_type: str, nbytes: int) -> dict:
+    """The launch shape (:data:`CONFIGS`) of a call moving ``nbytes`` per rank."""
+    return next(shape for limit, shape in CONFIGS[device_type] if limit is None or nbytes <= limit)
+
+
 #: Offsets are 32-bit: a workspace larger than this many elements needs the call split.
 MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 #: Byte alignment of the two workspace slots (keeps 16-byte vector accesses).
 SLOT_ALIGNMENT = 256
 
 
-def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, consume, middle=None) -> None:
+def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, consume, middle=None):
     """Launch :func:`collective_kernel` for ``call`` with its steps, ``n`` input elements,
-    segments of ``m`` and a workspace slot of ``slot_elements`` of the call's dtype."""
+    segments of ``m`` and a workspace slot of ``slot_elements`` of the call's dtype; returns
+    the launch's repeat (:meth:`Frontend.launch`)."""
     ctx = call.context
     element_size = call.input.element_size()
     slot_bytes = -(-slot_elements * element_size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
@@ -303,41 +322,44 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
                         f"(workspace offsets are 32-bit); split it into smaller calls")
     ws = workspace[: 2 * stride * element_size].view(call.input.dtype)
     front = ctx.frontend
-    front.kernel(collective_kernel)[(ctx.ccl.programs,)](
-        ctx.get_device_context(), call.input, call.output, ws, ctx.ccl.sync_state(), ctx.wait_failures, n, m, stride,
-        ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push, MIDDLE=middle,
-        CONSUME=consume, OP=call.op, SRC=call.src, **CONFIGS[ctx.device.type])
+    shape = launch_config(ctx.device.type, call.input.numel() * element_size)
+    grid = (max(1, min(ctx.ccl.programs, triton.cdiv(m, shape["BLOCK"]))),)
+    return front.launch(
+        collective_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
+        sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures, n=n, m=m, stride=stride,
+        max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
+        MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, **shape)
 
 
-def _all_gather(call: CollectiveCall) -> None:
+def _all_gather(call: CollectiveCall):
     m, world = call.input.numel(), call.context.world_size
-    _launch(call, world * m, m, world * m, _push_own_and_keep, _collect)
+    return _launch(call, world * m, m, world * m, _push_own_and_keep, _collect)
 
 
-def _all_to_all(call: CollectiveCall) -> None:
+def _all_to_all(call: CollectiveCall):
     n = call.input.numel()
-    _launch(call, n, n // call.context.world_size, n, _push_segments_and_keep, _collect)
+    return _launch(call, n, n // call.context.world_size, n, _push_segments_and_keep, _collect)
 
 
-def _reduce_scatter(call: CollectiveCall) -> None:
+def _reduce_scatter(call: CollectiveCall):
     n = call.input.numel()
-    _launch(call, n, call.output.numel(), n, _push_segments, _reduce_own_segment)
+    return _launch(call, n, call.output.numel(), n, _push_segments, _reduce_own_segment)
 
 
-def _all_reduce_one_shot(call: CollectiveCall) -> None:
+def _all_reduce_one_shot(call: CollectiveCall):
     n = call.input.numel()
-    _launch(call, n, n, call.context.world_size * n, _push_own, _reduce_whole)
+    return _launch(call, n, n, call.context.world_size * n, _push_own, _reduce_whole)
 
 
-def _all_reduce_two_shot(call: CollectiveCall) -> None:
+def _all_reduce_two_shot(call: CollectiveCall):
     n, world = call.input.numel(), call.context.world_size
     m = triton.cdiv(n, world)
-    _launch(call, n, m, 2 * world * m, _push_segments, _collect_shared, middle=_reduce_and_share_segment)
+    return _launch(call, n, m, 2 * world * m, _push_segments, _collect_shared, middle=_reduce_and_share_segment)
 
 
-def _broadcast(call: CollectiveCall) -> None:
+def _broadcast(call: CollectiveCall):
     n = call.input.numel()
-    _launch(call, n, n, n, _push_from_source, _take_from_source)
+    return _launch(call, n, n, n, _push_from_source, _take_from_source)
 
 
 ALL_GATHER_DIRECT = Algorithm(name="direct", collective="all_gather", run=_all_gather,

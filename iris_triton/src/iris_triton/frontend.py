@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import attrs
+import torch
 import triton
 
 from iris_triton.context import DeviceContext
@@ -38,6 +39,25 @@ class Frontend:
         if compiled is None:
             compiled = self._kernels[fn] = self.jit(fn)
         return compiled
+
+    def launch(self, fn: Callable, grid: tuple, **arguments) -> Callable[[], None] | None:
+        """Launch ``fn`` (compiled by this front end) on ``grid`` with ``arguments`` (every
+        parameter by name, constexprs included), and return a callable that launches it again
+        with the same arguments on the then-current stream.
+
+        The repeat skips the JIT's per-launch work (binding and specializing the arguments,
+        looking the kernel up): it calls the compiled kernel directly, with tensors passed as
+        their addresses, so it holds no reference to them; callers must repeat it only while
+        those tensors are alive. Under the Triton interpreter there is no compiled kernel, and
+        the result is None."""
+        jitted = self.kernel(fn)
+        compiled = jitted[grid](**arguments)
+        if compiled is None or not hasattr(compiled, "run"):
+            return None
+        ordered = [arguments[name] for name in jitted.arg_names]
+        values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in ordered]
+        runner = compiled[(*grid, 1, 1)[:3]]
+        return lambda: runner(*values)
 
 
 TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)

@@ -1,0 +1,116 @@
+"""Collective launch shapes compared on 2 GPUs: bf16, per call under CUDA graphs, slowest rank.
+
+For each launch shape (elements per block, blocks per group, most exchanges per call, warps)
+every collective runs at every size with that shape forced (``iris_triton.ccl.CONFIGS``), is
+checked against torch (all_reduce against NCCL's), then timed: ``--calls`` calls captured in one
+graph, the median of 5 replays, the slowest rank's. Results go to
+``benchmarks/results/ccl_configs-<date>.json`` (or ``--out``); ``benchmarks/NOTES.md`` says
+which shapes ``CONFIGS`` keeps.
+
+    python -m benchmarks.ccl_configs [--sizes 8KiB,512KiB,4MiB,32MiB,256MiB] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.distributed as dist
+
+import iris
+from iris.config import parse_size
+from iris_triton import ccl
+
+SHAPES = [(4096, 4, 8, 8), (4096, 2, 8, 8), (4096, 1, 8, 8), (4096, 4, 16, 8), (4096, 4, 4, 8), (8192, 2, 8, 8),
+          (8192, 4, 8, 16), (2048, 4, 8, 4), (4096, 4, 8, 16), (4096, 2, 16, 8), (2048, 8, 8, 8), (4096, 1, 32, 8)]
+
+
+def _graph_us(ctx, fn, calls: int) -> float:
+    stream = torch.cuda.Stream()
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    samples = []
+    for _ in range(5):
+        ctx.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def _collectives(ctx, x):
+    """``{name: (call, output, expected)}`` for every collective of ``x`` (bf16, heap)."""
+    world, n = ctx.world_size, x.numel()
+    summed = x.clone()
+    dist.all_reduce(summed)
+    gathered = torch.empty(world * n, dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(gathered, x)
+    scattered = torch.empty(n // world, dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(scattered, x)
+    exchanged = torch.empty_like(x)
+    dist.all_to_all_single(exchanged, x)
+    one, two = ctx.empty(n, dtype=x.dtype), ctx.empty(n, dtype=x.dtype)
+    ag, rs, a2a = ctx.empty(world * n, dtype=x.dtype), ctx.empty(n // world, dtype=x.dtype), ctx.empty(n, dtype=x.dtype)
+    return {
+        "all_reduce_one_shot": (lambda: ctx.ccl.all_reduce(one.copy_(x), algorithm="one_shot"), one, summed),
+        "all_reduce_two_shot": (lambda: ctx.ccl.all_reduce(two.copy_(x), algorithm="two_shot"), two, summed),
+        "all_gather": (lambda: ctx.ccl.all_gather(ag, x), ag, gathered),
+        "reduce_scatter": (lambda: ctx.ccl.reduce_scatter(rs, x), rs, scattered),
+        "all_to_all": (lambda: ctx.ccl.all_to_all(a2a, x), a2a, exchanged),
+    }
+
+
+def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int) -> list[dict]:
+    ctx = iris.create("triton", heap_size=12 * max(sizes) + (256 << 20))
+    rows = []
+    original = ccl.CONFIGS["cuda"]
+    for block, group, syncs, warps in shapes:
+        ccl.CONFIGS["cuda"] = ((None, dict(BLOCK=block, ROUND=group, SYNCS=syncs, num_warps=warps)),)
+        ctx.ccl._repeats.clear()  # they hold kernels compiled for the previous shape
+        for size in sizes:
+            x = ctx.randn(size // 2, dtype=torch.bfloat16, generator=torch.Generator(ctx.device).manual_seed(rank))
+            row = {"shape": [block, group, syncs, warps], "bytes": size, "correct": {}, "us": {}}
+            tensors = [x]
+            for name, (fn, out, expected) in _collectives(ctx, x).items():
+                fn()
+                torch.cuda.synchronize()
+                row["correct"][name] = bool(torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2))
+                row["us"][name] = max(ctx.comm.all_gather_object(_graph_us(ctx, fn, calls if size <= 32 << 20 else 3)))
+                tensors.append(out)
+            for tensor in tensors:
+                ctx.free(tensor)
+            rows.append(row)
+    ccl.CONFIGS["cuda"] = original
+    ctx.destroy()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="8KiB,512KiB,4MiB,32MiB,256MiB")
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if torch.cuda.device_count() < 2:
+        raise SystemExit("ccl_configs needs 2 GPUs")
+    from benchmarks.common import write_results
+
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rows = iris.spawn(_run, 2, sizes, SHAPES, args.calls, device="cuda")[0]
+    for row in rows:
+        print(f"{str(row['shape']):>20} {row['bytes']:>10} " + " ".join(f"{k} {v:7.1f}" for k, v in row["us"].items())
+              + f"  correct {all(row['correct'].values())}")
+    print(f"wrote {write_results('ccl_configs', {'unit': 'us per call, graph, slowest rank', 'rows': rows}, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Matrix products fused with their communication: persistent kernels with tile-level signals.
+
+- :func:`push_rows_kernel` + :func:`all_gather_matmul_kernel` (``out = all_gather(A) @ B``): a
+  few programs copy this rank's rows of ``A`` into every rank's gathered copy of ``A`` (heap),
+  ``BLOCK_M`` rows at a time, and after each such row tile set a flag on every rank; the GEMM,
+  a persistent kernel on the remaining multiprocessors, computes the tiles of this rank's own
+  rows first and waits for a row tile's flag before it computes the tiles that need it. The two
+  kernels run at the same time, on two streams.
+- :func:`matmul_reduce_scatter_kernel` (``out = reduce_scatter(A @ B)``): one persistent
+  kernel. It first computes the tiles of the rows other ranks own and stores each into its
+  owner's receive buffer (remote stores) followed by a flag; then it computes the tiles of its
+  own rows and adds what the peers sent, waiting for each tile's flag.
+
+Data lands in one of two slots by call parity; flags and call counts are per program
+(:mod:`iris_triton.calls`) and only grow, so calls need no host work and no resetting. A rank's
+call ``k + 2`` reuses the slot of call ``k`` only after it exchanged call ``k + 1``'s data with
+every peer, which the peers sent after finishing call ``k``. Every wait is bounded and records
+the peer in ``failures`` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from iris_triton import device
+from iris_triton.calls import call_number, count_call
+from iris_triton.gemm import tile_coordinates, tile_product
+
+__all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
+
+
+@triton.jit
+def _wait_for(flag, call, source, failures, heap_bases, max_spins, RANK: tl.constexpr):
+    """Wait until this rank's ``flag`` shows call ``call`` (or later); on timeout record ``source``."""
+    if not device.wait_until(flag, call + 1, RANK, RANK, heap_bases, max_spins):
+        tl.store(failures + source, 1)
+
+
+@triton.jit
+def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, stride_sm, stride_sk, flag_stride,
+                     RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Copy this rank's ``m x K`` ``shard`` into rows ``[RANK * m, (RANK + 1) * m)`` of the call's
+    slot of every rank's ``gathered`` (``[2, WORLD * m, K]``, heap), one tile of ``BLOCK_M`` rows
+    at a time; after each tile set flag ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart)
+    on every rank to the call's number."""
+    call = call_number(calls)
+    slot = gathered + (call % 2) * WORLD * m * K
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK_M), tl.num_programs(0)):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            cols = k * BLOCK_K + offs_k
+            mask = (rows[:, None] < m) & (cols[None, :] < K)
+            x = tl.load(shard + rows[:, None] * stride_sm + cols[None, :] * stride_sk, mask=mask)
+            target = slot + (RANK * m + rows[:, None]) * K + cols[None, :]
+            for q in tl.static_range(WORLD):
+                device.store(target, x, RANK, q, heap_bases, mask=mask)
+        for q in tl.static_range(WORLD):
+            device.signal(flags + RANK * flag_stride + tile, call + 1, RANK, q, heap_bases)
+    count_call(calls, capacity, call)
+
+
+@triton.jit
+def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failures, capacity, m, N, K, stride_bk,
+                             stride_bn, stride_om, stride_on, flag_stride, max_spins, RANK: tl.constexpr,
+                             WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``out`` (``WORLD * m x N``) := the call's slot of ``gathered`` times ``b`` (``K x N``),
+    source rank by source rank from this one on; a tile waits for the flag of its row tile."""
+    call = call_number(calls)
+    slot = gathered + (call % 2) * WORLD * m * K
+    row_tiles = tl.cdiv(m, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    per_source = row_tiles * col_tiles
+    for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
+        source = (RANK + t // per_source) % WORLD
+        tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
+        _wait_for(flags + source * flag_stride + tile_row, call, source, failures, heap_bases, max_spins, RANK)
+        acc, offs_m, offs_n = tile_product(slot + source * m * K, b, m, N, K, K, 1, stride_bk, stride_bn, tile_row,
+                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
+        rows = source * m + offs_m
+        tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
+                 mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
+    count_call(calls, capacity, call)
+
+
+@triton.jit
+def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, failures, capacity, m, N, K, stride_am,
+                                 stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride, max_spins,
+                                 RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``out`` (``m x N``) := row block ``RANK`` (rows ``[RANK * m, (RANK + 1) * m)``) of
+    ``a @ b`` summed over ranks. Row block q's tiles go to rank q's ``recv`` (``[2, WORLD, m,
+    N]``, heap), slot of the call, part ``RANK``, each followed by flag ``[RANK, tile]`` there."""
+    call = call_number(calls)
+    slot = recv + (call % 2) * WORLD * m * N
+    row_tiles = tl.cdiv(m, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    per_block = row_tiles * col_tiles
+    for step in tl.static_range(1, WORLD):
+        owner: tl.constexpr = (RANK + step) % WORLD
+        for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
+            tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+            acc, offs_m, offs_n = tile_product(a + owner * m * stride_am, b, m, N, K, stride_am, stride_ak,
+                                               stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
+            mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
+            part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
+            device.store(part, acc.to(out.dtype.element_ty), RANK, owner, heap_bases, mask=mask)
+            device.signal(flags + RANK * flag_stride + t, call + 1, RANK, owner, heap_bases)
+    for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
+        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+        acc, offs_m, offs_n = tile_product(a + RANK * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
+                                           stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
+        mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
+        for source in tl.static_range(WORLD):
+            if source != RANK:
+                _wait_for(flags + source * flag_stride + t, call, source, failures, heap_bases, max_spins, RANK)
+                part = slot + source * m * N + offs_m[:, None] * N + offs_n[None, :]
+                acc += tl.load(part, mask=mask).to(tl.float32)
+        tl.store(out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
+                 mask=mask)
+    count_call(calls, capacity, call)

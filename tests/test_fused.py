@@ -1,0 +1,176 @@
+"""Fused matmul + communication (``ctx.ops``) across real ranks, against torch.
+
+One spawn per world size runs every operation, fused and sequential, bf16 and fp16, on shapes
+with ragged tiles (small ones on CPU ranks, where kernels are interpreted), against a float32
+reference built from every rank's inputs (each rank regenerates them from seeds); then calls
+back to back with changing data and shapes (stale slots or flags would show), the checks of bad
+input, and on GPUs CUDA-graph capture and replay.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import iris
+from conftest import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
+from iris.errors import IrisError
+from iris_triton.ops import MIN_COMMUNICATION_SHARE, communication_share
+
+#: (rows per rank m, K, N): ragged against the tiles (CPU 16 x 16 x 16, GPU 128 x 256 x 64).
+SHAPES = {"cpu": ((5, 16, 24), (21, 40, 33)), "cuda": ((1000, 1024, 1536), (2048, 4096, 2560))}
+DTYPES = (torch.bfloat16, torch.float16)
+BACK_TO_BACK = {"cpu": 6, "cuda": 40}
+
+
+def _inputs(kind: str, dtype, m: int, K: int, N: int, world: int, seed) -> tuple[list, list]:
+    """Every rank's (a, b) for ``kind``, scaled so results are O(1)."""
+    g = seeded_generator(kind, str(dtype), m, K, N, seed)
+    rows = m if kind == "all_gather_matmul" else world * m
+    a = [torch.randn(rows, K, generator=g) / math.sqrt(K) for _ in range(world)]
+    b = [torch.randn(K, N, generator=g) for _ in range(world)]
+    return [x.to(dtype) for x in a], [x.to(dtype) for x in b]
+
+
+def _reference(kind: str, a: list, b: list, rank: int, m: int) -> torch.Tensor:
+    if kind == "all_gather_matmul":
+        return torch.cat([x.float() for x in a]) @ b[rank].float()
+    total = sum(x.float() @ y.float() for x, y in zip(a, b))
+    return total[rank * m:(rank + 1) * m] if kind == "matmul_reduce_scatter" else total
+
+
+def _run(ctx, kind: str, dtype, m: int, K: int, N: int, seed, fused) -> tuple[torch.Tensor, torch.Tensor]:
+    world, rank, device = ctx.world_size, ctx.rank, ctx.device
+    a, b = _inputs(kind, dtype, m, K, N, world, seed)
+    rows = {"all_gather_matmul": world * m, "matmul_reduce_scatter": m, "matmul_all_reduce": world * m}[kind]
+    out = torch.empty(rows, N, dtype=dtype, device=device)
+    getattr(ctx.ops, kind)(out, a[rank].to(device), b[rank].to(device), fused=fused)
+    return out, _reference(kind, a, b, rank, m)
+
+
+def _close(out: torch.Tensor, expected: torch.Tensor) -> bool:
+    return out.shape == expected.shape and torch.allclose(out.float().cpu(), expected, rtol=3e-2, atol=3e-2)
+
+
+KINDS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+
+
+def _check_matrix(ctx, report: RankReport) -> None:
+    for m, K, N in SHAPES[ctx.device.type]:
+        for dtype in DTYPES:
+            for kind in KINDS:
+                for fused in (True, False):
+                    out, expected = _run(ctx, kind, dtype, m, K, N, "matrix", fused)
+                    report.check(f"matrix/{kind}/{'fused' if fused else 'sequential'}/{dtype}/{m}x{K}x{N}",
+                                 _close(out, expected))
+
+
+def _check_back_to_back(ctx, report: RankReport) -> None:
+    """Calls in a row without host synchronisation, alternating shapes, each with new data."""
+    shapes = SHAPES[ctx.device.type]
+    pending = []
+    for i in range(BACK_TO_BACK[ctx.device.type]):
+        m, K, N = shapes[i % len(shapes)]
+        kind = KINDS[i % 2]
+        pending.append((kind, *_run(ctx, kind, torch.bfloat16, m, K, N, ("b2b", i), True)))
+    for kind, out, expected in pending:
+        report.check(f"back_to_back/{kind}/{len(report)}", _close(out, expected))
+
+
+def _check_bad_input(ctx, report: RankReport) -> None:
+    device, world = ctx.device, ctx.world_size
+    a = torch.randn(world * 4 + 1, 16, device=device, dtype=torch.bfloat16)
+    b = torch.randn(16, 16, device=device, dtype=torch.bfloat16)
+    out = torch.empty(4, 16, device=device, dtype=torch.bfloat16)
+    cases = {
+        "rows_not_divisible": (lambda: ctx.ops.matmul_reduce_scatter(out, a, b), "not divisible by the world size"),
+        "float32": (lambda: ctx.ops.matmul_reduce_scatter(out, a.float(), b), "has dtype torch.float32"),
+        "mixed_dtypes": (lambda: ctx.ops.all_gather_matmul(out, a, b.half()), "use one dtype"),
+        "wrong_out_shape": (lambda: ctx.ops.all_gather_matmul(out, a, b), "out has shape"),
+        "b_rows": (lambda: ctx.ops.all_gather_matmul(out, a, b[:8]), "b has shape"),
+        "vector": (lambda: ctx.ops.matmul_all_reduce(out, a[0], b), "must be a matrix"),
+        "out_not_contiguous": (lambda: ctx.ops.matmul_all_reduce(torch.empty(16, a.shape[0], device=device,
+                                                                             dtype=a.dtype).t(), a, b),
+                               "out is not contiguous"),
+    }
+    for name, (call, message) in cases.items():
+        try:
+            call()
+            report.check(f"bad_input/{name}", False)
+        except IrisError as error:
+            report.check(f"bad_input/{name}", message in str(error))
+
+
+def _check_cuda_graph(ctx, report: RankReport) -> None:
+    m, K, N = SHAPES["cuda"][0]
+    world, rank, device = ctx.world_size, ctx.rank, ctx.device
+    a = torch.empty(m, K, dtype=torch.bfloat16, device=device)
+    b = torch.empty(K, N, dtype=torch.bfloat16, device=device)
+    out = torch.empty(world * m, N, dtype=torch.bfloat16, device=device)
+    ctx.ops.all_gather_matmul(out, a.zero_(), b.zero_(), fused=True)  # size the buffers first
+    torch.cuda.synchronize(device)
+    stream = torch.cuda.Stream(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        ctx.ops.all_gather_matmul(out, a, b, fused=True)
+    for replay in range(3):
+        inputs_a, inputs_b = _inputs("all_gather_matmul", torch.bfloat16, m, K, N, world, ("graph", replay))
+        a.copy_(inputs_a[rank])
+        b.copy_(inputs_b[rank])
+        graph.replay()
+        torch.cuda.synchronize(device)
+        report.check(f"cuda_graph/replay{replay}", _close(out, _reference("all_gather_matmul", inputs_a, inputs_b,
+                                                                            rank, m)))
+
+
+def _fused_worker(rank: int, device: str) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create("triton", heap_size="1GiB" if device == "cuda" else "32MiB", device=device)
+    with report.section("matrix"):
+        _check_matrix(ctx, report)
+    with report.section("back_to_back"):
+        _check_back_to_back(ctx, report)
+    with report.section("bad_input"):
+        _check_bad_input(ctx, report)
+    if device == "cuda":
+        with report.section("cuda_graph"):
+            _check_cuda_graph(ctx, report)
+    ctx.barrier()  # raises if any device-side wait timed out
+    ctx.destroy()
+    return report.packed()
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")
+def reports(request) -> list[dict]:
+    device = backend_rank_device("triton", request.param)
+    return spawn_reports(_fused_worker, request.param, device, device=device)
+
+
+def test_fused_and_sequential_match_torch(reports):
+    assert_rank_checks(reports, "matrix/", minimum=2 * len(KINDS) * 2 * len(DTYPES) * 2)
+
+
+def test_back_to_back_calls_see_no_stale_data(reports):
+    assert_rank_checks(reports, "back_to_back/", minimum=2 * BACK_TO_BACK["cpu"])
+
+
+def test_bad_input_is_rejected_clearly(reports):
+    assert_rank_checks(reports, "bad_input/", minimum=2 * 7)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay(reports):
+    assert_rank_checks(reports, "cuda_graph/", minimum=2 * 3)
+
+
+@pytest.mark.parametrize("layer, m, K, N, fused", [
+    ("QKV", 8192 // 2, 8192, 5120, True),  # all_gather_matmul: rows per rank, K, N
+    ("MLP up", 8192 // 2, 8192, 28672, False),
+])
+def test_automatic_choice_fuses_where_communication_is_a_large_share(layer, m, K, N, fused):
+    # Llama-3-70B at TP=2, M = 8192 tokens: the attention projections move a large share of
+    # their product's time over the link, the MLP a small one (DESIGN.md's measurements).
+    share = communication_share(flops=2 * 2 * m * N * K, sent=m * K * 2)
+    assert (share >= MIN_COMMUNICATION_SHARE) == fused, share
