@@ -12,12 +12,12 @@ each rank's median, and the slowest rank's median is the figure. Results go to
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.distributed as dist
 
 import iris
+from benchmarks.common import per_call_us
 from iris.config import parse_size
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -71,35 +71,6 @@ def _symmetric_memory(x: torch.Tensor) -> dict:
     return {"symm_mem_one_shot": (one_shot, one_shot_out), "symm_mem_two_shot": (two_shot, buf)}
 
 
-def _per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
-    """This rank's median per-call time in microseconds."""
-    stream = torch.cuda.Stream(ctx.device)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    replay = fn
-    if graph:
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(cuda_graph, stream=stream):
-            for _ in range(calls):
-                fn()
-        replay = cuda_graph.replay
-    samples = []
-    for _ in range(repeats):
-        ctx.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        if graph:
-            replay()
-        else:
-            for _ in range(calls):
-                fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
-
-
 def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) -> list[dict]:
     ctx = iris.create(backend, heap_size=24 * max(sizes) + (256 << 20))
     world = ctx.world_size
@@ -119,7 +90,7 @@ def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) ->
             for mode in ("graph", "eager"):
                 row[mode] = {}
                 for name, (fn, _) in impls.items():
-                    mine = _per_call_us(ctx, fn, calls if size <= (32 << 20) else 4, repeats, mode == "graph")
+                    mine = per_call_us(ctx, fn, calls if size <= (32 << 20) else 4, repeats, mode == "graph")
                     row[mode][name] = max(ctx.comm.all_gather_object(mine))  # the slowest rank
             rows.append(row)
             ctx.barrier()

@@ -52,3 +52,34 @@ def write_results(name: str, payload: dict[str, Any], out_dir: str | os.PathLike
     path = directory / f"{name}-{stamp}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+def per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
+    """This rank's median time per call of ``fn`` in microseconds: ``calls`` calls back to back
+    between two CUDA events (captured as one CUDA graph when ``graph``, else launched eagerly),
+    ``repeats`` times, each after a host barrier of every rank."""
+    stream = torch.cuda.Stream(ctx.device)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    replay = fn
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(cuda_graph, stream=stream):
+            for _ in range(calls):
+                fn()
+        replay = cuda_graph.replay
+    samples = []
+    for _ in range(repeats):
+        ctx.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        if graph:
+            replay()
+        else:
+            for _ in range(calls):
+                fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)

@@ -174,3 +174,17 @@ def test_automatic_choice_fuses_where_communication_is_a_large_share(layer, m, K
     # their product's time over the link, the MLP a small one (DESIGN.md's measurements).
     share = communication_share(flops=2 * 2 * m * N * K, sent=m * K * 2)
     assert (share >= MIN_COMMUNICATION_SHARE) == fused, share
+
+
+def test_the_patterns_example_runs_and_checks_itself():
+    # GEMM + all-scatter written with the device API, producer/consumer and bulk-synchronous,
+    # each compared with torch by the example itself (exit status 1 when any is wrong).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "fused_patterns.py"
+    proc = subprocess.run([sys.executable, str(example), "--m", "20", "--k", "32", "--n", "24"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(" correct ") == 3, proc.stdout
