@@ -371,9 +371,9 @@ def _fused_specs() -> dict:
         "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, BLOCK_M=config["BLOCK_M"], BLOCK_K=128,
                                                         stride_sk=1), types, divisible),
         "fused_all_gather_matmul": _spec(all_gather_matmul_kernel,
-                                         dict(RANK=0, WORLD=2, **config, **{k: 1 for k in ("stride_bn", "stride_on")}),
+                                         dict(RANK=0, WORLD=2, EVEN_K=True, **config, **{k: 1 for k in ("stride_bn", "stride_on")}),
                                          types, divisible),
-        "fused_matmul_reduce_scatter": _spec(matmul_reduce_scatter_kernel, dict(RANK=0, WORLD=2, **config, **unit),
+        "fused_matmul_reduce_scatter": _spec(matmul_reduce_scatter_kernel, dict(RANK=0, WORLD=2, EVEN_K=True, **config, **unit),
                                              types, divisible),
     }
 

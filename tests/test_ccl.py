@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import iris
-from conftest import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
+from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 import iris
-from conftest import RankReport, backend_rank_device, seeded_generator, spawn_reports
+from iris.testing import RankReport, backend_rank_device, seeded_generator, spawn_reports
 import iris_triton
 from iris.errors import IrisTimeoutError
 

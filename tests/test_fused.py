@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import iris
-from conftest import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
+from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
 from iris.errors import IrisError
 from iris_triton.ops import MIN_COMMUNICATION_SHARE, communication_share
 

@@ -65,7 +65,7 @@ def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, 
 def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failures, capacity, m, N, K, stride_bk,
                              stride_bn, stride_om, stride_on, flag_stride, max_spins, RANK: tl.constexpr,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     """``out`` (``WORLD * m x N``) := the call's slot of ``gathered`` times ``b`` (``K x N``),
     source rank by source rank from this one on; a tile waits for the flag of its row tile."""
     call = call_number(calls)
@@ -73,12 +73,12 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failure
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     per_source = row_tiles * col_tiles
-    for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
+    for t in tl.range(tl.program_id(0), WORLD * per_source, tl.num_programs(0), flatten=True):
         source = (RANK + t // per_source) % WORLD
         tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
         _wait_for(flags + source * flag_stride + tile_row, call, source, failures, heap_bases, max_spins, RANK)
         acc, offs_m, offs_n = tile_product(slot + source * m * K, b, m, N, K, K, 1, stride_bk, stride_bn, tile_row,
-                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
+                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         rows = source * m + offs_m
         tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
@@ -89,7 +89,8 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failure
 def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, failures, capacity, m, N, K, stride_am,
                                  stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride, max_spins,
                                  RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                                 EVEN_K: tl.constexpr):
     """``out`` (``m x N``) := row block ``RANK`` (rows ``[RANK * m, (RANK + 1) * m)``) of
     ``a @ b`` summed over ranks. Row block q's tiles go to rank q's ``recv`` (``[2, WORLD, m,
     N]``, heap), slot of the call, part ``RANK``, each followed by flag ``[RANK, tile]`` there."""
@@ -100,18 +101,19 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, fail
     per_block = row_tiles * col_tiles
     for step in tl.static_range(1, WORLD):
         owner: tl.constexpr = (RANK + step) % WORLD
-        for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
+        for t in tl.range(tl.program_id(0), per_block, tl.num_programs(0), flatten=True):
             tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
             acc, offs_m, offs_n = tile_product(a + owner * m * stride_am, b, m, N, K, stride_am, stride_ak,
-                                               stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
+                                               stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
+                                               EVEN_K)
             mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
             part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
             device.store(part, acc.to(out.dtype.element_ty), RANK, owner, heap_bases, mask=mask)
             device.signal(flags + RANK * flag_stride + t, call + 1, RANK, owner, heap_bases)
-    for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
+    for t in tl.range(tl.program_id(0), per_block, tl.num_programs(0), flatten=True):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
         acc, offs_m, offs_n = tile_product(a + RANK * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
-                                           stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
+                                           stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
         for source in tl.static_range(WORLD):
             if source != RANK:

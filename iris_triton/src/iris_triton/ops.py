@@ -111,7 +111,7 @@ class FusedOps:
         all_gather_matmul_kernel[(gemm_programs,)](
             buffers.data, b, out, calls=buffers.gemm_calls, failures=ctx.wait_failures, m=m, N=N, K=K,
             stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
-            max_spins=ctx.max_spins, **common, **config)
+            max_spins=ctx.max_spins, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
         self._join()
         return out
 
@@ -139,7 +139,8 @@ class FusedOps:
         matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
             a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, ctx.get_heap_bases(), ctx.wait_failures,
             buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            out.stride(1), buffers.flag_stride, ctx.max_spins, RANK=ctx.rank, WORLD=ctx.world_size, **config)
+            out.stride(1), buffers.flag_stride, ctx.max_spins, RANK=ctx.rank, WORLD=ctx.world_size,
+            EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
     def matmul_all_reduce(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,

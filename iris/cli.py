@@ -1,0 +1,198 @@
+"""The ``iris`` command: ``info``, ``demo``, ``bench`` and ``run``.
+
+Mistakes of the user (a bad option, a missing script, a benchmark that needs GPUs there are not)
+end in one line ``iris: error: ...`` and exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from iris.errors import IrisError
+
+#: ``iris bench`` runs these modules of a source checkout's ``benchmarks`` package, with their
+#: arguments for a full run and for ``--quick``; each writes JSON and PNG files into ``--out``.
+BENCHMARKS = {
+    "rma_bandwidth": ([], ["--min", "1MiB", "--max", "64MiB", "--repeats", "5", "--backends", "triton"]),
+    "ccl": ([], ["--min", "8KiB", "--max", "4MiB", "--repeats", "5"]),
+    "fused": ([], ["--tokens", "2048", "--repeats", "3"]),
+}
+
+
+class UsageError(Exception):
+    """A mistake on the command line or in its environment, reported as one line."""
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+# -- iris info -----------------------------------------------------------------------------------------
+
+
+def _gpu_links() -> list[str]:
+    """``nvidia-smi topo -m``'s GPU rows (link type between every pair), when it is installed."""
+    if shutil.which("nvidia-smi") is None:
+        return ["(nvidia-smi not found: link types unknown)"]
+    proc = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
+    lines = [line.replace("\x1b[4m", "").replace("\x1b[0m", "") for line in proc.stdout.splitlines()]
+    return [line for line in lines if line.strip().startswith(("GPU", "\tGPU")) or line.startswith("\t")][:17]
+
+
+def info(args: argparse.Namespace) -> int:
+    import torch
+
+    import iris
+    from iris.registry import heap_providers
+
+    print(f"iris {iris.__version__}")
+    print(f"torch {torch.__version__}, triton {_version('triton')}, numpy {_version('numpy')}, "
+          f"python {sys.version.split()[0]}")
+    print("backends:")
+    for entry in importlib.metadata.entry_points(group="iris.backends"):
+        dist = f"{entry.dist.name} {entry.dist.version}" if entry.dist else "unknown distribution"
+        status = "available" if iris.is_backend_available(entry.name) else "not importable"
+        print(f"  {entry.name:10s} {entry.value:32s} from {dist} ({status})")
+    print(f"heap providers: {', '.join(heap_providers.names())}")
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        print(f"devices: no GPU visible; CPU ranks ({os.cpu_count()} cores)")
+        return 0
+    print(f"devices: {gpus} GPU(s)")
+    for i in range(gpus):
+        props = torch.cuda.get_device_properties(i)
+        print(f"  cuda:{i} {props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs")
+    print("peer access (row can access column):")
+    print("        " + " ".join(f"cuda:{j}" for j in range(gpus)))
+    for i in range(gpus):
+        row = ["self  " if i == j else ("yes   " if torch.cuda.can_device_access_peer(i, j) else "no    ")
+               for j in range(gpus)]
+        print(f"  cuda:{i} " + " ".join(row))
+    print("links (nvidia-smi topo -m):")
+    for line in _gpu_links():
+        print(f"  {line}")
+    return 0
+
+
+# -- iris demo -----------------------------------------------------------------------------------------
+
+
+def demo(args: argparse.Namespace) -> int:
+    from iris.demo import main
+
+    if args.nprocs is not None and args.nprocs < 1:
+        raise UsageError(f"--nprocs must be at least 1, got {args.nprocs}")
+    return main(args.nprocs)
+
+
+# -- iris bench ----------------------------------------------------------------------------------------
+
+
+def _benchmarks_root() -> Path:
+    """The source checkout whose ``benchmarks`` package ``iris bench`` runs."""
+    for candidate in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        if (candidate / "benchmarks" / "common.py").is_file():
+            return candidate
+    raise UsageError("iris bench runs the benchmarks of an iris source checkout; run it from the repository root")
+
+
+def bench(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    names = args.only.split(",") if args.only else list(BENCHMARKS)
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if torch.cuda.device_count() < 2:
+        raise UsageError(f"the benchmarks measure 2 GPUs against each other; {torch.cuda.device_count()} visible")
+    root = _benchmarks_root()
+    out = Path(args.out).resolve() if args.out else root / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for name in tqdm(names, desc="iris bench", unit="benchmark"):
+        full, quick = BENCHMARKS[name]
+        command = [sys.executable, "-m", f"benchmarks.{name}", *(quick if args.quick else full), "--out", str(out)]
+        start = time.perf_counter()
+        proc = subprocess.run(command, cwd=root, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        tqdm.write(proc.stdout.rstrip())
+        if proc.returncode:
+            tqdm.write(proc.stderr[-3000:])
+        summary.append((name, proc.returncode == 0, seconds))
+    print(f"\n{'benchmark':16s} {'result':8s} {'seconds':>8s}   (JSON and PNG in {out})")
+    for name, ok, seconds in summary:
+        print(f"{name:16s} {'ok' if ok else 'FAILED':8s} {seconds:8.1f}")
+    return 0 if all(ok for _, ok, _ in summary) else 1
+
+
+# -- iris run ------------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f"no such script: {args.script}")
+    if args.nprocs < 1:
+        raise UsageError(f"-n must be at least 1, got {args.nprocs}")
+    env = dict(os.environ)
+    cpu = args.cpu or torch.cuda.device_count() == 0
+    if cpu:
+        # CPU ranks: Triton's interpreter, which reads this before Triton is imported.
+        env.update(TRITON_INTERPRET="1", IRIS_DEVICE="cpu")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nprocs}",
+               str(script), *args.script_args]
+    return subprocess.run(command, env=env).returncode
+
+
+# -- entry point ---------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="iris", description="iris: symmetric-heap multi-GPU programming from "
+                                     "Triton and Gluon kernels, on NVIDIA GPUs and CPU ranks.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    p = commands.add_parser("info", help="versions, backends, heap providers, devices and links")
+    p.set_defaults(handler=info)
+    p = commands.add_parser("demo", help="spawn ranks and check remote stores and every collective against torch")
+    p.add_argument("--nprocs", type=int, default=None, help="ranks (default: every GPU, else 2 CPU ranks)")
+    p.set_defaults(handler=demo)
+    p = commands.add_parser("bench", help="run the benchmarks of a source checkout (2 GPUs), write JSON and plots")
+    p.add_argument("--quick", action="store_true", help="small sizes only: a short run")
+    p.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    p.add_argument("--out", default=None, help="directory for JSON and PNG files (default benchmarks/results)")
+    p.set_defaults(handler=bench)
+    p = commands.add_parser("run", help="run a script on N ranks (torchrun; CPU ranks when no GPU is visible)")
+    p.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    p.add_argument("--cpu", action="store_true", help="CPU ranks even when GPUs are visible")
+    p.add_argument("script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(handler=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (UsageError, IrisError) as error:
+        print(f"iris: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

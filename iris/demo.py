@@ -1,0 +1,107 @@
+"""``iris demo``: ranks, a symmetric heap, a Triton kernel writing into peers' memory, and every
+collective, each checked against torch, with timings.
+
+Spawns one rank per GPU (two CPU ranks running Triton's interpreter when no GPU is visible). Each
+rank allocates on the heap, stores into its right neighbour's heap from inside a Triton kernel,
+crosses a device-side barrier, then runs every collective of ``ctx.ccl`` on random data and
+compares the result with a torch reference built from every rank's input. Rank 0 prints one
+line per step: whether every rank got it right, and the slowest rank's time (first calls, so
+compilation is included).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+import iris
+
+#: Elements per rank of the demo's tensors (divisible by any small world size's segments).
+ELEMENTS = 4096 * 3
+
+
+def _timed(fn: Callable[[], bool]) -> tuple[bool, float]:
+    start = time.perf_counter()
+    ok = fn()
+    return bool(ok), time.perf_counter() - start
+
+
+def _inputs(world: int, device) -> list[torch.Tensor]:
+    """Every rank's input, the same on every rank (seeded)."""
+    g = torch.Generator().manual_seed(2026)
+    return [torch.randn(ELEMENTS, generator=g).to(device) for _ in range(world)]
+
+
+def _ring_store(ctx, inputs) -> bool:
+    import triton
+
+    from iris.demo_kernels import ring_store_kernel
+
+    rank, world = ctx.rank, ctx.world_size
+    src = ctx.as_symmetric(inputs[rank])
+    dst = ctx.zeros(ELEMENTS)
+    ctx.barrier()
+    ring_store_kernel[(triton.cdiv(ELEMENTS, 1024),)](src, dst, ELEMENTS, ctx.get_heap_bases(), RANK=rank,
+                                                      WORLD=world, BLOCK=1024)
+    ctx.barrier()
+    return torch.equal(dst, inputs[(rank - 1) % world])
+
+
+def _collectives(ctx, inputs) -> dict[str, Callable[[], bool]]:
+    """``{step: check}`` for every collective, against torch on the gathered inputs."""
+    rank, world = ctx.rank, ctx.world_size
+    mine, stacked = inputs[rank], torch.stack(inputs)
+    share = ELEMENTS // world
+
+    def close(result, expected) -> bool:
+        ctx.barrier()
+        return torch.allclose(result, expected, rtol=1e-4, atol=1e-4)
+
+    return {
+        "all_reduce (sum, one-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="one_shot"),
+                                                    stacked.sum(0)),
+        "all_reduce (max, two-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), "max", algorithm="two_shot"),
+                                                    stacked.max(0).values),
+        "all_gather": lambda: close(ctx.ccl.all_gather(torch.empty(world, ELEMENTS, device=ctx.device), mine),
+                                    stacked),
+        "reduce_scatter": lambda: close(ctx.ccl.reduce_scatter(torch.empty(share, device=ctx.device), mine),
+                                        stacked.sum(0)[rank * share:(rank + 1) * share]),
+        "all_to_all": lambda: close(ctx.ccl.all_to_all(torch.empty(ELEMENTS, device=ctx.device), mine),
+                                    stacked.view(world, world, share)[:, rank].reshape(-1)),
+        "broadcast (from the last rank)": lambda: close(ctx.ccl.broadcast(mine.clone(), src=world - 1),
+                                                        inputs[world - 1]),
+    }
+
+
+def run_rank(rank: int) -> list[tuple[str, bool, float]]:
+    """The demo's steps on one rank: ``(step, correct, seconds)``."""
+    start = time.perf_counter()
+    ctx = iris.create(heap_size="64MiB")
+    steps = [(f"create context ({ctx.device.type}, {ctx.world_size} ranks)", True, time.perf_counter() - start)]
+    inputs = _inputs(ctx.world_size, ctx.device)
+    steps.append(("remote store into the next rank", *_timed(lambda: _ring_store(ctx, inputs))))
+    steps.append(("device-side barrier", *_timed(lambda: (ctx.device_barrier(), ctx.barrier()) and True)))
+    for name, check in _collectives(ctx, inputs).items():
+        steps.append((name, *_timed(check)))
+    ctx.destroy()
+    return steps
+
+
+def main(nprocs: int | None = None) -> int:
+    """Run the demo on ``nprocs`` ranks (default: every GPU, else 2 CPU ranks); 0 when every
+    step was right on every rank."""
+    gpus = torch.cuda.device_count()
+    device = "cuda" if gpus >= 1 else "cpu"
+    nprocs = nprocs or (gpus if device == "cuda" else 2)
+    print(f"iris {iris.__version__}: {nprocs} {'GPU' if device == 'cuda' else 'CPU'} ranks, backends "
+          f"{iris.available_backends()}")
+    per_rank = iris.spawn(run_rank, nprocs, device=device)
+    failed = False
+    print(f"{'step':44s} {'result':8s} {'slowest rank':>14s}")
+    for i, (name, _, _) in enumerate(per_rank[0]):
+        ok = all(steps[i][1] for steps in per_rank)
+        failed |= not ok
+        print(f"{name:44s} {'ok' if ok else 'FAILED':8s} {max(s[i][2] for s in per_rank) * 1e3:11.1f} ms")
+    return 1 if failed else 0

@@ -1,0 +1,199 @@
+"""Multi-rank tests with pytest: a marker that runs a test on N ranks, and helpers for tests that
+spawn ranks themselves. Installed as a pytest plugin (entry point ``pytest11``), so any project
+with iris installed can write::
+
+    import pytest
+
+    @pytest.mark.iris_ranks(3)
+    def test_ring(rank_ctx):          # runs on 3 ranks, each with its own context
+        x = rank_ctx.ones(8) * rank_ctx.rank
+        rank_ctx.ccl.all_reduce(x)
+        assert x.eq(0 + 1 + 2).all()
+
+The ranks are GPUs when at least N are visible, else CPU ranks (Triton's interpreter). Each rank
+gets a fresh context (``rank_ctx``); a rank whose test body raises is reported with its own
+traceback, every failing rank in one failure. ``@pytest.mark.iris_ranks(n, backend="triton",
+heap_size="32MiB", timeout=120)`` sets the context's options; the test function must be defined
+at module level (ranks import it by name) and take only ``rank_ctx``.
+
+For tests that want one spawn to make many checks: :func:`spawn_reports` runs a worker on N
+ranks that fills a :class:`RankReport`; :func:`assert_rank_checks` asserts on every rank's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import pickle
+import traceback
+import zlib
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import iris
+
+__all__ = [
+    "RankReport",
+    "assert_rank_checks",
+    "backend_rank_device",
+    "interpreter_runs_kernel_loops",
+    "rank_device",
+    "run_on_ranks",
+    "seeded_generator",
+    "spawn_reports",
+]
+
+MARKER = "iris_ranks"
+#: Longest traceback text a rank sends back (results pass through one pipe).
+MAX_TRACEBACK = 8000
+
+
+# -- where ranks run --------------------------------------------------------------------------------------
+
+
+def interpreter_runs_kernel_loops() -> bool:
+    """Whether Triton's interpreter can run loops with runtime bounds here: Triton 3.6's fails
+    under numpy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars")."""
+    import numpy
+    from packaging.version import Version
+
+    return Version(importlib.metadata.version("triton")) >= Version("3.9") or Version(numpy.__version__) < Version("2.4")
+
+
+def rank_device(nprocs: int) -> str:
+    """GPU ranks when there is one GPU per rank, else CPU ranks (Triton's interpreter); skips
+    the test when this interpreter cannot run iris's kernels."""
+    if torch.cuda.device_count() >= nprocs:
+        return "cuda"
+    if not interpreter_runs_kernel_loops():
+        pytest.skip("this Triton's interpreter cannot run runtime-bounded loops with this numpy; pin numpy<2.4")
+    return "cpu"
+
+
+def backend_rank_device(backend: str, nprocs: int) -> str:
+    """:func:`rank_device`, skipping when ``backend``'s kernels do not run there (Gluon needs GPUs)."""
+    device = rank_device(nprocs)
+    runs_on = iris.registry.get_backend(backend).device_types
+    if device not in runs_on:
+        pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {nprocs} ranks here are "
+                    f"{device} ranks")
+    return device
+
+
+def seeded_generator(*seed) -> torch.Generator:
+    """A CPU generator seeded from ``seed`` the same way in every process (``hash`` of a str is not)."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
+
+
+# -- many checks per spawn --------------------------------------------------------------------------------
+
+
+class RankReport(dict):
+    """What one rank saw: check name -> True / False / error text. A section that raises records
+    its traceback under ``<section>/completed`` instead of ending the worker, so the other
+    sections still report."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def check(self, name: str, ok) -> None:
+        self[name] = bool(ok)
+
+    @contextmanager
+    def section(self, name: str):
+        try:
+            yield
+            self[f"{name}/completed"] = True
+        except Exception:
+            self[f"{name}/completed"] = f"rank {self.rank}: {traceback.format_exc()[-3000:]}"
+
+    def packed(self) -> bytes:
+        """The report, compressed: ranks' results come back through one pipe after every rank
+        has exited, and a pickled result larger than the pipe's 64 KiB would block forever."""
+        return zlib.compress(pickle.dumps(dict(self)))
+
+
+@contextmanager
+def _rank_environment(timeout: float):
+    """A bounded wait for every device-side and host-side wait of the ranks, and no debug mode."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("IRIS_TIMEOUT", str(timeout))
+    mp.delenv("IRIS_DEBUG", raising=False)
+    try:
+        yield
+    finally:
+        mp.undo()
+
+
+def spawn_reports(worker: Callable[..., bytes], nprocs: int, *args, device: str, timeout: float = 120) -> list[dict]:
+    """Every rank's unpacked :class:`RankReport` from ``worker(rank, *args)`` (which returns
+    ``report.packed()``) on ``nprocs`` ranks; any wait gives up after ``timeout`` seconds."""
+    with _rank_environment(timeout):
+        return [pickle.loads(zlib.decompress(p)) for p in iris.spawn(worker, nprocs, *args, device=device)]
+
+
+def assert_rank_checks(reports: list[dict], prefix: str, minimum: int) -> None:
+    """Every rank's sections completed, at least ``minimum`` checks are named ``prefix*``, and
+    all of them passed."""
+    errors = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items()
+              if k.endswith("/completed") and v is not True}
+    assert not errors, "\n".join(f"{k}: {v}" for k, v in errors.items())
+    checks = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items() if k.startswith(prefix)}
+    assert len(checks) >= minimum, f"only {len(checks)} checks named {prefix}*"
+    failed = sorted(k for k, v in checks.items() if v is not True)
+    assert not failed, f"{len(failed)} of {len(checks)} failed: {failed[:30]}"
+
+
+# -- the marker -------------------------------------------------------------------------------------------
+
+
+def _run_test_on_rank(rank: int, test: Callable, options: dict[str, Any], device: str) -> str | None:
+    """One rank of a marked test: a fresh context, the test body; its traceback if it raised."""
+    ctx = iris.create(device=device, **options)
+    failure = None
+    try:
+        test(rank_ctx=ctx)
+    except BaseException:  # reported to the parent, which fails the test with every rank's traceback
+        failure = traceback.format_exc()[-MAX_TRACEBACK:]
+    ctx.destroy()
+    return failure
+
+
+def run_on_ranks(test: Callable, nprocs: int, *, timeout: float = 120, **options) -> None:
+    """Run ``test(rank_ctx=ctx)`` on ``nprocs`` ranks; fail (pytest) with the traceback of every
+    rank where it raised. ``options`` go to :func:`iris.create` (``backend``, ``heap_size``, ...)."""
+    device = backend_rank_device(options.get("backend") or "triton", nprocs)
+    with _rank_environment(timeout):
+        failures = iris.spawn(_run_test_on_rank, nprocs, test, options, device, device=device)
+    report = [f"--- rank {rank} of {nprocs} ({device}) ---\n{text}" for rank, text in enumerate(failures) if text]
+    if report:
+        pytest.fail(f"the test failed on {len(report)} of {nprocs} ranks:\n" + "\n".join(report), pytrace=False)
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}(n, backend=None, heap_size=None, timeout=120): run the test on "
+                                       "n ranks (GPUs when enough are visible, else CPU ranks), each with its own "
+                                       "context passed as rank_ctx")
+
+
+@pytest.fixture
+def rank_ctx(request):
+    """The context of the rank a ``@pytest.mark.iris_ranks(n)`` test runs on (made in each rank)."""
+    if request.node.get_closest_marker(MARKER) is None:
+        raise pytest.UsageError(f"rank_ctx is only for tests marked @pytest.mark.{MARKER}(n)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    marker = pyfuncitem.get_closest_marker(MARKER)
+    if marker is None:
+        return None
+    nprocs = marker.args[0] if marker.args else marker.kwargs.get("n")
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise pytest.UsageError(f"@pytest.mark.{MARKER} needs a number of ranks >= 1, got {nprocs!r}")
+    options = {k: v for k, v in marker.kwargs.items() if k != "n"}
+    run_on_ranks(pyfuncitem.obj, nprocs, **options)
+    return True
