@@ -73,7 +73,7 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failure
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     per_source = row_tiles * col_tiles
-    for t in tl.range(tl.program_id(0), WORLD * per_source, tl.num_programs(0), flatten=True):
+    for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
         source = (RANK + t // per_source) % WORLD
         tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
         _wait_for(flags + source * flag_stride + tile_row, call, source, failures, heap_bases, max_spins, RANK)
@@ -101,7 +101,7 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, fail
     per_block = row_tiles * col_tiles
     for step in tl.static_range(1, WORLD):
         owner: tl.constexpr = (RANK + step) % WORLD
-        for t in tl.range(tl.program_id(0), per_block, tl.num_programs(0), flatten=True):
+        for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
             tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
             acc, offs_m, offs_n = tile_product(a + owner * m * stride_am, b, m, N, K, stride_am, stride_ak,
                                                stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -110,7 +110,7 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, fail
             part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
             device.store(part, acc.to(out.dtype.element_ty), RANK, owner, heap_bases, mask=mask)
             device.signal(flags + RANK * flag_stride + t, call + 1, RANK, owner, heap_bases)
-    for t in tl.range(tl.program_id(0), per_block, tl.num_programs(0), flatten=True):
+    for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
         acc, offs_m, offs_n = tile_product(a + RANK * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
                                            stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)

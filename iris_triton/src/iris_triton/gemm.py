@@ -16,9 +16,9 @@ from iris_triton.context import INTERPRETING
 __all__ = ["GEMM_CONFIGS", "tile_coordinates", "tile_product"]
 
 #: Tile shape and launch options per device type. On H200 a 128 x 256 tile with 64-wide K steps,
-#: 8 warps and 3 pipeline stages, in a persistent loop that Triton flattens with the K loop,
-#: measured 88-104% of cuBLAS on the tensor-parallel shapes of benchmarks/fused.py (NOTES.md);
-#: the interpreter runs the smallest tiles ``tl.dot`` accepts.
+#: 8 warps and 3 pipeline stages measured 80-92% of cuBLAS in a plain persistent loop on the
+#: tensor-parallel shapes of benchmarks/fused.py (benchmarks/NOTES.md); the interpreter runs the
+#: smallest tiles ``tl.dot`` accepts.
 GEMM_CONFIGS = {
     "cuda": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
     "cpu": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2),

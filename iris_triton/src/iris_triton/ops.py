@@ -5,7 +5,9 @@ Each operation checks its tensors, then runs either the fused kernels of
 returns ``out``. ``fused=None`` decides by an estimate: fusion pays when the communication is a
 large enough share of the product's time to hide more than the fused GEMM loses against cuBLAS
 (:data:`MIN_COMMUNICATION_SHARE`); the decision is logged at debug level. CPU ranks always fuse
-(there is no cuBLAS to lose against, and it is the path worth testing).
+(there is no cuBLAS to lose against, and it is the path worth testing). On H200 the estimate
+currently keeps the Llama-3-70B TP=2 layers of benchmarks/fused.py sequential, where the fused
+kernels measured slower.
 
 The fused kernels' buffers (the gathered ``A`` or the receive buffer, two slots each; flags; call
 counts) live on the heap, are allocated collectively the first time a call needs more than
@@ -28,9 +30,12 @@ __all__ = ["FusedOps", "MIN_COMMUNICATION_SHARE", "communication_share"]
 
 #: Element types of the fused operations.
 DTYPES = (torch.bfloat16, torch.float16)
-#: Fuse when the communication's estimated time is at least this share of the product's: the
-#: Triton GEMM runs at 90-100% of cuBLAS (DESIGN.md), so hiding less than ~10% cannot win.
-MIN_COMMUNICATION_SHARE = 0.15
+#: Time of the fused kernels' GEMM against cuBLAS's for the same product, as measured on H200
+#: (benchmarks/NOTES.md: a plain persistent Triton GEMM, less the multiprocessors that push).
+FUSED_GEMM_EFFICIENCY = 0.8
+#: Fuse when the communication's estimated time is at least this share of the product's: only
+#: then can hiding it make up for the slower GEMM (1 / efficiency - 1).
+MIN_COMMUNICATION_SHARE = 1 / FUSED_GEMM_EFFICIENCY - 1
 #: Estimates for that decision on GPUs: bf16 tensor-core rate and SM-issued link bandwidth
 #: measured on H200 (benchmarks/NOTES.md).
 GEMM_FLOPS_PER_SECOND = 700e12
