@@ -8,15 +8,20 @@ and else a world of one held in an in-memory store (nothing listens on any port)
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from iris.errors import IrisTimeoutError
+
 __all__ = ["default_device_type", "ensure_process_group", "Communicator", "local_rank"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: How torch's monitored barrier names the ranks that did not arrive ("Ranks 1, 2 failed to pass").
+_MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
 
 def default_device_type() -> str:
@@ -34,14 +39,19 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
 
 
-def ensure_process_group(device_type: str, timeout: float) -> None:
-    """Initialize the default process group unless the caller already did."""
+def ensure_process_group(device_type: str, timeout: float, rendezvous_file: str | None = None) -> None:
+    """Initialize the default process group unless the caller already did: through
+    ``rendezvous_file`` (a local launch, with ``RANK`` and ``WORLD_SIZE`` set), else torchrun's
+    environment, else a world of one."""
     if dist.is_initialized():
         return
     backend = process_group_backend(device_type)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
-    if all(v in os.environ for v in _TORCHRUN_VARS):
+    if rendezvous_file is not None:
+        dist.init_process_group(backend, init_method=f"file://{rendezvous_file}", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=timeout))
+    elif all(v in os.environ for v in _TORCHRUN_VARS):
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
     else:
         dist.init_process_group(
@@ -50,12 +60,17 @@ def ensure_process_group(device_type: str, timeout: float) -> None:
 
 
 class Communicator:
-    """Host-side collectives over one process group (the default unless given)."""
+    """Host-side collectives over one process group (the default unless given). Collective to
+    construct: on GPU ranks it makes a gloo group beside the default one, for the barrier."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None):
+    def __init__(self, group: dist.ProcessGroup | None = None, timeout: float = 300):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self.timeout = timeout
+        # The barrier is torch's monitored barrier, which names the ranks that did not arrive;
+        # it runs over gloo only.
+        self._barrier_group = group if dist.get_backend(group) == "gloo" else dist.new_group(backend="gloo")
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
@@ -75,5 +90,16 @@ class Communicator:
         return tensor
 
     def barrier(self) -> None:
-        """Wait until every rank arrives (host side)."""
-        dist.barrier(group=self.group)
+        """Wait until every rank arrives (host side); IrisTimeoutError naming the ranks that did
+        not arrive within the timeout (rank 0 knows them; the others learn that it failed)."""
+        try:
+            dist.monitored_barrier(group=self._barrier_group, timeout=timedelta(seconds=self.timeout),
+                                   wait_all_ranks=True)
+        except RuntimeError as error:
+            found = _MISSING_RANKS.search(str(error))
+            what = (f"rank(s) {[int(r) for r in found.group(1).split(',')]} did not arrive within {self.timeout:g} s"
+                    if found else f"it did not complete within {self.timeout:g} s ({str(error).splitlines()[0][:200]})")
+            raise IrisTimeoutError(
+                f"host barrier on rank {self.rank}: {what}. Check that every rank is alive and reaches the same "
+                f"barriers, or raise the timeout with create(timeout=...) / IRIS_TIMEOUT"
+            ) from error

@@ -64,6 +64,11 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def debug_from_environment() -> bool:
+    """Whether ``IRIS_DEBUG`` asks for debug mode (read by code compiled at import time)."""
+    return _env_flag("IRIS_DEBUG")
+
+
 def _timeout(value: float | str) -> float:
     try:
         seconds = float(value)

@@ -37,7 +37,7 @@ class ContextBase:
         self.config = config
         self.backend_spec = backend
         self.device = device
-        self.comm = Communicator()
+        self.comm = Communicator(timeout=config.timeout)
         self.rank = self.comm.rank
         self.world_size = self.comm.world_size
         self.destroyed = False
@@ -104,16 +104,38 @@ class ContextBase:
     # -- lifetime ---------------------------------------------------------------------------
 
     def destroy(self) -> None:
-        """Release the heap (collective). Tensors still alive keep their memory valid."""
+        """Release the heap (collective). Tensors still alive keep their memory valid. Anything
+        but the context's identity used afterwards raises IrisError."""
         if not self.destroyed:
             self._teardown()
             self.destroyed = True
+            self.__class__ = _destroyed_class(type(self))
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.destroy()
+
+
+#: What a destroyed context still answers: its identity, ``destroyed``, and ``destroy()`` (a no-op).
+_KEPT_AFTER_DESTROY = frozenset({"destroyed", "destroy", "rank", "world_size", "device", "config", "backend",
+                                 "backend_spec", "get_rank", "get_num_ranks", "get_device", "_summary"})
+
+
+class _Destroyed:
+    """Mixed in front of a context's class by ``destroy()``: every other attribute raises."""
+
+    def __getattribute__(self, name: str):
+        if name in _KEPT_AFTER_DESTROY or name.startswith("__"):
+            return object.__getattribute__(self, name)
+        raise IrisError(f"ctx.{name}: this context (rank {object.__getattribute__(self, 'rank')}) was destroyed; "
+                        f"create a new one with iris.create(...)")
+
+
+@functools.cache
+def _destroyed_class(cls: type) -> type:
+    return type(cls.__name__, (_Destroyed, cls), {"__module__": cls.__module__})
 
 
 @functools.cache

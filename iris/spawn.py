@@ -7,7 +7,7 @@ and Triton start clean; CPU ranks get ``TRITON_INTERPRET=1`` before anything imp
 from __future__ import annotations
 
 import os
-import socket
+import tempfile
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -19,20 +19,18 @@ from iris.bootstrap import default_device_type
 __all__ = ["spawn", "rank_environment"]
 
 
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def rank_environment(nprocs: int, device: str, port: int | None = None) -> dict[str, str]:
-    """Environment shared by all ranks of a local launch (rank variables are set per process)."""
+def rank_environment(nprocs: int, device: str, rendezvous: str) -> dict[str, str]:
+    """Environment shared by all ranks of a local launch (rank variables are set per process).
+    The ranks meet through the file ``rendezvous`` (in a private directory) instead of a TCP
+    store, and gloo and NCCL keep their sockets on the loopback interface: nothing of a local
+    launch listens on the network."""
     env = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port if port is not None else _free_loopback_port()),
+        "IRIS_RENDEZVOUS_FILE": rendezvous,
         "WORLD_SIZE": str(nprocs),
         "LOCAL_WORLD_SIZE": str(nprocs),
         "IRIS_DEVICE": device,
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
     }
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
@@ -60,7 +58,8 @@ def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, results: Any) -> N
     from iris.bootstrap import ensure_process_group
 
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-    ensure_process_group(os.environ["IRIS_DEVICE"], timeout=float(os.environ.get("IRIS_TIMEOUT", 300)))
+    ensure_process_group(os.environ["IRIS_DEVICE"], timeout=float(os.environ.get("IRIS_TIMEOUT", 300)),
+                         rendezvous_file=os.environ["IRIS_RENDEZVOUS_FILE"])
     try:
         results.put((rank, fn(rank, *args)))
     finally:
@@ -86,10 +85,16 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, device: str | None = 
         )
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    with _environment(rank_environment(nprocs, device)):
-        procs = mp.start_processes(
-            _run_rank, args=(fn, args, results), nprocs=nprocs, join=False, start_method="spawn"
-        )
+    with tempfile.TemporaryDirectory(prefix="iris-spawn-") as private:  # 0700
+        with _environment(rank_environment(nprocs, device, os.path.join(private, "rendezvous"))):
+            procs = mp.start_processes(
+                _run_rank, args=(fn, args, results), nprocs=nprocs, join=False, start_method="spawn"
+            )
+        return _collect(procs, results, nprocs)
+
+
+def _collect(procs, results, nprocs: int) -> list[Any]:
+    """Every rank's result, by rank, once all have exited."""
     # Drain results while waiting: a rank blocks in put() once the pipe is full, so reading only
     # after every rank exited would hang on large results.
     by_rank: dict[int, Any] = {}

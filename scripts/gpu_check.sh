@@ -22,8 +22,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . -e iris_triton -e 
 python3 -c "import torch, triton, numpy, iris; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'gpus', torch.cuda.device_count(), 'backends', iris.available_backends())"
 nvidia-smi topo -m 2>&1 | head -8
 if [ -n "$tests" ]; then
-  # shellcheck disable=SC2086
-  python3 -m pytest $tests 2>&1 | tee "$OUT/pytest.log" | tail -40 || true
+  # The pytest arguments as written, quotes included (e.g. -k "a or b").
+  eval "python3 -m pytest $tests" 2>&1 | tee "$OUT/pytest.log" | tail -40 || true
   grep -qE "(passed|skipped)" "$OUT/pytest.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/pytest.log" || status=1
 fi
 for bench in "${benches[@]}"; do

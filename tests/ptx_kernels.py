@@ -352,7 +352,7 @@ def _ccl_specs(frontend) -> dict:
     out = {}
     for name, (push, middle, consume) in CCL_STEPS.items():
         constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle, CONSUME=consume,
-                          OP="sum", SRC=1, **{k: v for k, v in ccl.launch_config("cuda", 1 << 20).items() if k != "num_warps"})
+                          OP="sum", SRC=1, SITE=2, **{k: v for k, v in ccl.launch_config("cuda", 1 << 20).items() if k != "num_warps"})
         out[f"{prefix}ccl_{name}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
                                            divisible=("context", "inp", "out", "ws", "sync", "failures", "m", "stride"))
     return out

@@ -199,7 +199,7 @@ def test_identity(make_context):
     assert ctx.backend == "triton"
     assert ctx.get_cu_count() == len(os.sched_getaffinity(0)) >= 1
     assert ctx.get_heap_bases().dtype == torch.int64 and ctx.get_heap_bases().shape == (1,)
-    assert ctx.get_device_context().tolist() == [0, 1, ctx.get_heap_bases().item()]
+    assert ctx.get_device_context().tolist() == [0, 1, ctx.heap_size, ctx.get_heap_bases().item()]
 
 
 @needs_interpreter
@@ -209,7 +209,8 @@ def test_context_manager_destroys():
         t = ctx.arange(5)
     assert ctx.destroyed
     assert repr(ctx) == "<TritonContext destroyed>"
-    assert not hasattr(ctx, "heap")
+    with pytest.raises(IrisError, match="was destroyed"):
+        ctx.heap
     ctx.destroy()  # idempotent
     assert t.tolist() == [0, 1, 2, 3, 4]  # tensors still alive keep their memory
 

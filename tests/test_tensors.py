@@ -840,7 +840,8 @@ def test_heap_bases(ctx):
 def test_device_context_layout(ctx):
     dc = ctx.get_device_context()
     assert dc.dtype == torch.int64 and dc.device == ctx.device
-    assert dc.tolist() == [ctx.rank, ctx.world_size, *ctx.get_heap_bases().tolist()] == [0, 1, ctx.heap.local.data_ptr()]
+    assert dc.tolist() == [ctx.rank, ctx.world_size, ctx.heap_size, *ctx.get_heap_bases().tolist()]
+    assert dc.tolist() == [0, 1, ctx.heap_size, ctx.heap.local.data_ptr()]
 
 
 def test_identity(ctx):

@@ -156,10 +156,13 @@ class Collectives:
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
         key = (collective, algorithm, op, src, _identity(output), _identity(input))
-        repeat = self._repeats.get(key)
+        debug = self._context.config.debug
+        repeat = None if debug else self._repeats.get(key)
         if repeat is not None:
             repeat()
             return
+        if debug:
+            self._check_same_call_on_every_rank(collective, algorithm, op, src, output, input)
         validate()
         chosen = self._algorithm(collective, algorithm, input.numel() * input.element_size())
         if input.numel() == 0:
@@ -170,6 +173,23 @@ class Collectives:
             if len(self._repeats) >= MAX_REPEATS:
                 del self._repeats[next(iter(self._repeats))]
             self._repeats[key] = repeat
+
+    def _check_same_call_on_every_rank(self, collective, algorithm, op, src, output, input) -> None:
+        """Debug mode: every rank makes the same call (collective, options, shapes, dtypes), or
+        every rank raises, naming what differs; a host exchange per call."""
+
+        def describe(tensor):
+            if isinstance(tensor, torch.Tensor):
+                return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
+            return type(tensor).__name__
+
+        mine = (collective, algorithm, op, src, describe(output), describe(input))
+        calls = self._context.comm.all_gather_object(mine)
+        if any(call != calls[0] for call in calls):
+            listing = "; ".join(f"rank {rank}: {call[0]}(output {call[4]}, input {call[5]}, op={call[2]}, "
+                                f"src={call[3]}, algorithm={call[1]})" for rank, call in enumerate(calls))
+            raise IrisError(f"{collective}: the ranks made different calls (IRIS_DEBUG check): {listing}; every "
+                            f"rank must call the same collective with tensors of the same shape and dtype")
 
     # -- the collectives ------------------------------------------------------------------------
 
@@ -245,4 +265,11 @@ class CCLMixin:
     @cached_property
     def ccl(self) -> Collectives:
         return Collectives(self)
+
+    def _teardown(self) -> None:
+        # Repeats launch with heap addresses that are about to be released; a call made through
+        # a Collectives object kept from before then goes through the checks, which raise.
+        if "ccl" in self.__dict__:
+            self.__dict__["ccl"]._repeats.clear()
+        super()._teardown()
 

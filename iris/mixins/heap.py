@@ -41,10 +41,12 @@ class HeapMixin:
         mapping = provider.create(self.config.heap_size, self.comm, self.device)
         self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug)
         self.heap_creation_seconds = time.perf_counter() - start
-        self._heap_bases = torch.tensor(mapping.bases, dtype=torch.int64, device=self.device)
+        # Both tensors keep the heap size just before the bases (``heap_bases[-1]`` in a kernel),
+        # where debug mode's pointer checks find it.
         self._device_context = torch.tensor(
-            [self.rank, self.world_size, *mapping.bases], dtype=torch.int64, device=self.device
+            [self.rank, self.world_size, mapping.size, *mapping.bases], dtype=torch.int64, device=self.device
         )
+        self._heap_bases = self._device_context[3:]
         self.debug(
             f"heap: {format_bytes(mapping.size)} per rank via {name!r} in "
             f"{self.heap_creation_seconds * 1e3:.1f} ms"
@@ -65,12 +67,13 @@ class HeapMixin:
         return self.heap.size
 
     def get_heap_bases(self) -> torch.Tensor:
-        """int64 tensor ``[world_size]``: where each rank's heap is mapped in this process."""
+        """int64 tensor ``[world_size]``: where each rank's heap is mapped in this process (the
+        element before it in memory is the heap size, for debug checks in kernels)."""
         return self._heap_bases
 
     def get_device_context(self) -> torch.Tensor:
-        """int64 tensor ``[rank, world_size, base_0, ..., base_{W-1}]`` on the context's device,
-        the single argument from which device code builds its context."""
+        """int64 tensor ``[rank, world_size, heap_size, base_0, ..., base_{W-1}]`` on the context's
+        device, the single argument from which device code builds its context."""
         return self._device_context
 
     def is_symmetric(self, tensor: torch.Tensor) -> bool:

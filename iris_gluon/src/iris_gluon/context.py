@@ -37,7 +37,7 @@ class IrisDeviceCtx(DeviceMethods):
 
     @gluon.jit
     def initialize(context_tensor, RANK: gl.constexpr = None, WORLD_SIZE: gl.constexpr = None):
-        """The context of the calling rank from the tensor ``[rank, world_size, base_0, ...]``
+        """The context of the calling rank from the tensor ``[rank, world_size, heap_size, base_0, ...]``
         that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE``, when given, are
         used as constants instead (the Triton ``DeviceContext.initialize`` signature), so one
         kernel source can build either context."""
@@ -49,7 +49,7 @@ class IrisDeviceCtx(DeviceMethods):
             world_size = gl.load(context_tensor + 1)
         else:
             world_size = gl.to_tensor(WORLD_SIZE)
-        return IrisDeviceCtx(rank, world_size, context_tensor + 2)
+        return IrisDeviceCtx(rank, world_size, context_tensor + 3)
 
     @gluon.jit
     def block_offsets(self, ptr, start, BLOCK: gl.constexpr):

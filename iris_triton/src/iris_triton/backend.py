@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from functools import cached_property
 
 import torch
@@ -10,12 +11,15 @@ import torch
 from iris.backend import Backend, DeviceOps
 from iris.errors import IrisError, IrisTimeoutError
 from iris_triton.frontend import TRITON
+from iris_triton.waits import site_name
 
 __all__ = ["TritonBackend", "TritonDeviceOps"]
 
-#: Rough flag reads per second of a spinning wait: an acquire read at system scope over NVLink
-#: takes about a microsecond; the interpreter is far slower. Turns ``timeout`` into a spin bound.
-SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 5_000}
+#: Flag reads timed at set-up to measure how fast a wait spins here (a GPU reads a flag in about
+#: a microsecond; the interpreter is thousands of times slower, more so on a loaded machine).
+SPIN_PROBE_READS = {"cuda": 20_000, "cpu": 100}
+#: Fewest reads a wait may make, whatever the measurement.
+MIN_SPINS = 1000
 
 
 class TritonDeviceOps(DeviceOps):
@@ -42,7 +46,26 @@ class TritonDeviceOps(DeviceOps):
         from iris_triton.barrier import state_words
 
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
-        self.max_spins = int(self.config.timeout * SPINS_PER_SECOND[self.device.type])
+        #: Flag reads a device-side wait makes before it gives up: the context's timeout at the
+        #: spin rate measured here (collective: every rank measures and agrees on the slowest).
+        self.max_spins = max(MIN_SPINS, int(self.config.timeout * min(self.comm.all_gather_object(
+            self._spins_per_second()))))
+
+    def _spins_per_second(self) -> float:
+        from iris_triton.waits import spin_probe_kernel
+
+        flag = self.zeros(1, dtype=torch.int32)
+        reads = SPIN_PROBE_READS[self.device.type]
+        spin_probe_kernel[(1,)](flag, self.get_heap_bases(), self.rank, 2, num_warps=1)  # compiled, warm
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        spin_probe_kernel[(1,)](flag, self.get_heap_bases(), self.rank, reads, num_warps=1)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        self.free(flag)
+        return reads / elapsed
 
     @cached_property
     def ops(self):
@@ -53,8 +76,8 @@ class TritonDeviceOps(DeviceOps):
 
     @property
     def wait_failures(self) -> torch.Tensor:
-        """int32 per peer, set by any device-side wait of this rank (the device barrier, the
-        collectives) that gave up on that peer; ``barrier()`` reports and clears it."""
+        """int32 per peer: the code (:mod:`iris_triton.waits`) of the operation whose device-side
+        wait last gave up on that peer, 0 if none; ``barrier()`` reports and clears it."""
         return self._barrier_state[self.world_size : 2 * self.world_size]
 
     def device_barrier(self) -> None:
@@ -70,16 +93,34 @@ class TritonDeviceOps(DeviceOps):
         )
 
     def barrier(self) -> None:
-        super().barrier()
-        missing = self.wait_failures.nonzero().flatten().tolist()
-        if missing:
-            self.wait_failures.zero_()
-            raise IrisTimeoutError(
-                f"a device-side wait (device_barrier or a collective) on rank {self.rank} timed out after "
-                f"{self.config.timeout:g} s waiting for rank(s) {missing}; check that every rank calls "
-                f"device_barrier() and the same collectives equally often, or raise the timeout with "
-                f"create(timeout=...) / IRIS_TIMEOUT"
-            )
+        """Host barrier, then IrisTimeoutError if a device-side wait of this rank gave up on a
+        peer since the last barrier (naming the operation and the peers). When the host barrier
+        itself fails (a peer is gone), that report is raised in its place if there is one."""
+        try:
+            super().barrier()
+        except IrisTimeoutError as host_error:
+            report = self._wait_failure_report()
+            if report:
+                raise IrisTimeoutError(report) from host_error
+            raise
+        report = self._wait_failure_report()
+        if report:
+            raise IrisTimeoutError(report)
+
+    def _wait_failure_report(self) -> str:
+        """What ``wait_failures`` records (then cleared), as a message; empty when nothing."""
+        codes = self.wait_failures.tolist()
+        if not any(codes):
+            return ""
+        self.wait_failures.zero_()
+        by_operation: dict[str, list[int]] = {}
+        for peer, code in enumerate(codes):
+            if code:
+                by_operation.setdefault(site_name(code), []).append(peer)
+        what = "; ".join(f"{name} waiting for rank(s) {peers}" for name, peers in by_operation.items())
+        return (f"on rank {self.rank}, a device-side wait timed out after {self.config.timeout:g} s: {what}. Check "
+                f"that every rank is alive and calls the same collectives and device_barrier() equally often, or "
+                f"raise the timeout with create(timeout=...) / IRIS_TIMEOUT")
 
 
 TritonBackend = Backend(name="triton", device_ops=TritonDeviceOps, device_types={"cuda", "cpu"})

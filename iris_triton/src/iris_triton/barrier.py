@@ -10,8 +10,11 @@ import triton
 import triton.language as tl
 
 from iris_triton import device
+from iris_triton.waits import site_code, wait_or_record
 
 __all__ = ["device_barrier_kernel", "state_words"]
+
+DEVICE_BARRIER_SITE: tl.constexpr = tl.constexpr(site_code("device_barrier"))
 
 
 def state_words(world_size: int) -> int:
@@ -29,5 +32,4 @@ def device_barrier_kernel(state_ptr, heap_bases, rank, world_size, max_spins):
     for peer in range(world_size):
         device.atomic_add(arrivals + rank, 1, rank, peer, heap_bases, sem="release", scope="sys")
     for peer in range(world_size):
-        if not device.wait_until(arrivals + peer, epoch, rank, rank, heap_bases, max_spins):
-            tl.store(missing + peer, 1)
+        wait_or_record(arrivals + peer, epoch, rank, heap_bases, max_spins, missing, peer, DEVICE_BARRIER_SITE)

@@ -36,6 +36,7 @@ import triton.language as tl
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import call_number, count_call
+from iris_triton.waits import site_code, wait_or_record
 
 __all__ = [
     "ALL_GATHER_DIRECT",
@@ -64,16 +65,17 @@ def _finish(sync, programs, call, count):
 
 
 @triton.jit
-def _exchange_signals(dctx, flags, count, failures, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Signal every peer (its flag [p, RANK] := count), then wait for every peer's signal here."""
+def _exchange_signals(dctx, flags, count, failures, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr,
+                      SITE: tl.constexpr):
+    """Signal every peer (its flag [p, RANK] := count), then wait for every peer's signal here;
+    a wait that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.waits`)."""
     row = flags + tl.program_id(0) * WORLD
     for q in tl.static_range(WORLD):
         if q != RANK:
             dctx.signal(row + RANK, count, q)
     for q in tl.static_range(WORLD):
         if q != RANK:
-            if not dctx.wait_until(row + q, count, RANK, max_spins):
-                tl.store(failures + q, 1)
+            wait_or_record(row + q, count, RANK, dctx.heap_bases, max_spins, failures, q, SITE)
 
 
 @triton.jit
@@ -259,8 +261,8 @@ def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, 
 
 def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, stride, max_spins, CTX: tl.constexpr,
                       RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
-                      CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr,
-                      ROUND: tl.constexpr, SYNCS: tl.constexpr):
+                      CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, SITE: tl.constexpr,
+                      BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """One collective, by the protocol above: per round, ``PUSH`` every block, exchange signals,
     then (two-shot) ``MIDDLE`` every block and exchange again, then ``CONSUME`` every block.
     Blocks cover segments of ``m`` elements; ``n`` is the input's element count; ``stride`` is
@@ -274,11 +276,11 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
     for r in range(rounds):
         _each_block(PUSH, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
         count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
+        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD, SITE)
         if MIDDLE is not None:
             _each_block(MIDDLE, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
             count += 1
-            _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD)
+            _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD, SITE)
         _each_block(CONSUME, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
     _finish(sync, programs, call, count)
 
@@ -328,7 +330,7 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
         collective_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
         sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures, n=n, m=m, stride=stride,
         max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
-        MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, **shape)
+        MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, SITE=site_code(call.collective), **shape)
 
 
 def _all_gather(call: CollectiveCall):

@@ -143,9 +143,9 @@ class DeviceContext(DeviceMethods):
     @_method
     def initialize(context_tensor, RANK: tl.constexpr, WORLD_SIZE: tl.constexpr):
         """The context of rank ``RANK`` of ``WORLD_SIZE`` from the tensor ``[rank, world_size,
-        base_0, ...]`` that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE`` are
+        heap_size, base_0, ...]`` that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE`` are
         compile-time constants (``tl.constexpr`` kernel arguments), as in upstream iris kernels."""
-        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 2)
+        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 3)
 
     @_method
     def block_offsets(self, ptr, start, BLOCK: tl.constexpr):

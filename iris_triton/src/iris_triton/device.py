@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
+from iris.config import debug_from_environment
+
 __all__ = [
     "translate",
     "load",
@@ -41,6 +43,11 @@ __all__ = [
 
 #: Every heap base is a multiple of this many bytes (cudaMalloc and mmap both guarantee it).
 HEAP_BASE_ALIGNMENT: tl.constexpr = tl.constexpr(256)
+#: Debug mode (``IRIS_DEBUG=1`` when iris is imported): translated pointers are checked against
+#: the heap, and Triton compiles device assertions in (they are dropped otherwise).
+CHECK_POINTERS: tl.constexpr = tl.constexpr(debug_from_environment())
+if CHECK_POINTERS:
+    triton.knobs.runtime.debug = True
 
 
 @constexpr_function
@@ -70,9 +77,30 @@ def _like(value, ptr):
 
 
 @triton.jit
-def translate(ptr, from_rank, to_rank, heap_bases):
+def _check_inside_heap(ptr, from_rank, to_rank, heap_bases, mask):
+    """Debug mode: every (unmasked) address of ``ptr`` lies in ``from_rank``'s heap; otherwise
+    print the rank, the peer and the offsets, and stop the kernel."""
+    offset = ptr.to(tl.int64) - tl.load(heap_bases + from_rank)
+    outside = (offset < 0) | (offset >= tl.load(heap_bases - 1))  # the heap size precedes the bases
+    if mask is not None:
+        outside = outside & mask
+    if ptr.type.is_block():
+        count = tl.sum(outside.to(tl.int32))
+    else:
+        count = outside.to(tl.int32)
+    if count > 0:
+        tl.device_print("iris (IRIS_DEBUG): address outside the heap; rank, peer, byte offset", from_rank, to_rank,
+                        offset)
+    tl.device_assert(outside == 0, "iris (IRIS_DEBUG): a pointer translated between ranks is outside the heap")
+
+
+@triton.jit
+def translate(ptr, from_rank, to_rank, heap_bases, mask=None):
     """``ptr`` (an address in ``from_rank``'s heap) moved to the same offset of ``to_rank``'s
-    heap, both as mapped in the calling process."""
+    heap, both as mapped in the calling process. With ``IRIS_DEBUG=1`` (set before iris is
+    imported) the addresses, those selected by ``mask``, are checked to lie in the heap."""
+    if CHECK_POINTERS:
+        _check_inside_heap(ptr, from_rank, to_rank, heap_bases, mask)
     from_base = tl.load(heap_bases + from_rank)
     to_base = tl.load(heap_bases + to_rank)
     elem_bytes: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # bool: 1 byte
@@ -86,21 +114,21 @@ def translate(ptr, from_rank, to_rank, heap_bases):
 def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""),
          volatile: tl.constexpr = False):
     """Load from ``from_rank``'s heap at ``ptr``'s offset into the caller (``to_rank``)."""
-    return tl.load(translate(ptr, to_rank, from_rank, heap_bases), mask=mask, other=other,
+    return tl.load(translate(ptr, to_rank, from_rank, heap_bases, mask), mask=mask, other=other,
                    cache_modifier=cache_modifier, volatile=volatile)
 
 
 @triton.jit
 def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):
     """Store ``value`` from the caller (``from_rank``) into ``to_rank``'s heap at ``ptr``'s offset."""
-    tl.store(translate(ptr, from_rank, to_rank, heap_bases), _like(value, ptr), mask=mask,
+    tl.store(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(value, ptr), mask=mask,
              cache_modifier=cache_modifier)
 
 
 @triton.jit
 def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None):
     """Copy ``from_rank``'s data at ``from_ptr``'s offset into the caller's (``to_rank``) ``to_ptr``."""
-    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases), mask=mask, other=other)
+    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases, mask), mask=mask, other=other)
     tl.store(to_ptr, data, mask=mask)
 
 
@@ -108,71 +136,71 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None)
 def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None):
     """Copy the caller's (``from_rank``) data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``'s offset."""
     data = tl.load(from_ptr, mask=mask, other=other)
-    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases), data, mask=mask)
+    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases, mask), data, mask=mask)
 
 
 @triton.jit
 def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, other=None):
     """Copy from ``from_rank``'s heap at ``src_ptr``'s offset to ``to_rank``'s heap at
     ``dst_ptr``'s offset; both pointers are given in the caller's (``cur_rank``) heap."""
-    data = tl.load(translate(src_ptr, cur_rank, from_rank, heap_bases), mask=mask, other=other)
-    tl.store(translate(dst_ptr, cur_rank, to_rank, heap_bases), data, mask=mask)
+    data = tl.load(translate(src_ptr, cur_rank, from_rank, heap_bases, mask), mask=mask, other=other)
+    tl.store(translate(dst_ptr, cur_rank, to_rank, heap_bases, mask), data, mask=mask)
 
 
 @triton.jit
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -_like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases, mask), -_like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                 scope: tl.constexpr = None):
     """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise and with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
               scope: tl.constexpr = None):
     """Atomic bitwise or with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise xor with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic minimum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic maximum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit

@@ -26,15 +26,13 @@ import triton.language as tl
 from iris_triton import device
 from iris_triton.calls import call_number, count_call
 from iris_triton.gemm import tile_coordinates, tile_product
+from iris_triton.waits import site_code, wait_or_record
 
 __all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
 
-
-@triton.jit
-def _wait_for(flag, call, source, failures, heap_bases, max_spins, RANK: tl.constexpr):
-    """Wait until this rank's ``flag`` shows call ``call`` (or later); on timeout record ``source``."""
-    if not device.wait_until(flag, call + 1, RANK, RANK, heap_bases, max_spins):
-        tl.store(failures + source, 1)
+#: What a wait of each GEMM records when it gives up on a peer.
+ALL_GATHER_MATMUL_SITE: tl.constexpr = tl.constexpr(site_code("all_gather_matmul"))
+MATMUL_REDUCE_SCATTER_SITE: tl.constexpr = tl.constexpr(site_code("matmul_reduce_scatter"))
 
 
 @triton.jit
@@ -76,7 +74,8 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failure
     for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
         source = (RANK + t // per_source) % WORLD
         tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
-        _wait_for(flags + source * flag_stride + tile_row, call, source, failures, heap_bases, max_spins, RANK)
+        wait_or_record(flags + source * flag_stride + tile_row, call + 1, RANK, heap_bases, max_spins, failures,
+                       source, ALL_GATHER_MATMUL_SITE)
         acc, offs_m, offs_n = tile_product(slot + source * m * K, b, m, N, K, K, 1, stride_bk, stride_bn, tile_row,
                                            tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         rows = source * m + offs_m
@@ -117,7 +116,8 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, fail
         mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
         for source in tl.static_range(WORLD):
             if source != RANK:
-                _wait_for(flags + source * flag_stride + t, call, source, failures, heap_bases, max_spins, RANK)
+                wait_or_record(flags + source * flag_stride + t, call + 1, RANK, heap_bases, max_spins, failures,
+                               source, MATMUL_REDUCE_SCATTER_SITE)
                 part = slot + source * m * N + offs_m[:, None] * N + offs_n[None, :]
                 acc += tl.load(part, mask=mask).to(tl.float32)
         tl.store(out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),

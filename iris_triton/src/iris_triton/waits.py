@@ -1,0 +1,44 @@
+"""Device-side waits of iris's kernels: bounded, recorded, and named when they give up.
+
+A wait that gives up on a peer stores the code of its operation into the context's
+``wait_failures`` word for that peer; ``ctx.barrier()`` turns the codes back into names. Until
+then, later waits of this rank for that peer give up at once, so a dead peer costs one timeout,
+not one per wait (programs of the interpreter and rounds of a kernel wait one after another).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from iris_triton import device
+
+__all__ = ["WAIT_SITES", "site_code", "site_name", "spin_probe_kernel", "wait_or_record"]
+
+#: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
+WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+              "all_gather_matmul", "matmul_reduce_scatter")
+
+
+def site_code(name: str) -> int:
+    return WAIT_SITES.index(name) + 1
+
+
+def site_name(code: int) -> str:
+    return WAIT_SITES[code - 1] if 1 <= code <= len(WAIT_SITES) else f"operation #{code}"
+
+
+@triton.jit
+def wait_or_record(flag, value, rank, heap_bases, max_spins, failures, peer, SITE: tl.constexpr):
+    """Wait until this rank's ``flag`` >= ``value`` (acquire, system scope), unless a wait of this
+    rank already gave up on ``peer``; on a timeout record ``SITE`` for ``peer`` in ``failures``."""
+    if tl.load(failures + peer, volatile=True) == 0:
+        if not device.wait_until(flag, value, rank, rank, heap_bases, max_spins):
+            tl.store(failures + peer, SITE)
+
+
+@triton.jit
+def spin_probe_kernel(flag, heap_bases, rank, spins):
+    """Read this rank's ``flag`` (never 1) ``spins`` times as a wait does: timing it tells how
+    many reads a wait makes per second here, which turns the context's timeout into a bound."""
+    device.wait_until(flag, 1, rank, rank, heap_bases, spins)

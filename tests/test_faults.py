@@ -1,0 +1,353 @@
+"""Faults and bad input: no hang, no leak, no corruption, a clear error.
+
+Mismatched collectives and a rank killed mid-run make the survivors raise IrisTimeoutError
+naming the operation and the missing rank within the timeout; debug mode catches calls that
+differ across ranks; a destroyed context refuses use; heap segments are private; ranks listen
+only on the loopback interface; a soak of mixed collectives and kernels stays correct with flat
+memory. docs/faults.md has the table of what was tried.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import iris
+from iris.errors import IrisError, IrisTimeoutError
+from iris.testing import RankReport, assert_rank_checks, rank_device, spawn_reports
+
+#: Seconds a wait may last in these tests (device-side waits and the host barrier).
+SHORT_TIMEOUT = 8
+
+
+# -- a collective that one rank never calls ---------------------------------------------------------------
+
+
+def _mismatch_worker(rank: int, device: str) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create(heap_size="16MiB", device=device, timeout=SHORT_TIMEOUT)
+    x = ctx.ones(100)
+    ctx.ccl.all_reduce(x)  # every rank: fine
+    ctx.barrier()
+    started = time.monotonic()
+    if rank != ctx.world_size - 1:  # the last rank skips this all_reduce
+        ctx.ccl.all_reduce(x)
+    try:
+        ctx.barrier()
+        report["error"] = "no error"
+    except IrisTimeoutError as error:
+        report["error"] = str(error)
+    report["seconds"] = time.monotonic() - started
+    return report.packed()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_collective_one_rank_skips_times_out_naming_it(world):
+    reports = spawn_reports(_mismatch_worker, world, rank_device(world), device=rank_device(world))
+    last = world - 1
+    for rank in range(last):
+        error = reports[rank]["error"]
+        assert f"on rank {rank}, a device-side wait timed out" in error, error
+        assert f"all_reduce waiting for rank(s) [{last}]" in error, error
+    # Every rank joined the host barrier first, so the rank that skipped it saw nothing wrong.
+    assert reports[last]["error"] == "no error", reports[last]["error"]
+    assert all(r["seconds"] < 6 * SHORT_TIMEOUT for r in reports), [r["seconds"] for r in reports]
+
+
+# -- a rank killed mid-run ----------------------------------------------------------------------------------
+
+KILLED_RANK_SCRIPT = textwrap.dedent('''
+    import os, signal, sys, time
+    import iris
+    from iris.errors import IrisTimeoutError
+
+    ctx = iris.create(heap_size="16MiB", device=os.environ["RANK_DEVICE"])
+    x = ctx.ones(100)
+    ctx.ccl.all_reduce(x)
+    ctx.barrier()
+    if ctx.rank == ctx.world_size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
+    ctx.ccl.all_reduce(x)
+    try:
+        ctx.barrier()
+        print("NO ERROR", flush=True)
+    except IrisTimeoutError as error:
+        print(f"TIMEOUT after {time.monotonic() - started:.1f} s: {error}", flush=True)
+    os._exit(0)  # the peer is gone: skip the collective clean-up
+''')
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="CPU ranks need /dev/shm")
+def test_a_killed_rank_leaves_survivors_raising_and_no_segments(tmp_path):
+    world = 2 if torch.cuda.device_count() >= 2 else 3
+    device = rank_device(world)  # skips where the interpreter cannot run the kernels
+    script = tmp_path / "rank.py"
+    script.write_text(KILLED_RANK_SCRIPT)
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("iris-")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
+               LOCAL_WORLD_SIZE=str(world), IRIS_TIMEOUT=str(SHORT_TIMEOUT), RANK_DEVICE=device,
+               GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    try:
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert procs[-1].returncode == -signal.SIGKILL
+    for rank in range(world - 1):
+        out, err = outputs[rank]
+        assert procs[rank].returncode == 0, err[-3000:]
+        assert re.search(rf"TIMEOUT after [\d.]+ s: on rank {rank}, a device-side wait timed out", out), out + err[-2000:]
+        assert f"all_reduce waiting for rank(s) [{world - 1}]" in out, out
+    time.sleep(0.5)
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("iris-")} <= before
+
+
+# -- debug mode: calls that differ across ranks -------------------------------------------------------------
+
+
+def _debug_worker(rank: int, device: str) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create(heap_size="16MiB", device=device, debug=True)
+    with report.section("same_call"):
+        x = ctx.ones(64)
+        ctx.ccl.all_reduce(x)
+        report.check("debug/same_call_works", torch.equal(x.cpu(), torch.full((64,), float(ctx.world_size))))
+    # Plain tensors: in debug mode a heap allocation that differs across ranks is caught earlier.
+    device = ctx.device
+    for name, make in (("shape", lambda: torch.ones(64 + rank, device=device)),
+                       ("dtype", lambda: torch.ones(64, device=device, dtype=(torch.float32, torch.float16)[rank]))):
+        try:
+            ctx.ccl.all_reduce(make())
+            report.check(f"debug/{name}_mismatch_raises", False)
+        except IrisError as error:
+            report.check(f"debug/{name}_mismatch_raises", "the ranks made different calls" in str(error)
+                         and "rank 1: all_reduce" in str(error))
+    with report.section("heap_unharmed"):  # a matching call afterwards still works
+        y = ctx.full((10,), float(rank))
+        ctx.ccl.all_reduce(y)
+        report.check("debug/later_call_correct", torch.equal(y.cpu(), torch.full((10,), float(sum(range(2))))))
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_debug_mode_catches_calls_that_differ_across_ranks():
+    reports = spawn_reports(_debug_worker, 2, rank_device(2), device=rank_device(2))
+    assert_rank_checks(reports, "debug/", minimum=2 * 4)
+
+
+# -- a destroyed context ------------------------------------------------------------------------------------
+
+
+def test_a_destroyed_context_refuses_use_clearly():
+    ctx = iris.create(heap_size="8MiB", device="cpu" if not torch.cuda.is_available() else "cuda")
+    x = ctx.ones(8)
+    kept = ctx.ccl
+    kept.all_reduce(x)
+    ctx.destroy()
+    ctx.destroy()  # a second destroy is a no-op
+    assert ctx.destroyed and ctx.rank == 0 and "destroyed" in repr(ctx)
+    for use in (lambda: ctx.zeros(3), lambda: ctx.ccl, lambda: kept.all_reduce(x), lambda: ctx.barrier(),
+                lambda: ctx.get_heap_bases(), lambda: ctx.ops):
+        with pytest.raises(IrisError, match=r"this context \(rank 0\) was destroyed; create a new one"):
+            use()
+
+
+# -- security ------------------------------------------------------------------------------------------------
+
+
+def test_heap_segments_are_private_and_unnamed_after_set_up(monkeypatch):
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("needs /dev/shm")
+    seen = []
+    real_unlink = os.unlink
+
+    def recording_unlink(path, *args, **kwargs):
+        if os.path.basename(str(path)).startswith("iris-"):
+            info = os.stat(path)
+            seen.append((os.path.basename(str(path)), info.st_mode & 0o777))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", recording_unlink)
+    ctx = iris.create(heap_size="4MiB", device="cpu", heap_provider="shm")
+    try:
+        assert len(seen) == 1, seen
+        name, mode = seen[0]
+        assert mode == 0o600, oct(mode)
+        assert re.fullmatch(r"iris-.*[0-9a-f]{32}", name), name  # 128 random bits: not guessable
+        assert not os.path.exists(os.path.join("/dev/shm", name))  # unreachable by name from now on
+    finally:
+        ctx.destroy()
+
+
+def _listening_addresses(pid: int) -> list[str]:
+    """Local addresses of the TCP sockets in LISTEN state that process ``pid`` holds."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    found.append(fields[1].split(":")[0])
+    return found
+
+
+def _listening_worker(rank: int, device: str) -> list[str]:
+    ctx = iris.create(heap_size="8MiB", device=device)
+    ctx.ccl.all_reduce(ctx.ones(4))
+    addresses = _listening_addresses(os.getpid())
+    ctx.barrier()
+    ctx.destroy()
+    return addresses
+
+
+def test_ranks_listen_on_the_loopback_interface_only():
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc writes them
+    for addresses in iris.spawn(_listening_worker, 2, rank_device(2), device=rank_device(2)):
+        assert set(addresses) <= loopback, addresses
+
+
+# -- soak ------------------------------------------------------------------------------------------------------
+
+#: Operations of the soak test: a short run by default, ``IRIS_SOAK_OPS=10000`` for the full one.
+SOAK_OPS = int(os.environ.get("IRIS_SOAK_OPS", "36"))
+
+
+def _resident_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def _soak_worker(rank: int, device: str, ops: int) -> bytes:
+    import triton
+
+    from iris.demo_kernels import ring_store_kernel
+    from iris.testing import seeded_generator
+
+    report = RankReport(rank)
+    ctx = iris.create(heap_size="32MiB", device=device)
+    world = ctx.world_size
+    choices = seeded_generator("soak")  # the same sequence of operations on every rank
+    live = []
+    memory = []
+    wrong = 0
+    for i in range(ops):
+        kind = int(torch.randint(0, 5, (1,), generator=choices))
+        n = world * int(torch.randint(1, 200, (1,), generator=choices))
+        data = [torch.randn(n, generator=seeded_generator("soak", i, q)) for q in range(world)]
+        mine = data[rank].to(ctx.device)
+        if kind == 0:
+            result, expected = ctx.ccl.all_reduce(mine.clone()), sum(data)
+        elif kind == 1:
+            result = ctx.ccl.all_gather(torch.empty(world * n, device=ctx.device), mine)
+            expected = torch.cat(data)
+        elif kind == 2:
+            result = ctx.ccl.reduce_scatter(torch.empty(n // world, device=ctx.device), mine)
+            expected = sum(data)[rank * (n // world):(rank + 1) * (n // world)]
+        elif kind == 3:
+            result = ctx.ccl.all_to_all(torch.empty(n, device=ctx.device), mine)
+            expected = torch.stack([d.view(world, -1)[rank] for d in data]).reshape(-1)
+        else:  # an RMA kernel: every rank stores its tensor into its right neighbour's heap
+            source, target = ctx.as_symmetric(mine), ctx.zeros(n)
+            live += [source, target]
+            ctx.barrier()
+            ring_store_kernel[(triton.cdiv(n, 256),)](source, target, n, ctx.get_heap_bases(), RANK=rank, WORLD=world,
+                                                      BLOCK=256)
+            ctx.barrier()
+            result, expected = target, data[(rank - 1) % world]
+        wrong += not torch.allclose(result.cpu(), expected, rtol=1e-4, atol=1e-4)
+        if len(live) > 4 and bool(torch.randint(0, 2, (1,), generator=choices)):  # occasional frees
+            ctx.barrier()
+            ctx.free(live.pop(0))
+        if i % max(1, ops // 6) == 0:
+            memory.append((_resident_kib(), ctx.heap.allocator.free_bytes))
+    ctx.barrier()
+    report.check("soak/all_correct", wrong == 0)
+    report["memory"] = memory
+    ctx.destroy()
+    return report.packed()
+
+
+def test_soak_of_mixed_collectives_and_kernels_stays_correct_and_flat():
+    world = 3
+    device = rank_device(world)
+    reports = spawn_reports(_soak_worker, world, device, SOAK_OPS, device=device)
+    assert_rank_checks(reports, "soak/", minimum=world)
+    for report in reports:
+        memory = report["memory"]
+        resident = [kib for kib, _ in memory[1:]]  # after the first operations compiled and warmed up
+        assert max(resident) - min(resident) < 64 * 1024, memory  # under 64 MiB of drift
+        free_heap = [free for _, free in memory]
+        assert max(free_heap) - min(free_heap) <= 4 * 1 << 20, memory  # at most a few live tensors
+
+
+# -- debug mode: pointers outside the heap -------------------------------------------------------------------
+
+DEBUG_POINTER_SCRIPT = textwrap.dedent('''
+    import os, sys
+    os.environ["IRIS_DEBUG"] = "1"   # before iris is imported: kernels compile the checks in
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton, triton.language as tl
+    import iris, torch
+
+    @triton.jit
+    def poke(buf, heap_bases, offset, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        iris.store(buf + offset + offs, tl.zeros((BLOCK,), tl.float32) + 1, 0, 0, heap_bases, mask=offs < n)
+
+    ctx = iris.create(heap_size="4MiB", device="cpu")
+    buf = ctx.zeros(64)
+    poke[(1,)](buf, ctx.get_heap_bases(), 0, 64, BLOCK=64)            # inside: fine
+    poke[(1,)](buf, ctx.get_heap_bases(), 10**7, 0, BLOCK=64)         # outside but masked off: fine
+    print("inside ok", buf.sum().item(), flush=True)
+    try:
+        poke[(1,)](buf, ctx.get_heap_bases(), 10**7, 64, BLOCK=64)    # 40 MB past a 4 MiB heap
+        print("NOT CAUGHT", flush=True)
+    except BaseException as error:
+        print("CAUGHT", type(error).__name__, str(error)[:300], flush=True)
+    ctx.destroy()
+''')
+
+
+def test_debug_mode_stops_a_kernel_that_leaves_the_heap(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a device-side assertion would end the GPU context of the test process; checked on CPU ranks")
+    script = tmp_path / "poke.py"
+    script.write_text(DEBUG_POINTER_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("IRIS_")})
+    out = proc.stdout + proc.stderr
+    assert "inside ok 64.0" in out, out[-3000:]
+    assert "CAUGHT" in out and "outside the heap" in out, out[-3000:]
+    assert "rank, peer, byte offset" in out, out[-3000:]  # what device_print reported
