@@ -60,7 +60,8 @@ def test_a_collective_one_rank_skips_times_out_naming_it(world):
         assert f"all_reduce waiting for rank(s) [{last}]" in error, error
     # Every rank joined the host barrier first, so the rank that skipped it saw nothing wrong.
     assert reports[last]["error"] == "no error", reports[last]["error"]
-    assert all(r["seconds"] < 6 * SHORT_TIMEOUT for r in reports), [r["seconds"] for r in reports]
+    # About the timeout: waits are bounded by reads at the spin rate measured at set-up.
+    assert all(0.5 * SHORT_TIMEOUT < r["seconds"] < 3 * SHORT_TIMEOUT for r in reports), [r["seconds"] for r in reports]
 
 
 # -- a rank killed mid-run ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ __all__ = ["TritonBackend", "TritonDeviceOps"]
 
 #: Flag reads timed at set-up to measure how fast a wait spins here (a GPU reads a flag in about
 #: a microsecond; the interpreter is thousands of times slower, more so on a loaded machine).
-SPIN_PROBE_READS = {"cuda": 20_000, "cpu": 100}
+SPIN_PROBE_READS = {"cuda": 20_000, "cpu": 300}
 #: Fewest reads a wait may make, whatever the measurement.
 MIN_SPINS = 1000
 
@@ -47,16 +47,23 @@ class TritonDeviceOps(DeviceOps):
 
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
         #: Flag reads a device-side wait makes before it gives up: the context's timeout at the
-        #: spin rate measured here (collective: every rank measures and agrees on the slowest).
-        self.max_spins = max(MIN_SPINS, int(self.config.timeout * min(self.comm.all_gather_object(
-            self._spins_per_second()))))
+        #: spin rate measured here. The ranks measure one after another (no rank competes with
+        #: another for the CPU of the interpreter) and the fastest rate counts, so that no wait
+        #: gives up before the timeout.
+        rates = []
+        for turn in range(self.world_size):
+            if turn == self.rank:
+                rates.append(self._spins_per_second())
+            self.comm.barrier()
+        self.max_spins = max(MIN_SPINS, int(self.config.timeout * max(self.comm.all_gather_object(max(rates)))))
 
     def _spins_per_second(self) -> float:
         from iris_triton.waits import spin_probe_kernel
 
         flag = self.zeros(1, dtype=torch.int32)
         reads = SPIN_PROBE_READS[self.device.type]
-        spin_probe_kernel[(1,)](flag, self.get_heap_bases(), self.rank, 2, num_warps=1)  # compiled, warm
+        warm_up = max(2, SPIN_PROBE_READS[self.device.type] // 4)
+        spin_probe_kernel[(1,)](flag, self.get_heap_bases(), self.rank, warm_up, num_warps=1)  # compiled, warm
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         start = time.perf_counter()
