@@ -17,7 +17,7 @@ __all__ = ["TritonBackend", "TritonDeviceOps"]
 
 #: Flag reads timed at set-up to measure how fast a wait spins here (a GPU reads a flag in about
 #: a microsecond; the interpreter is thousands of times slower, more so on a loaded machine).
-SPIN_PROBE_READS = {"cuda": 20_000, "cpu": 300}
+SPIN_PROBE_READS = {"cuda": 20_000, "cpu": 150}
 #: Fewest reads a wait may make, whatever the measurement.
 MIN_SPINS = 1000
 
@@ -50,19 +50,21 @@ class TritonDeviceOps(DeviceOps):
         #: spin rate measured here. The ranks measure one after another (no rank competes with
         #: another for the CPU of the interpreter) and the fastest rate counts, so that no wait
         #: gives up before the timeout.
-        rates = []
+        flag = self.zeros(1, dtype=torch.int32)  # collective, as every heap allocation
+        rate = 0.0
         for turn in range(self.world_size):
             if turn == self.rank:
-                rates.append(self._spins_per_second())
+                rate = self._spins_per_second(flag)
             self.comm.barrier()
-        self.max_spins = max(MIN_SPINS, int(self.config.timeout * max(self.comm.all_gather_object(max(rates)))))
+        self.free(flag)
+        self.max_spins = max(MIN_SPINS, int(self.config.timeout * max(self.comm.all_gather_object(rate))))
 
-    def _spins_per_second(self) -> float:
+    def _spins_per_second(self, flag: torch.Tensor) -> float:
+        """Reads per second of a wait on ``flag`` (a heap word that stays 0)."""
         from iris_triton.waits import spin_probe_kernel
 
-        flag = self.zeros(1, dtype=torch.int32)
         reads = SPIN_PROBE_READS[self.device.type]
-        warm_up = max(2, SPIN_PROBE_READS[self.device.type] // 4)
+        warm_up = max(2, reads // 8)
         spin_probe_kernel[(1,)](flag, self.get_heap_bases(), self.rank, warm_up, num_warps=1)  # compiled, warm
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -70,9 +72,7 @@ class TritonDeviceOps(DeviceOps):
         spin_probe_kernel[(1,)](flag, self.get_heap_bases(), self.rank, reads, num_warps=1)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        self.free(flag)
-        return reads / elapsed
+        return reads / (time.perf_counter() - start)
 
     @cached_property
     def ops(self):
