@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +14,12 @@ import torch
 HAS_GPUS = torch.cuda.device_count() >= 2
 
 
-def iris(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
-    executable = shutil.which("iris") or shutil.which("iris", path=str(__import__("pathlib").Path(sys.executable).parent))
+def iris(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the console script installed beside this Python (else the one on PATH)."""
+    beside = Path(sys.executable).parent / "iris"
+    executable = str(beside) if beside.is_file() else shutil.which("iris")
     assert executable, "the iris console script is not installed (pip install -e .)"
-    return subprocess.run([executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run([executable, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["bench"], ["run"]])
