@@ -13,38 +13,17 @@ which shapes ``CONFIGS`` keeps.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.distributed as dist
 
 import iris
+from benchmarks.common import per_call_us
 from iris.config import parse_size
 from iris_triton import ccl
 
 SHAPES = [(4096, 4, 8, 8), (4096, 2, 8, 8), (4096, 1, 8, 8), (4096, 4, 16, 8), (4096, 4, 4, 8), (8192, 2, 8, 8),
           (8192, 4, 8, 16), (2048, 4, 8, 4), (4096, 4, 8, 16), (4096, 2, 16, 8), (2048, 8, 8, 8), (4096, 1, 32, 8)]
-
-
-def _graph_us(ctx, fn, calls: int) -> float:
-    stream = torch.cuda.Stream()
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    samples = []
-    for _ in range(5):
-        ctx.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
 
 
 def _collectives(ctx, x):
@@ -84,7 +63,8 @@ def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int) -> list[d
                 fn()
                 torch.cuda.synchronize()
                 row["correct"][name] = bool(torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2))
-                row["us"][name] = max(ctx.comm.all_gather_object(_graph_us(ctx, fn, calls if size <= 32 << 20 else 3)))
+                mine = per_call_us(ctx, fn, calls if size <= 32 << 20 else 3, repeats=5, graph=True)
+                row["us"][name] = max(ctx.comm.all_gather_object(mine))
                 tensors.append(out)
             for tensor in tensors:
                 ctx.free(tensor)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import pickle
+import socket
 import traceback
 import zlib
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ __all__ = [
     "RankReport",
     "assert_rank_checks",
     "backend_rank_device",
+    "free_loopback_port",
     "interpreter_runs_kernel_loops",
     "rank_device",
     "run_on_ranks",
@@ -80,6 +82,13 @@ def backend_rank_device(backend: str, nprocs: int) -> str:
         pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {nprocs} ranks here are "
                     f"{device} ranks")
     return device
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for ranks launched by hand (``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def seeded_generator(*seed) -> torch.Generator:

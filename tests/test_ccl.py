@@ -8,6 +8,7 @@ capture on GPUs. Each rank returns ``{check name: True | False | error text}``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -221,19 +222,26 @@ def test_unknown_algorithm_lists_the_registered_ones(ctx):
         ctx.ccl.all_reduce(t, algorithm="ring")
 
 
-def test_a_registered_algorithm_is_selectable(ctx):
-    seen = []
-    algorithm = Algorithm(name="test_recorder", collective="broadcast", run=lambda call: seen.append(call.src))
+@contextmanager
+def _registered(algorithm: Algorithm):
+    """``algorithm`` registered in process for the block, then removed (there is no public way to
+    unregister, on purpose, so the registry's private tables are edited)."""
     register_algorithm(algorithm)
     try:
+        yield algorithm
+    finally:
+        registry = algorithm_registry(algorithm.collective)
+        with registry._lock:
+            registry._entries.pop(algorithm.name)
+            registry._loaded.pop(algorithm.name, None)
+
+
+def test_a_registered_algorithm_is_selectable(ctx):
+    seen = []
+    with _registered(Algorithm(name="test_recorder", collective="broadcast", run=lambda call: seen.append(call.src))):
         ctx.ccl.broadcast(ctx.ones(3), src=0, algorithm="test_recorder")
         assert seen == [0]
         assert "test_recorder" in ctx.ccl.algorithms("broadcast")
-    finally:
-        registry = algorithm_registry("broadcast")
-        with registry._lock:
-            registry._entries.pop("test_recorder")
-            registry._loaded.pop("test_recorder", None)
 
 
 def test_an_identical_call_runs_the_algorithms_repeat(ctx):
@@ -243,8 +251,7 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
         runs.append(call.input.data_ptr())
         return lambda: repeats.append(call.input.data_ptr())
 
-    register_algorithm(Algorithm(name="test_repeating", collective="broadcast", run=run))
-    try:
+    with _registered(Algorithm(name="test_repeating", collective="broadcast", run=run)):
         a, b = ctx.ones(8), ctx.ones(8)
         for tensor in (a, a, a, b, b):
             ctx.ccl.broadcast(tensor, algorithm="test_repeating")
@@ -255,11 +262,6 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
         ctx.ccl.workspace(ctx.ccl.workspace(1).numel() + 1024)  # growing the workspace drops every repeat
         ctx.ccl.broadcast(a, algorithm="test_repeating")
         assert runs == [a.data_ptr(), b.data_ptr(), a.data_ptr()]
-    finally:
-        registry = algorithm_registry("broadcast")
-        with registry._lock:
-            registry._entries.pop("test_repeating")
-            registry._loaded.pop("test_repeating", None)
 
 
 def test_single_rank_collectives_are_identities(ctx):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ import torch
 
 import iris
 from iris.errors import IrisError, IrisTimeoutError
-from iris.testing import RankReport, assert_rank_checks, rank_device, spawn_reports
+from iris.testing import RankReport, assert_rank_checks, free_loopback_port, rank_device, spawn_reports
 
 #: Seconds a wait may last in these tests (device-side waits and the host barrier).
 SHORT_TIMEOUT = 8
@@ -88,12 +87,6 @@ KILLED_RANK_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="CPU ranks need /dev/shm")
 def test_a_killed_rank_leaves_survivors_raising_and_no_segments(tmp_path):
     world = 2 if torch.cuda.device_count() >= 2 else 3
@@ -102,7 +95,7 @@ def test_a_killed_rank_leaves_survivors_raising_and_no_segments(tmp_path):
     script.write_text(KILLED_RANK_SCRIPT)
     before = {n for n in os.listdir("/dev/shm") if n.startswith("iris-")}
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()), WORLD_SIZE=str(world),
                LOCAL_WORLD_SIZE=str(world), IRIS_TIMEOUT=str(SHORT_TIMEOUT), RANK_DEVICE=device,
                GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     if device == "cpu":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import selectors
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ import torch
 
 import iris
 from iris.errors import AsymmetricHeapError, IrisError, format_bytes
+from iris.testing import free_loopback_port
 
 SHM_DIR = "/dev/shm"
 
@@ -269,12 +269,6 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _wait_for_ready(procs: list[subprocess.Popen], timeout: float) -> None:
     selector = selectors.DefaultSelector()
     for proc in procs:
@@ -300,7 +294,7 @@ def test_sigkilled_ranks_leave_no_segments(tmp_path):
     script.write_text(RANK_SCRIPT)
     common = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_")}
     common.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()), WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size), TRITON_INTERPRET="1", IRIS_TIMEOUT="90",
     )
     before = iris_shm_entries()

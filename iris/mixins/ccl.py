@@ -155,7 +155,9 @@ class Collectives:
         hand it to its algorithm (keeping the launch's repeat)."""
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
-        key = (collective, algorithm, op, src, _identity(output), _identity(input))
+        output_identity = _identity(output)
+        key = (collective, algorithm, op, src, output_identity,
+               output_identity if input is output else _identity(input))
         debug = self._context.config.debug
         repeat = None if debug else self._repeats.get(key)
         if repeat is not None:
