@@ -30,7 +30,7 @@ def _implementations(ctx, collective: str, n: int, world: int):
     x = ctx.randn(n, dtype=bf16, generator=g)  # heap input, as an iris user would allocate it
     impls = {}
     if collective == "all_reduce":
-        for algorithm in ("one_shot", "two_shot"):
+        for algorithm in ("low_latency", "one_shot", "two_shot"):
             buf = ctx.empty(n, dtype=bf16)
             impls[f"iris_{algorithm}"] = (lambda b=buf, a=algorithm: (b.copy_(x), ctx.ccl.all_reduce(b, algorithm=a)), buf)
         nccl = torch.empty(n, dtype=bf16, device=device)

@@ -83,10 +83,13 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
     algorithm_registry(algorithm.collective).register(algorithm.name, algorithm, clobber=clobber)
 
 
-#: Automatic choice for all_reduce: one-shot (every rank receives every input: one exchange)
-#: up to this many bytes per rank, two-shot (reduce-scatter then all-gather: two exchanges, each
-#: rank reducing only its share) above. On 2 x H200 one-shot measured faster up to 4 MiB and
-#: two-shot from 32 MiB (benchmarks/NOTES.md); other world sizes are not measured yet.
+#: Automatic choice for all_reduce, by bytes per rank: low-latency (one-shot with a flag in every
+#: word: no fence, twice the bytes on the link) up to the first limit, one-shot (every rank
+#: receives every input: one exchange) up to the second, two-shot (reduce-scatter then
+#: all-gather: two exchanges, each rank reducing only its share) above. Measured on 2 x H200
+#: (benchmarks/NOTES.md); other world sizes are not measured yet.
+LOW_LATENCY_MAX_BYTES = {2: 256 << 10}
+LOW_LATENCY_MAX_BYTES_DEFAULT = 64 << 10
 ONE_SHOT_MAX_BYTES = {2: 8 << 20, 3: 1 << 20}
 ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10
 
@@ -95,6 +98,7 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
     """The algorithm ``ctx.ccl`` runs when none is named: a function of the collective, the
     bytes per rank and the world size only, hence the same on every rank."""
     if collective == "all_reduce":
-        limit = ONE_SHOT_MAX_BYTES.get(world_size, ONE_SHOT_MAX_BYTES_DEFAULT)
-        return "one_shot" if nbytes <= limit else "two_shot"
+        if nbytes <= LOW_LATENCY_MAX_BYTES.get(world_size, LOW_LATENCY_MAX_BYTES_DEFAULT):
+            return "low_latency"
+        return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES.get(world_size, ONE_SHOT_MAX_BYTES_DEFAULT) else "two_shot"
     return "direct"

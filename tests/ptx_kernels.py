@@ -26,7 +26,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 import iris
 from iris_gluon.frontend import GLUON
-from iris_triton import ccl
+from iris_triton import ccl, low_latency
 from iris_triton.barrier import device_barrier_kernel
 from iris_triton.frontend import TRITON
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
@@ -282,7 +282,7 @@ def signal_wait_ctx(context, flag, out, peer, max_spins, CTX: tl.constexpr, RANK
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
               "flag": "*i32", "out": "*i32", "state_ptr": "*i32"}
-_INT_ARGS = {"n", "m", "stride", "peer", "max_spins", "rank", "world_size", "programs", "capacity", "K", "N",
+_INT_ARGS = {"n", "m", "words", "stride", "peer", "max_spins", "rank", "world_size", "programs", "capacity", "K", "N",
              "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride"}
 
 
@@ -358,6 +358,21 @@ def _ccl_specs(frontend) -> dict:
     return out
 
 
+def _low_latency_specs(frontend) -> dict:
+    """The low-latency all_reduce kernel for 2-, 4- and 8-byte elements, with the GPU launch
+    shape; Gluon's keys get a ``gluon:`` prefix."""
+    prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
+    out = {}
+    for dtype, size in (("bf16", 2), ("fp32", 4), ("i64", 8)):
+        types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": "*i64", "sync": "*i32", "failures": "*i32"}
+        shape = {k: v for k, v in low_latency.LAUNCH_SHAPES["cuda"].items() if k not in OPTIONS}
+        constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", SITE=2, SIZE=size, **shape)
+        out[f"{prefix}low_latency_{dtype}"] = _spec(
+            frontend.kernel(low_latency.low_latency_kernel), constexprs, types,
+            divisible=("context", "inp", "out", "ws", "sync", "failures", "words", "capacity"))
+    return out
+
+
 def _fused_specs() -> dict:
     """The fused GEMM + communication kernels, bf16, with the GPU tile shape; unit strides
     (last dimensions) are constants, as Triton's launcher specializes them."""
@@ -383,7 +398,8 @@ OPTIONS = {"num_warps", "num_stages"}
 
 
 def specs() -> dict:
-    out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON), **_fused_specs()}
+    out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON),
+           **_low_latency_specs(TRITON), **_low_latency_specs(GLUON), **_fused_specs()}
     for short, ptr in VECTOR_TYPES.items():
         types = {"buf": ptr, "out": ptr}
         for masked in (False, True):

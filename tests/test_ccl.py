@@ -29,7 +29,8 @@ BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 BACK_TO_BACK_SIZES = {"cpu": (37, 129), "cuda": (129, 4096 * 140 + 3)}
 #: all_reduce algorithms checked by name (None: the automatic choice, which picks one of them;
 #: checked on GPUs, where calls are cheap).
-ALL_REDUCE_ALGORITHMS = {"cpu": ("one_shot", "two_shot"), "cuda": ("one_shot", "two_shot", None)}
+ALL_REDUCE_ALGORITHMS = {"cpu": ("low_latency", "one_shot", "two_shot"),
+                         "cuda": ("low_latency", "one_shot", "two_shot", None)}
 
 
 def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
@@ -115,7 +116,7 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
     for i in range(calls):
         n = BACK_TO_BACK_SIZES[device.type][i % 2]
         results.append(base[n][rank] + i)
-        ctx.ccl.all_reduce(results[i], algorithm=("one_shot", "two_shot")[i // 2 % 2])
+        ctx.ccl.all_reduce(results[i], algorithm=("low_latency", "one_shot", "two_shot")[i // 2 % 3])
         gathered.append(torch.empty(world, n, device=device))
         ctx.ccl.all_gather(gathered[i], base[n][rank] * (i + 1))
     reduced_ok = gathered_ok = True
@@ -179,7 +180,7 @@ def reports(request) -> list[dict]:
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"])
 def test_collective_matches_torch(reports, collective):
-    per_size = {"all_reduce": 2 * 2 * 3, "reduce_scatter": 3}.get(collective, 1) * len(DTYPES)
+    per_size = {"all_reduce": 2 * 3 * len(OPS), "reduce_scatter": len(OPS)}.get(collective, 1) * len(DTYPES)
     assert_rank_checks(reports, f"{collective}/", per_size * len(reports))
 
 
@@ -201,7 +202,7 @@ def test_cuda_graph_capture_and_replay(reports):
 
 
 def test_algorithms_are_registered_for_every_collective(ctx):
-    assert ctx.ccl.algorithms("all_reduce") == ["one_shot", "two_shot"]
+    assert ctx.ccl.algorithms("all_reduce") == ["low_latency", "one_shot", "two_shot"]
     for collective in ("all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         assert "direct" in ctx.ccl.algorithms(collective)
     with pytest.raises(ValueError, match="unknown collective"):
@@ -209,7 +210,7 @@ def test_algorithms_are_registered_for_every_collective(ctx):
 
 
 def test_automatic_choice_depends_only_on_size_and_world():
-    assert choose("all_reduce", 8 << 10, 2) == "one_shot"
+    assert choose("all_reduce", 8 << 10, 2) == "low_latency"
     assert choose("all_reduce", 4 << 20, 2) == "one_shot"
     assert choose("all_reduce", 256 << 20, 2) == "two_shot"
     assert choose("all_reduce", 256 << 20, 4) == "two_shot"

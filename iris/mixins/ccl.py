@@ -71,7 +71,7 @@ class Collectives:
         #: ``p`` of its peers; a small call launches fewer.
         self.programs = context.get_cu_count() if device.type == "cuda" else CPU_PROGRAMS
         self._sync: torch.Tensor | None = None
-        self._workspace: torch.Tensor | None = None
+        self._workspaces: dict[str, torch.Tensor] = {}
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
 
@@ -85,19 +85,22 @@ class Collectives:
             self._context.barrier()  # every peer's flags exist and are zero before anyone signals
         return self._sync
 
-    def workspace(self, nbytes: int) -> torch.Tensor:
-        """At least ``nbytes`` of heap (uint8), the same on every rank. Grows collectively, with a
-        host barrier, the first time a call needs more than before; otherwise allocates nothing."""
-        if self._workspace is None or self._workspace.numel() < nbytes:
+    def workspace(self, nbytes: int, *, name: str = "data", zeroed: bool = False) -> torch.Tensor:
+        """At least ``nbytes`` of heap (uint8), the same on every rank: the workspace ``name``
+        (algorithms with their own protocol keep their own; ``zeroed`` ones are zero when
+        allocated). Grows collectively, with a host barrier, the first time a call needs more
+        than before; otherwise allocates nothing."""
+        current = self._workspaces.get(name)
+        if current is None or current.numel() < nbytes:
             ctx = self._context
             ctx.barrier()  # no peer is still writing into the old workspace
-            if self._workspace is not None:
+            if current is not None:
                 self._repeats.clear()  # they launch with the old workspace's address
-                ctx.free(self._workspace)
-                self._workspace = None
-            self._workspace = ctx.empty(nbytes, dtype=torch.uint8)
+                del self._workspaces[name]
+                ctx.free(current)
+            self._workspaces[name] = (ctx.zeros if zeroed else ctx.empty)(nbytes, dtype=torch.uint8)
             ctx.barrier()  # every rank's new workspace exists before anyone writes into it
-        return self._workspace
+        return self._workspaces[name]
 
     # -- discovery ------------------------------------------------------------------------------
 

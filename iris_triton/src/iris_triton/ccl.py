@@ -36,6 +36,7 @@ import triton.language as tl
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import call_number, count_call
+from iris_triton.reductions import combine, widen
 from iris_triton.waits import site_code, wait_or_record
 
 __all__ = [
@@ -96,38 +97,18 @@ def _block_start(g, k, ROUND: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _widen(x):
-    """``x`` in the type reductions accumulate in (float32 for 16-bit floats)."""
-    if x.dtype.is_fp16() or x.dtype.is_bf16():
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _combine(acc, x, OP: tl.constexpr):
-    if OP == "sum":
-        acc = acc + x
-    elif OP == "max":
-        acc = tl.maximum(acc, x)
-    else:
-        tl.static_assert(OP == "min", "OP must be 'sum', 'max' or 'min'")
-        acc = tl.minimum(acc, x)
-    return acc
-
-
-@triton.jit
 def _reduce(own, received, offs, mask, m, OP: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Every rank's block reduced in rank order (so every rank computing it gets the same bits):
     this rank's from ``own``, peer q's from ``received + q * m``."""
     for q in tl.static_range(WORLD):
         if q == RANK:
-            x = _widen(tl.load(own + offs, mask=mask))
+            x = widen(tl.load(own + offs, mask=mask))
         else:
-            x = _widen(tl.load(received + q * m + offs, mask=mask))
+            x = widen(tl.load(received + q * m + offs, mask=mask))
         if q == 0:
             acc = x
         else:
-            acc = _combine(acc, x, OP)
+            acc = combine(acc, x, OP)
     return acc.to(own.dtype.element_ty)
 
 

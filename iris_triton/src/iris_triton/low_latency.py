@@ -1,0 +1,155 @@
+"""Low-latency all_reduce: every word carries its own flag (entry point ``iris.ccl.all_reduce``
+``low_latency``).
+
+The exchange of :mod:`iris_triton.ccl` orders data and signal with a release (a system-scope
+fence that waits until the pushed data reached the peer) and an acquire on the peer: two
+link round trips per call, which dominate small calls. Here the data signals itself instead:
+
+- The input is sent as 32-bit *payload* words (two 16-bit elements, one 32-bit element, or
+  half of a 64-bit one), each pushed into the peer's workspace as one 64-bit word whose high
+  half is the call's number plus one. A 64-bit aligned store reaches the peer whole, so a word
+  whose flag holds this call's number holds this call's payload. No fence, no separate flag.
+- The receiver reads its local workspace (volatile loads) until every word it needs carries the
+  call's flag, then reduces in rank order (every rank gets the same bits).
+- The workspace has two slots, used by alternate calls. A rank's call ``k + 2`` writes into the
+  slot of call ``k``; it starts only after its call ``k + 1`` read every peer's call ``k + 1``
+  words, which each peer pushed after finishing its call ``k``: nothing is overwritten before it
+  was read. Flags are call numbers, which only grow, and the workspace is zeroed when allocated,
+  so no word left from an earlier call carries a later call's flag.
+- Call numbers are the per-program call counts of the collectives (:mod:`iris_triton.calls`),
+  so these calls interleave with the other collectives'.
+
+Every word costs twice its payload on the link, so this wins only where latency dominates;
+the automatic choice (:func:`iris.collectives.choose`) takes it for small calls.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.collectives import Algorithm, CollectiveCall
+from iris_triton.calls import call_number, count_call
+from iris_triton.reductions import combine, widen
+from iris_triton.waits import site_code
+
+__all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "low_latency_kernel"]
+
+_PAYLOAD_MASK: tl.constexpr = tl.constexpr(0xFFFFFFFF)
+
+
+@triton.jit
+def _payload(inp, w, n, SIZE: tl.constexpr):
+    """Payload words ``w`` (int64, low 32 bits) of ``n`` elements of ``SIZE`` bytes at ``inp``."""
+    if SIZE == 2:
+        low = tl.load(inp + 2 * w, mask=2 * w < n, other=0).to(tl.int16, bitcast=True).to(tl.int64)
+        high = tl.load(inp + 2 * w + 1, mask=2 * w + 1 < n, other=0).to(tl.int16, bitcast=True).to(tl.int64)
+        words = (low & 0xFFFF) | ((high & 0xFFFF) << 16)
+    elif SIZE == 4:
+        words = tl.load(inp + w, mask=w < n).to(tl.int32, bitcast=True).to(tl.int64)
+    else:
+        tl.static_assert(SIZE == 8, "element size must be 2, 4 or 8 bytes")
+        element = tl.load(inp + w // 2, mask=w // 2 < n).to(tl.int64, bitcast=True)
+        words = element >> (32 * (w % 2))
+    return words & _PAYLOAD_MASK
+
+
+@triton.jit
+def _arrived(buffer, w, mask, flag, failures, peer, max_spins, SITE: tl.constexpr):
+    """The words ``w`` of ``buffer`` once all of them carry ``flag`` in their high half, reading
+    them until then (at most ``max_spins`` times; on a timeout, ``SITE`` is recorded for ``peer``
+    in ``failures``, and a peer already recorded is not waited for)."""
+    words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
+    missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
+    spins = 0
+    if tl.load(failures + peer, volatile=True) != 0:
+        spins = max_spins
+    while (missing > 0) & (spins < max_spins):
+        words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
+        missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
+        spins += 1
+    if missing > 0:
+        tl.store(failures + peer, SITE)
+    return words & _PAYLOAD_MASK
+
+
+@triton.jit
+def _received(buffer, e, mask, flag, failures, peer, max_spins, SIZE: tl.constexpr, DTYPE: tl.constexpr,
+              SITE: tl.constexpr):
+    """Elements ``e`` (of ``DTYPE``, ``SIZE`` bytes) that ``peer`` pushed into ``buffer``."""
+    if SIZE == 2:
+        words = _arrived(buffer, e // 2, mask, flag, failures, peer, max_spins, SITE)
+        bits = ((words >> (16 * (e % 2))) & 0xFFFF).to(tl.int16)
+    elif SIZE == 4:
+        bits = _arrived(buffer, e, mask, flag, failures, peer, max_spins, SITE).to(tl.int32)
+    else:
+        low = _arrived(buffer, 2 * e, mask, flag, failures, peer, max_spins, SITE)
+        high = _arrived(buffer, 2 * e + 1, mask, flag, failures, peer, max_spins, SITE)
+        bits = low | (high << 32)
+    return bits.to(DTYPE, bitcast=True)
+
+
+def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words, capacity, max_spins,
+                       CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
+                       SITE: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    """All-reduce ``n`` elements of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``):
+    push this rank's ``words`` payload words, flagged, into every peer's slot region ``RANK``
+    (regions of ``capacity`` words in ``ws``, int64), then reduce what every peer pushed here.
+    Program ``p`` pushes word blocks ``p, p + P, ...`` of ``BLOCK`` words and then reduces the
+    elements of those same blocks, so an in-place call reads no element after it was written."""
+    dctx = CTX.initialize(context, RANK, WORLD)
+    call = call_number(sync)
+    flag = call + 1
+    slot = ws + (call % 2) * WORLD * capacity
+    for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
+        w = dctx.block_offsets(ws, start, BLOCK)
+        packed = (flag.to(tl.int64) << 32) | _payload(inp, w, n, SIZE)
+        for q in tl.static_range(WORLD):
+            if q != RANK:
+                dctx.store(slot + RANK * capacity + w, packed, q, mask=w < words)
+    ELEMENTS: tl.constexpr = BLOCK * 4 // SIZE
+    for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):
+        e = dctx.block_offsets(inp, start, ELEMENTS)
+        mask = e < n
+        for q in tl.static_range(WORLD):
+            if q == RANK:
+                x = widen(tl.load(inp + e, mask=mask))
+            else:
+                x = widen(_received(slot + q * capacity, e, mask, flag, failures, q, max_spins, SIZE,
+                                    inp.dtype.element_ty, SITE))
+            if q == 0:
+                acc = x
+            else:
+                acc = combine(acc, x, OP)
+        tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
+    count_call(sync, programs, call)
+
+
+#: Launch shape per device type: 64-bit words per block (a power of two, at least 4) and warps.
+LAUNCH_SHAPES = {"cuda": dict(BLOCK=512, num_warps=4), "cpu": dict(BLOCK=64)}
+#: Words per region alignment unit (256 bytes: keeps every region's vectors aligned).
+REGION_ALIGNMENT = 32
+
+
+def _all_reduce(call: CollectiveCall):
+    ctx, n, size = call.context, call.input.numel(), call.input.element_size()
+    world, words = ctx.world_size, triton.cdiv(n * size, 4)
+    # Regions are laid out by the workspace's size, not the call's, so calls of different sizes
+    # use the same slots; the workspace changes only by growing, collectively.
+    needed = 2 * world * triton.cdiv(words, REGION_ALIGNMENT) * REGION_ALIGNMENT
+    ws = ctx.ccl.workspace(needed * 8, name="low_latency", zeroed=True).view(torch.int64)
+    capacity = ws.numel() // (2 * world) // REGION_ALIGNMENT * REGION_ALIGNMENT
+    shape = LAUNCH_SHAPES[ctx.device.type]
+    front = ctx.frontend
+    grid = (max(1, min(ctx.ccl.programs, triton.cdiv(words, shape["BLOCK"]))),)
+    return front.launch(
+        low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
+        sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures, n=n, words=words,
+        capacity=capacity, max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=world,
+        OP=call.op, SITE=site_code("all_reduce"), SIZE=size, **shape)
+
+
+ALL_REDUCE_LOW_LATENCY = Algorithm(
+    name="low_latency", collective="all_reduce", run=_all_reduce,
+    description="one-shot with a flag in every 64-bit word: no fence, no separate signal; for small calls")
