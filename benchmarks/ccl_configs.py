@@ -5,9 +5,11 @@ every collective runs at every size with that shape forced (``iris_triton.ccl.CO
 checked against torch (all_reduce against NCCL's), then timed: ``--calls`` calls captured in one
 graph, the median of 5 replays, the slowest rank's. Results go to
 ``benchmarks/results/ccl_configs-<date>.json`` (or ``--out``); ``benchmarks/NOTES.md`` says
-which shapes ``CONFIGS`` keeps.
+which shapes ``CONFIGS`` keeps. With ``--low-latency`` the shapes (words per block, warps) of the
+low-latency all_reduce (``iris_triton.low_latency.LAUNCH_SHAPES``) are compared instead, against
+one-shot.
 
-    python -m benchmarks.ccl_configs [--sizes 8KiB,512KiB,4MiB,32MiB,256MiB] [--out DIR]
+    python -m benchmarks.ccl_configs [--sizes 8KiB,512KiB,4MiB,32MiB,256MiB] [--low-latency] [--out DIR]
 """
 
 from __future__ import annotations
@@ -20,17 +22,23 @@ import torch.distributed as dist
 import iris
 from benchmarks.common import per_call_us
 from iris.config import parse_size
-from iris_triton import ccl
+from iris_triton import ccl, low_latency
 
 SHAPES = [(4096, 4, 8, 8), (4096, 2, 8, 8), (4096, 1, 8, 8), (4096, 4, 16, 8), (4096, 4, 4, 8), (8192, 2, 8, 8),
           (8192, 4, 8, 16), (2048, 4, 8, 4), (4096, 4, 8, 16), (4096, 2, 16, 8), (2048, 8, 8, 8), (4096, 1, 32, 8)]
+LOW_LATENCY_SHAPES = [(128, 2), (256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)]
 
 
-def _collectives(ctx, x):
-    """``{name: (call, output, expected)}`` for every collective of ``x`` (bf16, heap)."""
+def _collectives(ctx, x, low_latency_only: bool = False):
+    """``{name: (call, output, expected)}`` for every collective of ``x`` (bf16, heap), or only
+    the low-latency and one-shot all_reduce."""
     world, n = ctx.world_size, x.numel()
     summed = x.clone()
     dist.all_reduce(summed)
+    if low_latency_only:
+        ll, one = ctx.empty(n, dtype=x.dtype), ctx.empty(n, dtype=x.dtype)
+        return {"all_reduce_low_latency": (lambda: ctx.ccl.all_reduce(ll.copy_(x), algorithm="low_latency"), ll, summed),
+                "all_reduce_one_shot": (lambda: ctx.ccl.all_reduce(one.copy_(x), algorithm="one_shot"), one, summed)}
     gathered = torch.empty(world * n, dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(gathered, x)
     scattered = torch.empty(n // world, dtype=x.dtype, device=x.device)
@@ -48,18 +56,27 @@ def _collectives(ctx, x):
     }
 
 
-def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int) -> list[dict]:
+def _apply(shape: tuple, low_latency_only: bool) -> None:
+    """Force ``shape`` for every call from now on."""
+    if low_latency_only:
+        block, warps = shape
+        low_latency.LAUNCH_SHAPES["cuda"] = dict(BLOCK=block, num_warps=warps)
+    else:
+        block, group, syncs, warps = shape
+        ccl.CONFIGS["cuda"] = ((None, dict(BLOCK=block, ROUND=group, SYNCS=syncs, num_warps=warps)),)
+
+
+def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int, low_latency_only: bool) -> list[dict]:
     ctx = iris.create("triton", heap_size=12 * max(sizes) + (256 << 20))
     rows = []
-    original = ccl.CONFIGS["cuda"]
-    for block, group, syncs, warps in shapes:
-        ccl.CONFIGS["cuda"] = ((None, dict(BLOCK=block, ROUND=group, SYNCS=syncs, num_warps=warps)),)
+    for shape in shapes:
+        _apply(shape, low_latency_only)
         ctx.ccl._repeats.clear()  # they hold kernels compiled for the previous shape
         for size in sizes:
             x = ctx.randn(size // 2, dtype=torch.bfloat16, generator=torch.Generator(ctx.device).manual_seed(rank))
-            row = {"shape": [block, group, syncs, warps], "bytes": size, "correct": {}, "us": {}}
+            row = {"shape": list(shape), "bytes": size, "correct": {}, "us": {}}
             tensors = [x]
-            for name, (fn, out, expected) in _collectives(ctx, x).items():
+            for name, (fn, out, expected) in _collectives(ctx, x, low_latency_only).items():
                 fn()
                 torch.cuda.synchronize()
                 row["correct"][name] = bool(torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2))
@@ -69,7 +86,6 @@ def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int) -> list[d
             for tensor in tensors:
                 ctx.free(tensor)
             rows.append(row)
-    ccl.CONFIGS["cuda"] = original
     ctx.destroy()
     return rows
 
@@ -78,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="8KiB,512KiB,4MiB,32MiB,256MiB")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--low-latency", action="store_true", help="compare the low-latency all_reduce's shapes")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if torch.cuda.device_count() < 2:
@@ -85,11 +102,13 @@ def main() -> None:
     from benchmarks.common import write_results
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = iris.spawn(_run, 2, sizes, SHAPES, args.calls, device="cuda")[0]
+    shapes = LOW_LATENCY_SHAPES if args.low_latency else SHAPES
+    rows = iris.spawn(_run, 2, sizes, shapes, args.calls, args.low_latency, device="cuda")[0]
     for row in rows:
         print(f"{str(row['shape']):>20} {row['bytes']:>10} " + " ".join(f"{k} {v:7.1f}" for k, v in row["us"].items())
               + f"  correct {all(row['correct'].values())}")
-    print(f"wrote {write_results('ccl_configs', {'unit': 'us per call, graph, slowest rank', 'rows': rows}, args.out)}")
+    name = "ccl_configs_low_latency" if args.low_latency else "ccl_configs"
+    print(f"wrote {write_results(name, {'unit': 'us per call, graph, slowest rank', 'rows': rows}, args.out)}")
 
 
 if __name__ == "__main__":

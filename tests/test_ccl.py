@@ -17,6 +17,7 @@ import iris
 from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
+from iris_triton import low_latency
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 OPS = ("sum", "max", "min")
@@ -77,6 +78,14 @@ def _check_matrix(ctx, report: RankReport) -> None:
                 expected = _reference_reduce(mine, op)
                 for algorithm in ALL_REDUCE_ALGORITHMS[device.type]:
                     t = _tensor(ctx, mine[rank], on_heap)
+                    if algorithm == "low_latency" and t.numel() * t.element_size() > low_latency.MAX_BYTES:
+                        try:
+                            ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+                            refused = False
+                        except IrisError as error:
+                            refused = "at most" in str(error)
+                        report.check(f"all_reduce/{algorithm}/{op}/{name}/refused_above_its_limit", refused)
+                        continue
                     ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
                     result = t.cpu()
                     report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}", _same(result, expected))
@@ -180,7 +189,7 @@ def reports(request) -> list[dict]:
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"])
 def test_collective_matches_torch(reports, collective):
-    per_size = {"all_reduce": 2 * 3 * len(OPS), "reduce_scatter": len(OPS)}.get(collective, 1) * len(DTYPES)
+    per_size = {"all_reduce": 3 * len(OPS), "reduce_scatter": len(OPS)}.get(collective, 1) * len(DTYPES)
     assert_rank_checks(reports, f"{collective}/", per_size * len(reports))
 
 
@@ -211,6 +220,8 @@ def test_algorithms_are_registered_for_every_collective(ctx):
 
 def test_automatic_choice_depends_only_on_size_and_world():
     assert choose("all_reduce", 8 << 10, 2) == "low_latency"
+    assert choose("all_reduce", 512 << 10, 2) == "low_latency"
+    assert choose("all_reduce", 1 << 20, 2) == "one_shot"
     assert choose("all_reduce", 4 << 20, 2) == "one_shot"
     assert choose("all_reduce", 256 << 20, 2) == "two_shot"
     assert choose("all_reduce", 256 << 20, 4) == "two_shot"
@@ -263,6 +274,13 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
         ctx.ccl.workspace(ctx.ccl.workspace(1).numel() + 1024)  # growing the workspace drops every repeat
         ctx.ccl.broadcast(a, algorithm="test_repeating")
         assert runs == [a.data_ptr(), b.data_ptr(), a.data_ptr()]
+
+
+def test_low_latency_all_reduce_refuses_large_calls(ctx):
+    t = ctx.ones(low_latency.MAX_BYTES // 4 + 1)
+    with pytest.raises(IrisError, match="at most 1024 KiB per rank.*'one_shot' or 'two_shot'"):
+        ctx.ccl.all_reduce(t, algorithm="low_latency")
+    ctx.free(t)
 
 
 def test_single_rank_collectives_are_identities(ctx):

@@ -176,6 +176,8 @@ def test_a_destroyed_context_refuses_use_clearly():
 def test_heap_segments_are_private_and_unnamed_after_set_up(monkeypatch):
     if not os.path.isdir("/dev/shm"):
         pytest.skip("needs /dev/shm")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a CPU-rank heap needs Triton's interpreter, which this run does not use (GPU machine)")
     seen = []
     real_unlink = os.unlink
 

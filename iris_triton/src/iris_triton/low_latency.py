@@ -30,11 +30,12 @@ import triton
 import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
+from iris.errors import IrisError
 from iris_triton.calls import call_number, count_call
 from iris_triton.reductions import combine, widen
 from iris_triton.waits import site_code
 
-__all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "low_latency_kernel"]
+__all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "MAX_BYTES", "low_latency_kernel"]
 
 _PAYLOAD_MASK: tl.constexpr = tl.constexpr(0xFFFFFFFF)
 
@@ -128,12 +129,18 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words
 
 #: Launch shape per device type: 64-bit words per block (a power of two, at least 4) and warps.
 LAUNCH_SHAPES = {"cuda": dict(BLOCK=512, num_warps=4), "cpu": dict(BLOCK=64)}
+#: Most bytes per rank a call may have: the workspace holds twice the input per peer and slot,
+#: which is worth it only where latency dominates (the automatic choice stops far below).
+MAX_BYTES = 1 << 20
 #: Words per region alignment unit (256 bytes: keeps every region's vectors aligned).
 REGION_ALIGNMENT = 32
 
 
 def _all_reduce(call: CollectiveCall):
     ctx, n, size = call.context, call.input.numel(), call.input.element_size()
+    if n * size > MAX_BYTES:
+        raise IrisError(f"all_reduce: the low_latency algorithm takes at most {MAX_BYTES >> 10} KiB per rank, this "
+                        f"call has {n * size} bytes; use algorithm='one_shot' or 'two_shot' (or the automatic choice)")
     world, words = ctx.world_size, triton.cdiv(n * size, 4)
     # Regions are laid out by the workspace's size, not the call's, so calls of different sizes
     # use the same slots; the workspace changes only by growing, collectively.
