@@ -19,6 +19,7 @@ import torch.distributed as dist
 import iris
 from benchmarks.common import per_call_us
 from iris.config import parse_size
+from iris_triton import low_latency
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -31,6 +32,8 @@ def _implementations(ctx, collective: str, n: int, world: int):
     impls = {}
     if collective == "all_reduce":
         for algorithm in ("low_latency", "one_shot", "two_shot"):
+            if algorithm == "low_latency" and n * 2 > low_latency.MAX_BYTES:
+                continue
             buf = ctx.empty(n, dtype=bf16)
             impls[f"iris_{algorithm}"] = (lambda b=buf, a=algorithm: (b.copy_(x), ctx.ccl.all_reduce(b, algorithm=a)), buf)
         nccl = torch.empty(n, dtype=bf16, device=device)
@@ -109,8 +112,10 @@ def plot(rows: list[dict], path_stem) -> list:
         mine = [r for r in rows if r["collective"] == collective]
         fig, ax = plt.subplots(figsize=(8, 5))
         for mode, style in (("graph", "-"), ("eager", ":")):
-            for name in mine[0][mode]:
-                ax.plot([r["bytes"] for r in mine], [r[mode][name] for r in mine], style, marker="o",
+            names = dict.fromkeys(name for r in mine for name in r[mode])  # some run only at some sizes
+            for name in names:
+                measured = [r for r in mine if name in r[mode]]
+                ax.plot([r["bytes"] for r in measured], [r[mode][name] for r in measured], style, marker="o",
                         label=f"{name} ({mode})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

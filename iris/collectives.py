@@ -88,7 +88,7 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
 #: receives every input: one exchange) up to the second, two-shot (reduce-scatter then
 #: all-gather: two exchanges, each rank reducing only its share) above. Measured on 2 x H200
 #: (benchmarks/NOTES.md); other world sizes are not measured yet.
-LOW_LATENCY_MAX_BYTES = {2: 512 << 10}
+LOW_LATENCY_MAX_BYTES = {2: 256 << 10}
 LOW_LATENCY_MAX_BYTES_DEFAULT = 64 << 10
 ONE_SHOT_MAX_BYTES = {2: 8 << 20, 3: 1 << 20}
 ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10

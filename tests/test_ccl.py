@@ -220,7 +220,7 @@ def test_algorithms_are_registered_for_every_collective(ctx):
 
 def test_automatic_choice_depends_only_on_size_and_world():
     assert choose("all_reduce", 8 << 10, 2) == "low_latency"
-    assert choose("all_reduce", 512 << 10, 2) == "low_latency"
+    assert choose("all_reduce", 256 << 10, 2) == "low_latency"
     assert choose("all_reduce", 1 << 20, 2) == "one_shot"
     assert choose("all_reduce", 4 << 20, 2) == "one_shot"
     assert choose("all_reduce", 256 << 20, 2) == "two_shot"
