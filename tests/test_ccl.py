@@ -125,7 +125,10 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
     for i in range(calls):
         n = BACK_TO_BACK_SIZES[device.type][i % 2]
         results.append(base[n][rank] + i)
-        ctx.ccl.all_reduce(results[i], algorithm=("low_latency", "one_shot", "two_shot")[i // 2 % 3])
+        algorithm = ("low_latency", "one_shot", "two_shot")[i // 2 % 3]
+        if algorithm == "low_latency" and n * 4 > low_latency.MAX_BYTES:
+            algorithm = None  # too large for it: the automatic choice
+        ctx.ccl.all_reduce(results[i], algorithm=algorithm)
         gathered.append(torch.empty(world, n, device=device))
         ctx.ccl.all_gather(gathered[i], base[n][rank] * (i + 1))
     reduced_ok = gathered_ok = True
@@ -166,7 +169,8 @@ def _check_cuda_graph(ctx, report: RankReport) -> None:
 
 def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
     report = RankReport(rank)
-    ctx = iris.create(backend, heap_size="256MiB" if device == "cuda" else "32MiB", device=device)
+    # The largest int64 calls need ~100 MiB of workspace, which grows (free, then allocate) with the sizes.
+    ctx = iris.create(backend, heap_size="512MiB" if device == "cuda" else "32MiB", device=device)
     with report.section("matrix"):
         _check_matrix(ctx, report)
     with report.section("back_to_back"):
