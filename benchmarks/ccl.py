@@ -3,7 +3,9 @@
 For each collective and size (bytes of input per rank, bf16), every implementation is checked
 against NCCL's result, then timed per call, eager and under CUDA graphs: ``--calls`` calls back
 to back between CUDA events (captured as one graph, or launched eagerly), ``--repeats`` times;
-each rank's median, and the slowest rank's median is the figure. Results go to
+each rank's median, and the slowest rank's median is the figure. In-place all_reduce is checked
+on a fresh copy of the input but timed on the same buffer call after call (the values grow, which
+costs nothing; a copy per call would add a local copy of the input to every figure). Results go to
 ``benchmarks/results/ccl-<date>.json`` (or ``--out``) with one PNG per collective.
 
     python -m benchmarks.ccl [--min 8KiB] [--max 256MiB] [--backend triton] [--out DIR]
@@ -25,7 +27,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def _implementations(ctx, collective: str, n: int, world: int):
-    """``{name: (callable, output tensor)}`` for one collective at ``n`` bf16 elements of input."""
+    """``{name: (timed call, checked call, output tensor)}`` for one collective at ``n`` bf16
+    elements of input; the checked call starts from the input, the timed call may not."""
     device, bf16 = ctx.device, torch.bfloat16
     g = torch.Generator(device).manual_seed(ctx.rank)
     x = ctx.randn(n, dtype=bf16, generator=g)  # heap input, as an iris user would allocate it
@@ -35,27 +38,37 @@ def _implementations(ctx, collective: str, n: int, world: int):
             if algorithm == "low_latency" and n * 2 > low_latency.MAX_BYTES:
                 continue
             buf = ctx.empty(n, dtype=bf16)
-            impls[f"iris_{algorithm}"] = (lambda b=buf, a=algorithm: (b.copy_(x), ctx.ccl.all_reduce(b, algorithm=a)), buf)
+            impls[f"iris_{algorithm}"] = _in_place(buf, x, lambda b=buf, a=algorithm: ctx.ccl.all_reduce(b, algorithm=a))
         nccl = torch.empty(n, dtype=bf16, device=device)
-        impls["nccl"] = (lambda: (nccl.copy_(x), dist.all_reduce(nccl)), nccl)
+        impls["nccl"] = _in_place(nccl, x, lambda: dist.all_reduce(nccl))
         impls.update(_symmetric_memory(x))
     elif collective == "all_gather":
         out, ref = ctx.empty(world * n, dtype=bf16), torch.empty(world * n, dtype=bf16, device=device)
-        impls["iris"] = (lambda: ctx.ccl.all_gather(out, x), out)
-        impls["nccl"] = (lambda: dist.all_gather_into_tensor(ref, x), ref)
+        impls["iris"] = _same(lambda: ctx.ccl.all_gather(out, x), out)
+        impls["nccl"] = _same(lambda: dist.all_gather_into_tensor(ref, x), ref)
     elif collective == "reduce_scatter":
         out, ref = ctx.empty(n // world, dtype=bf16), torch.empty(n // world, dtype=bf16, device=device)
-        impls["iris"] = (lambda: ctx.ccl.reduce_scatter(out, x), out)
-        impls["nccl"] = (lambda: dist.reduce_scatter_tensor(ref, x), ref)
+        impls["iris"] = _same(lambda: ctx.ccl.reduce_scatter(out, x), out)
+        impls["nccl"] = _same(lambda: dist.reduce_scatter_tensor(ref, x), ref)
     else:
         out, ref = ctx.empty(n, dtype=bf16), torch.empty(n, dtype=bf16, device=device)
-        impls["iris"] = (lambda: ctx.ccl.all_to_all(out, x), out)
-        impls["nccl"] = (lambda: dist.all_to_all_single(ref, x), ref)
+        impls["iris"] = _same(lambda: ctx.ccl.all_to_all(out, x), out)
+        impls["nccl"] = _same(lambda: dist.all_to_all_single(ref, x), ref)
     return impls
 
 
+def _same(call, out):
+    """An implementation whose timed and checked calls are the same."""
+    return call, call, out
+
+
+def _in_place(buf, x, call):
+    """An in-place implementation on ``buf``: checked from a copy of ``x``, timed on ``buf`` as is."""
+    return call, lambda: (buf.copy_(x), call()), buf
+
+
 def _symmetric_memory(x: torch.Tensor) -> dict:
-    """torch SymmetricMemory's one-shot and two-shot all_reduce of a copy of ``x``."""
+    """torch SymmetricMemory's one-shot (out of place) and two-shot (in place) all_reduce."""
     import torch.distributed._symmetric_memory as symm_mem
 
     group = dist.group.WORLD.group_name
@@ -64,14 +77,13 @@ def _symmetric_memory(x: torch.Tensor) -> dict:
     one_shot_out = torch.empty_like(x)
 
     def one_shot():
-        buf.copy_(x)
-        one_shot_out.copy_(torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group))
+        torch.ops.symm_mem.one_shot_all_reduce_out(buf, "sum", group, one_shot_out)
 
     def two_shot():
-        buf.copy_(x)
         torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)
 
-    return {"symm_mem_one_shot": (one_shot, one_shot_out), "symm_mem_two_shot": (two_shot, buf)}
+    return {"symm_mem_one_shot": (one_shot, lambda: (buf.copy_(x), one_shot()), one_shot_out),
+            "symm_mem_two_shot": _in_place(buf, x, two_shot)}
 
 
 def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) -> list[dict]:
@@ -83,8 +95,8 @@ def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) ->
             n = size // 2 // world * world  # bf16 elements, divisible by the world size
             impls = _implementations(ctx, collective, n, world)
             results = {}
-            for name, (fn, out) in impls.items():
-                fn()
+            for name, (_, checked, out) in impls.items():
+                checked()
                 torch.cuda.synchronize()
                 results[name] = out.float().cpu()
             row = {"collective": collective, "bytes": size,
@@ -92,7 +104,7 @@ def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) ->
                                for name, r in results.items()}}
             for mode in ("graph", "eager"):
                 row[mode] = {}
-                for name, (fn, _) in impls.items():
+                for name, (fn, _, _) in impls.items():
                     mine = per_call_us(ctx, fn, calls if size <= (32 << 20) else 4, repeats, mode == "graph")
                     row[mode][name] = max(ctx.comm.all_gather_object(mine))  # the slowest rank
             rows.append(row)

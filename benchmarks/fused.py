@@ -8,8 +8,9 @@ The tensor-parallel layers of Llama-3-70B at TP=2, bf16, for M (tokens) in ``--t
 - MLP down: ``matmul_reduce_scatter``, ``[M, 14336] x [14336, 8192]``.
 
 Each layer runs as the sequential baseline (NCCL ``all_gather_into_tensor`` then ``torch.matmul``,
-or ``torch.matmul`` then NCCL ``reduce_scatter_tensor``), fused (``fused=True``), and as
-``ctx.ops`` decides by itself (``fused=None``). Results are checked against the baseline's, then
+or ``torch.matmul`` then NCCL ``reduce_scatter_tensor``), by each of ``ctx.ops``'s methods
+(``copy_engine``, ``fused``, ``sequential``), and as ``ctx.ops`` decides by itself
+(``method=None``: "auto"). Results are checked against the baseline's, then
 timed per call under CUDA graphs (``--calls`` calls per graph, median of ``--repeats``
 replays, the slowest rank). Results go to ``benchmarks/results/fused-<date>.json`` (or
 ``--out``) with a plot.
@@ -26,6 +27,7 @@ import torch.distributed as dist
 
 import iris
 from benchmarks.common import per_call_us
+from iris_triton.ops import METHODS
 
 #: layer -> (operation, K, N): the per-rank product's inner and output dimensions.
 LAYERS = {
@@ -48,17 +50,19 @@ def _implementations(ctx, operation: str, M: int, K: int, N: int) -> dict:
         ref = torch.empty(M, N, device=device, dtype=bf16)
         impls["torch+nccl"] = (lambda: torch.matmul(dist.all_gather_into_tensor(gathered, a_shard) or gathered, b,
                                                     out=ref), ref)
-        for name, fused in (("iris_fused", True), ("iris_auto", None)):
+        for method in (*METHODS, None):
             out = torch.empty(M, N, device=device, dtype=bf16)
-            impls[name] = (lambda o=out, f=fused: ctx.ops.all_gather_matmul(o, a_shard, b, fused=f), out)
+            impls[f"iris_{method or 'auto'}"] = (
+                lambda o=out, f=method: ctx.ops.all_gather_matmul(o, a_shard, b, method=f), out)
     else:
         a = torch.randn(M, K, device=device, dtype=bf16, generator=g)
         partial = torch.empty(M, N, device=device, dtype=bf16)
         ref = torch.empty(M // world, N, device=device, dtype=bf16)
         impls["torch+nccl"] = (lambda: dist.reduce_scatter_tensor(ref, torch.matmul(a, b, out=partial)), ref)
-        for name, fused in (("iris_fused", True), ("iris_auto", None)):
+        for method in (*METHODS, None):
             out = torch.empty(M // world, N, device=device, dtype=bf16)
-            impls[name] = (lambda o=out, f=fused: ctx.ops.matmul_reduce_scatter(o, a, b, fused=f), out)
+            impls[f"iris_{method or 'auto'}"] = (
+                lambda o=out, f=method: ctx.ops.matmul_reduce_scatter(o, a, b, method=f), out)
     return impls
 
 
@@ -77,8 +81,8 @@ def _run(rank: int, tokens: list[int], calls: int, repeats: int) -> list[dict]:
             for name, (fn, _) in impls.items():
                 mine = per_call_us(ctx, fn, calls, repeats, graph=True) / 1e3
                 row["ms"][name] = max(ctx.comm.all_gather_object(mine))
-            row["speedup_fused"] = row["ms"]["torch+nccl"] / row["ms"]["iris_fused"]
-            row["speedup_auto"] = row["ms"]["torch+nccl"] / row["ms"]["iris_auto"]
+            row["speedup"] = {name: row["ms"]["torch+nccl"] / ms for name, ms in row["ms"].items()
+                              if name != "torch+nccl"}
             rows.append(row)
             del impls
             torch.cuda.empty_cache()
@@ -95,14 +99,15 @@ def plot(rows: list[dict], path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for layer in LAYERS:
         mine = [r for r in rows if r["layer"] == layer]
-        ax.plot([r["M"] for r in mine], [r["speedup_fused"] for r in mine], marker="o", label=f"{layer} fused")
-        ax.plot([r["M"] for r in mine], [r["speedup_auto"] for r in mine], ":", marker="x", label=f"{layer} auto")
+        for name, style in (("iris_auto", "-"), ("iris_fused", ":")):
+            ax.plot([r["M"] for r in mine], [r["speedup"][name] for r in mine], style, marker="o",
+                    label=f"{layer} {name.removeprefix('iris_')}")
     ax.axhline(1.0, color="grey", linestyle="--")
     ax.axhline(1.2, color="green", linestyle=":", label="1.2x target (QKV, O proj)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens)")
     ax.set_ylabel("speed-up over torch.matmul + NCCL")
-    ax.set_title("iris fused matmul + communication, Llama-3-70B TP=2, bf16, 2 x H200")
+    ax.set_title("iris matmul + communication, Llama-3-70B TP=2, bf16, 2 x H200")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -122,10 +127,9 @@ def main() -> None:
 
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = iris.spawn(_run, 2, tokens, args.calls, args.repeats, device="cuda")[0]
-    print(f"{'layer':>9} {'M':>6} {'torch+nccl':>11} {'fused':>8} {'auto':>8} {'x fused':>8} {'x auto':>7}  (ms)")
     for r in rows:
-        print(f"{r['layer']:>9} {r['M']:>6} {r['ms']['torch+nccl']:>11.3f} {r['ms']['iris_fused']:>8.3f} "
-              f"{r['ms']['iris_auto']:>8.3f} {r['speedup_fused']:>8.2f} {r['speedup_auto']:>7.2f}"
+        print(f"{r['layer']:>9} M={r['M']:<6} torch+nccl {r['ms']['torch+nccl']:.3f} ms | "
+              + ", ".join(f"{name.removeprefix('iris_')} {r['ms'][name]:.3f} ({x:.2f}x)" for name, x in r["speedup"].items())
               + ("" if all(r["correct"].values()) else f"  INCORRECT {r['correct']}"))
     path = write_results("fused", {"unit": "ms per call, CUDA graph, slowest rank", "rows": rows}, args.out)
     plot(rows, path.with_suffix(".png"))

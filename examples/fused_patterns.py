@@ -1,14 +1,16 @@
-"""Three ways to combine a matrix product with communication, checked against torch.
+"""Four ways to combine a matrix product with communication, checked against torch.
 
 1. GEMM + all-scatter (written here with iris's device API): ``B`` is split by columns across
    ranks; each rank computes its columns of ``C = A @ B`` tile by tile and stores every tile
    straight into every rank's ``C`` on the heap (remote stores), so all ranks end with the whole
    ``C`` without a separate collective.
 2. Producer/consumer with a separate communication kernel: ``ctx.ops.all_gather_matmul`` with
-   ``fused=True``: a few programs push rows of ``A`` to the peers and set a flag per row tile,
-   while the GEMM kernel consumes row tiles as their flags arrive.
-3. Bulk-synchronous baseline: ``ctx.ops.all_gather_matmul`` with ``fused=False``: an iris
-   all_gather, then ``torch.matmul``.
+   ``method="fused"``: a few programs push rows of ``A`` to the peers and set a flag per row
+   tile, while the GEMM kernel consumes row tiles as their flags arrive.
+3. Producer/consumer with the copy engines: ``method="copy_engine"``: this rank's rows of ``A``
+   are copied into the peers' heaps by DMA while cuBLAS multiplies them; the peers' rows are
+   multiplied once their flag arrives.
+4. Bulk-synchronous baseline: ``method="sequential"``: an iris all_gather, then ``torch.matmul``.
 
     python examples/fused_patterns.py [--m 64] [--k 64] [--n 48]
 
@@ -74,11 +76,13 @@ def run(rank: int, m: int, k: int, n: int) -> list[tuple[str, bool, float]]:
     expected = a_full @ b_full.float()
     results.append(("GEMM + all-scatter", torch.allclose(c.float().cpu(), expected, rtol=3e-2, atol=3e-2), ms))
 
-    # 2. and 3.: A split by rows, this rank's columns of B.
+    # 2. to 4.: A split by rows, this rank's columns of B.
     out = torch.empty(world * m, n, dtype=torch.bfloat16, device=device)
     expected = a_full @ b_full[:, rank * n:(rank + 1) * n].float()
-    for name, fused in (("producer/consumer (fused)", True), ("bulk-synchronous", False)):
-        _, ms = _timed(ctx, lambda f=fused: ctx.ops.all_gather_matmul(out, a_shards[rank].to(device), b_mine, fused=f))
+    for name, method in (("producer/consumer (fused)", "fused"), ("producer/consumer (copy engines)", "copy_engine"),
+                         ("bulk-synchronous", "sequential")):
+        _, ms = _timed(ctx, lambda f=method: ctx.ops.all_gather_matmul(out, a_shards[rank].to(device), b_mine,
+                                                                       method=f))
         results.append((name, torch.allclose(out.float().cpu(), expected, rtol=3e-2, atol=3e-2), ms))
     ctx.destroy()
     return results
@@ -96,7 +100,7 @@ def main() -> None:
           f"compilation included")
     correct = [all(rank_results[i][1] for rank_results in results) for i in range(len(results[0]))]
     for (name, _, ms), ok in zip(results[0], correct):
-        print(f"  {name:28s} {'correct' if ok else 'WRONG':8s} {ms:9.1f} ms (rank 0)")
+        print(f"  {name:33s} {'correct' if ok else 'WRONG':8s} {ms:9.1f} ms (rank 0)")
     if not all(correct):
         raise SystemExit(1)
 

@@ -1,18 +1,24 @@
-"""``ctx.ops``: matrix products fused with their communication, for tensor-parallel layers.
+"""``ctx.ops``: matrix products overlapped with their communication, for tensor-parallel layers.
 
-Each operation checks its tensors, then runs either the fused kernels of
-:mod:`iris_triton.fused` or the sequential path (``torch.matmul`` and an iris collective), and
-returns ``out``. ``fused=None`` decides by an estimate: fusion pays when the communication is a
-large enough share of the product's time to hide more than the fused GEMM loses against cuBLAS
-(:data:`MIN_COMMUNICATION_SHARE`); the decision is logged at debug level. CPU ranks always fuse
-(there is no cuBLAS to lose against, and it is the path worth testing). On H200 the estimate
-currently keeps the Llama-3-70B TP=2 layers of benchmarks/fused.py sequential, where the fused
-kernels measured slower.
+Each operation checks its tensors, then runs one of three methods and returns ``out``:
 
-The fused kernels' buffers (the gathered ``A`` or the receive buffer, two slots each; flags; call
-counts) live on the heap, are allocated collectively the first time a call needs more than
-before, and are reused afterwards: later calls allocate nothing and need no host
-synchronisation, so they can be captured in CUDA graphs.
+- ``"copy_engine"`` (:mod:`iris_triton.copy_engine`): the product split by the rows ranks own,
+  each part by cuBLAS, while the copy engines move the other part's data on a second stream;
+- ``"fused"`` (:mod:`iris_triton.fused`): persistent Triton kernels whose GEMM waits on, or
+  sends, tiles as they are ready, the data moved by the multiprocessors;
+- ``"sequential"``: ``torch.matmul`` then an iris collective (or the other way round).
+
+``method=None`` decides by an estimate of the communication's share of the product's time
+(:func:`communication_share`): on GPUs the copy engines run when there is enough to hide
+(:data:`COPY_ENGINE_MIN_SHARE`), otherwise the sequential path; the decision is logged at debug
+level. CPU ranks run the fused kernels (the path worth testing there; there is no cuBLAS to
+lose against). On H200 the fused Triton GEMM runs at 80-92% of cuBLAS, so the copy engines win
+wherever overlap pays (benchmarks/NOTES.md).
+
+The buffers every method needs (a gathered ``A`` or a receive buffer; flags; call counts) live on
+the heap, are allocated collectively the first time a call needs more than before, and are
+reused afterwards: later calls allocate nothing and need no host synchronisation, so they can be
+captured in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -23,25 +29,26 @@ import torch
 import triton
 
 from iris.errors import IrisError
+from iris_triton.copy_engine import CopyEngineOps
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.gemm import GEMM_CONFIGS
 
-__all__ = ["FusedOps", "MIN_COMMUNICATION_SHARE", "communication_share"]
+__all__ = ["COPY_ENGINE_MIN_SHARE", "FusedOps", "METHODS", "communication_share"]
 
-#: Element types of the fused operations.
+#: Element types of the operations.
 DTYPES = (torch.bfloat16, torch.float16)
-#: Time of the fused kernels' GEMM against cuBLAS's for the same product, as measured on H200
-#: (benchmarks/NOTES.md: a plain persistent Triton GEMM, less the multiprocessors that push).
-FUSED_GEMM_EFFICIENCY = 0.8
-#: Fuse when the communication's estimated time is at least this share of the product's: only
-#: then can hiding it make up for the slower GEMM (1 / efficiency - 1).
-MIN_COMMUNICATION_SHARE = 1 / FUSED_GEMM_EFFICIENCY - 1
-#: Estimates for that decision on GPUs: bf16 tensor-core rate and SM-issued link bandwidth
-#: measured on H200 (benchmarks/NOTES.md).
+#: What ``method=`` accepts (None: the automatic choice).
+METHODS = ("copy_engine", "fused", "sequential")
+#: The automatic choice on GPUs overlaps with the copy engines when the communication's estimated
+#: time is at least this share of the product's: below it, splitting the product and the few
+#: synchronising kernels cost more than the little there is to hide.
+COPY_ENGINE_MIN_SHARE = 0.02
+#: Estimates for that decision on GPUs: bf16 tensor-core rate and link bandwidth measured on
+#: H200 (benchmarks/NOTES.md).
 GEMM_FLOPS_PER_SECOND = 700e12
 LINK_BYTES_PER_SECOND = 365e9
-#: Programs of the kernel that pushes rows of A to the peers (all_gather_matmul); the GEMM gets
-#: the remaining multiprocessors, so both kernels always run at once.
+#: Programs of the kernel that pushes rows of A to the peers (fused all_gather_matmul); the GEMM
+#: gets the remaining multiprocessors, so both kernels always run at once.
 PUSH_PROGRAMS = {"cuda": 8, "cpu": 1}
 PUSH_BLOCK_K = {"cuda": 128, "cpu": 16}
 
@@ -82,21 +89,26 @@ class FusedOps:
         self._context = context
         self._buffers: dict[str, _Buffers] = {}
         self._side_stream = None
+        self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
 
     # -- the operations -------------------------------------------------------------------------
 
     def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, *,
-                          fused: bool | None = None) -> torch.Tensor:
+                          method: str | None = None) -> torch.Tensor:
         """``out`` (``world_size * m x N``) := ``all_gather(a_shard) @ b``: ``a_shard`` (``m x K``)
-        is this rank's block of rows of ``A``, in rank order; ``b`` is ``K x N``."""
+        is this rank's block of rows of ``A``, in rank order; ``b`` is ``K x N``. ``method``: one
+        of :data:`METHODS`, or None to choose by an estimate."""
         ctx = self._context
         self._check("all_gather_matmul", out=out, a_shard=a_shard, b=b)
         m, K = a_shard.shape
         N = b.shape[1]
         self._check_shape("all_gather_matmul", "b", b, (K, N))
         self._check_shape("all_gather_matmul", "out", out, (ctx.world_size * m, N))
-        if not self._fuse("all_gather_matmul", fused, flops=2 * ctx.world_size * m * N * K,
-                          sent=(ctx.world_size - 1) * a_shard.numel() * a_shard.element_size()):
+        method = self._method("all_gather_matmul", method, flops=2 * ctx.world_size * m * N * K,
+                              sent=(ctx.world_size - 1) * a_shard.numel() * a_shard.element_size())
+        if method == "copy_engine":
+            return self._copy_engine.all_gather_matmul(out, a_shard, b)
+        if method == "sequential":
             gathered = torch.empty(ctx.world_size * m, K, dtype=a_shard.dtype, device=ctx.device)
             ctx.ccl.all_gather(gathered, a_shard.contiguous())
             return torch.matmul(gathered, b, out=out)
@@ -121,7 +133,7 @@ class FusedOps:
         return out
 
     def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
-                              fused: bool | None = None) -> torch.Tensor:
+                              method: str | None = None) -> torch.Tensor:
         """``out`` (``M / world_size x N``) := this rank's block of rows of ``a @ b`` (``a``:
         ``M x K``, ``b``: ``K x N``) summed over ranks (``reduce_scatter(a @ b)``, rank r getting
         rows ``[r * M / world_size, (r + 1) * M / world_size)``)."""
@@ -135,8 +147,11 @@ class FusedOps:
         m = M // ctx.world_size
         self._check_shape("matmul_reduce_scatter", "b", b, (K, N))
         self._check_shape("matmul_reduce_scatter", "out", out, (m, N))
-        if not self._fuse("matmul_reduce_scatter", fused, flops=2 * M * N * K,
-                          sent=(ctx.world_size - 1) * m * N * out.element_size()):
+        method = self._method("matmul_reduce_scatter", method, flops=2 * M * N * K,
+                              sent=(ctx.world_size - 1) * m * N * out.element_size())
+        if method == "copy_engine":
+            return self._copy_engine.matmul_reduce_scatter(out, a, b)
+        if method == "sequential":
             return ctx.ccl.reduce_scatter(out, torch.matmul(a, b))
         config = GEMM_CONFIGS[ctx.device.type]
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
@@ -149,10 +164,11 @@ class FusedOps:
         return out
 
     def matmul_all_reduce(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
-                          fused: bool | None = None) -> torch.Tensor:
-        """``out`` (``M x N``) := ``a @ b`` summed over ranks (``all_reduce(a @ b)``). Fused, it is
-        :meth:`matmul_reduce_scatter` into a heap buffer followed by ``ctx.ccl.all_gather``;
-        when ``M`` is not divisible by the world size it runs sequentially."""
+                          method: str | None = None) -> torch.Tensor:
+        """``out`` (``M x N``) := ``a @ b`` summed over ranks (``all_reduce(a @ b)``). Other than
+        sequentially, it is :meth:`matmul_reduce_scatter` by that method followed by
+        ``ctx.ccl.all_gather``; when ``M`` is not divisible by the world size it runs
+        sequentially."""
         ctx = self._context
         self._check("matmul_all_reduce", out=out, a=a, b=b)
         M, K = a.shape
@@ -160,14 +176,16 @@ class FusedOps:
         self._check_shape("matmul_all_reduce", "b", b, (K, N))
         self._check_shape("matmul_all_reduce", "out", out, (M, N))
         divisible = M % ctx.world_size == 0
-        if fused and not divisible:
-            raise IrisError(f"matmul_all_reduce: fused=True needs M divisible by the world size {ctx.world_size}, "
-                            f"got M={M}; pass fused=None to run it sequentially")
+        if method not in (None, "sequential") and not divisible:
+            raise IrisError(f"matmul_all_reduce: method={method!r} needs M divisible by the world size "
+                            f"{ctx.world_size}, got M={M}; pass method=None to run it sequentially")
         sent = 2 * (ctx.world_size - 1) * (M // ctx.world_size) * N * out.element_size()
-        if not divisible or not self._fuse("matmul_all_reduce", fused, flops=2 * M * N * K, sent=sent):
+        method = self._method("matmul_all_reduce", method if divisible else "sequential", flops=2 * M * N * K,
+                              sent=sent)
+        if method == "sequential":
             return ctx.ccl.all_reduce(torch.matmul(a, b, out=out))
         mine = torch.empty(M // ctx.world_size, N, dtype=out.dtype, device=ctx.device)
-        self.matmul_reduce_scatter(mine, a, b, fused=True)
+        self.matmul_reduce_scatter(mine, a, b, method=method)
         return ctx.ccl.all_gather(out, mine)
 
     # -- checks, decisions, buffers, streams ----------------------------------------------------
@@ -198,19 +216,22 @@ class FusedOps:
         if tuple(tensor.shape) != shape:
             raise IrisError(f"{name}: {what} has shape {tuple(tensor.shape)}; expected {shape}")
 
-    def _fuse(self, name: str, fused: bool | None, flops: int, sent: int) -> bool:
-        """Whether to run ``name`` fused: as asked, else by the estimate (CPU ranks: always)."""
-        if fused is not None:
-            return bool(fused)
+    def _method(self, name: str, method: str | None, flops: int, sent: int) -> str:
+        """The method to run ``name`` by: as asked, else by the estimate (CPU ranks: fused)."""
+        if method is not None:
+            if method not in METHODS:
+                raise IrisError(f"{name}: method={method!r} is not one of {', '.join(METHODS)} (or None to choose "
+                                f"automatically)")
+            return method
         ctx = self._context
         if ctx.device.type != "cuda":
-            return True
+            return "fused"
         share = communication_share(flops, sent)
-        if share < MIN_COMMUNICATION_SHARE:
+        if share < COPY_ENGINE_MIN_SHARE:
             ctx.debug(f"{name}: sequential (estimated communication {share:.0%} of the product's time, under "
-                      f"{MIN_COMMUNICATION_SHARE:.0%}: fusion would not pay)")
-            return False
-        return True
+                      f"{COPY_ENGINE_MIN_SHARE:.0%}: overlapping would not pay)")
+            return "sequential"
+        return "copy_engine"
 
     def _buffers_for(self, name: str, data_elements: int, dtype: torch.dtype, flag_stride: int) -> _Buffers:
         """``name``'s buffers, (re)allocated collectively when they are too small."""

@@ -1,0 +1,157 @@
+"""Matrix products overlapped with copy-engine transfers: cuBLAS computes, the DMA engines move.
+
+The fused kernels of :mod:`iris_triton.fused` move data with the multiprocessors and compute
+with a Triton GEMM, which on H200 runs at 80-92% of cuBLAS. Here the product is split by the
+rows that ranks own, each part a ``torch.matmul`` at cuBLAS's speed, and the data moves by
+``copy_`` into the peer's heap (a device-to-device copy over NVLink, done by the copy engines,
+taking no multiprocessor from the GEMM) on a second stream, while the other part computes:
+
+- ``all_gather_matmul``: the second stream copies this rank's rows of ``A`` into every peer's
+  gathered ``A``, while this rank multiplies its own rows; then it multiplies each peer's rows
+  once they arrived.
+- ``matmul_reduce_scatter``: this rank first multiplies the rows every peer owns, the second
+  stream copies each such partial result into its owner's receive buffer while this rank
+  multiplies its own rows; then it adds what the peers sent.
+
+Ranks synchronise through one-thread kernels with words on the heap, per operation: ``pushes``
+and ``calls`` (this rank's count of copies and of products: each stream advances its own),
+``arrived[q]`` (set by peer ``q`` when its data for this rank's call landed) and ``freed[q]``
+(set by peer ``q`` when it no longer needs what this rank sent it). A rank copies into a peer
+only after the peer freed the previous call's data, so one buffer serves every call; the counts
+live on the device, so calls need no host work and can be captured in CUDA graphs. Every wait is
+bounded and records the peer in ``ctx.wait_failures`` when it gives up.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris_triton import device
+from iris_triton.waits import site_code, wait_or_record
+
+__all__ = ["CopyEngineOps"]
+
+
+@triton.jit
+def wait_for_peers_kernel(counter, flags, heap_bases, failures, max_spins, AHEAD: tl.constexpr, RANK: tl.constexpr,
+                          WORLD: tl.constexpr, SITE: tl.constexpr):
+    """Wait until every peer's ``flags[q]`` here reaches this rank's ``counter`` plus ``AHEAD``."""
+    target = tl.load(counter) + AHEAD
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            wait_or_record(flags + q, target, RANK, heap_bases, max_spins, failures, q, SITE)
+
+
+@triton.jit
+def signal_peers_kernel(counter, flags, heap_bases, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Advance this rank's ``counter`` and set ``flags[RANK]`` on every peer to it (release, system
+    scope: what this stream did before, copies included, is visible to whoever sees the flag)."""
+    count = tl.load(counter) + 1
+    tl.store(counter, count)
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            device.signal(flags + RANK, count, RANK, q, heap_bases)
+
+
+class _Sync:
+    """The synchronisation words of one operation on this rank's heap (see the module's doc)."""
+
+    def __init__(self, context, name: str):
+        world = context.world_size
+        words = context.ccl.workspace(4 * (2 + 2 * world), name=f"{name}_sync", zeroed=True).view(torch.int32)
+        self.pushes, self.calls = words[0:1], words[1:2]
+        self.arrived, self.freed = words[2:2 + world], words[2 + world:2 + 2 * world]
+
+
+class CopyEngineOps:
+    """The copy-engine form of ``ctx.ops``'s products; ``alongside``/``join`` run work on the
+    operations' second stream and join it back (:class:`iris_triton.ops.FusedOps`)."""
+
+    def __init__(self, context, alongside, join):
+        self._context = context
+        self._alongside = alongside
+        self._join = join
+        self._syncs: dict[str, _Sync] = {}
+        self._scratches: dict[tuple, torch.Tensor] = {}
+
+    def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx, rank, world = self._context, self._context.rank, self._context.world_size
+        m, K = a_shard.shape
+        gathered = self._buffer("all_gather_matmul", (world * m, K), a_shard.dtype)
+        sync = self._sync("all_gather_matmul")
+        with self._alongside():
+            self._wait(sync.pushes, sync.freed, 0, "all_gather_matmul")
+            for q in self._peers():
+                ctx.heap.peer_view(gathered[rank * m:(rank + 1) * m], q).copy_(a_shard)
+            self._signal(sync.pushes, sync.arrived)
+        torch.matmul(a_shard, b, out=out[rank * m:(rank + 1) * m])
+        self._wait(sync.calls, sync.arrived, 1, "all_gather_matmul")
+        for q in self._peers():
+            torch.matmul(gathered[q * m:(q + 1) * m], b, out=out[q * m:(q + 1) * m])
+        self._signal(sync.calls, sync.freed)
+        self._join()
+        return out
+
+    def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx, rank, world = self._context, self._context.rank, self._context.world_size
+        m, N = out.shape
+        received = self._buffer("matmul_reduce_scatter", (world, m, N), out.dtype)
+        partial = self._scratch((world - 1, m, N), out.dtype)
+        sync = self._sync("matmul_reduce_scatter")
+        peers = self._peers()
+        for k, q in enumerate(peers):
+            torch.matmul(a[q * m:(q + 1) * m], b, out=partial[k])
+        with self._alongside():
+            self._wait(sync.pushes, sync.freed, 0, "matmul_reduce_scatter")
+            for k, q in enumerate(peers):
+                ctx.heap.peer_view(received[rank], q).copy_(partial[k])
+            self._signal(sync.pushes, sync.arrived)
+        torch.matmul(a[rank * m:(rank + 1) * m], b, out=out)
+        self._wait(sync.calls, sync.arrived, 1, "matmul_reduce_scatter")
+        for q in self._peers():
+            out.add_(received[q])
+        self._signal(sync.calls, sync.freed)
+        self._join()
+        return out
+
+    # -- pieces ---------------------------------------------------------------------------------
+
+    def _peers(self) -> list[int]:
+        """The other ranks, starting after this one (so ranks do not all copy to rank 0 first)."""
+        ctx = self._context
+        return [(ctx.rank + k) % ctx.world_size for k in range(1, ctx.world_size)]
+
+    def _buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A heap buffer of ``shape``, the same on every rank (grown collectively when needed)."""
+        numel = 1
+        for extent in shape:
+            numel *= extent
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        space = self._context.ccl.workspace(nbytes, name=f"copy_engine_{name}")
+        return space[:nbytes].view(dtype).view(shape)
+
+    def _scratch(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A local buffer of ``shape``, kept for the next calls of that shape."""
+        key = (shape, dtype)
+        if key not in self._scratches:
+            self._scratches.clear()  # one size at a time: layers of other shapes reallocate
+            self._scratches[key] = torch.empty(shape, dtype=dtype, device=self._context.device)
+        return self._scratches[key]
+
+    def _sync(self, name: str) -> _Sync:
+        if name not in self._syncs:
+            self._syncs[name] = _Sync(self._context, f"copy_engine_{name}")
+        return self._syncs[name]
+
+    def _wait(self, counter, flags, ahead: int, site: str) -> None:
+        ctx = self._context
+        wait_for_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), ctx.wait_failures, ctx.max_spins,
+                                    AHEAD=ahead, RANK=ctx.rank, WORLD=ctx.world_size, SITE=site_code(site),
+                                    num_warps=1)
+
+    def _signal(self, counter, flags) -> None:
+        ctx = self._context
+        signal_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), RANK=ctx.rank, WORLD=ctx.world_size,
+                                  num_warps=1)
