@@ -83,3 +83,31 @@ def per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(samples)
+
+
+def interleaved_per_call_us(ctx, fns: dict, calls: int, repeats: int) -> dict[str, float]:
+    """This rank's median time per call of each of ``fns`` (``{name: callable}``) in
+    microseconds, under CUDA graphs: each is captured once (``calls`` calls in one graph), then
+    every repeat replays each graph once, in turn, after a host barrier of every rank, so that
+    slow drifts of the clocks (a GPU warming up under a long product) hit every one alike."""
+    stream = torch.cuda.Stream(ctx.device)
+    graphs = {}
+    for name, fn in fns.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graphs[name], stream=stream):
+            for _ in range(calls):
+                fn()
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, graph in graphs.items():
+            ctx.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) * 1e3 / calls)
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -12,8 +12,8 @@ or ``torch.matmul`` then NCCL ``reduce_scatter_tensor``), by each of ``ctx.ops``
 (``copy_engine``, ``fused``, ``sequential``), and as ``ctx.ops`` decides by itself
 (``method=None``: "auto"). Results are checked against the baseline's, then
 timed per call under CUDA graphs (``--calls`` calls per graph, median of ``--repeats``
-replays, the slowest rank). Results go to ``benchmarks/results/fused-<date>.json`` (or
-``--out``) with a plot.
+replays taken in turn across the implementations, the slowest rank). Results go to
+``benchmarks/results/fused-<date>.json`` (or ``--out``) with a plot.
 
     python -m benchmarks.fused [--tokens 2048,4096,8192,16384] [--out DIR]
 """
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import iris
-from benchmarks.common import per_call_us
+from benchmarks.common import interleaved_per_call_us
 from iris_triton.ops import METHODS
 
 #: layer -> (operation, K, N): the per-rank product's inner and output dimensions.
@@ -78,9 +78,9 @@ def _run(rank: int, tokens: list[int], calls: int, repeats: int) -> list[dict]:
                 torch.cuda.synchronize()
                 reference = impls["torch+nccl"][1].float()
                 row["correct"][name] = bool(torch.allclose(out.float(), reference, rtol=2e-2, atol=2e-2))
-            for name, (fn, _) in impls.items():
-                mine = per_call_us(ctx, fn, calls, repeats, graph=True) / 1e3
-                row["ms"][name] = max(ctx.comm.all_gather_object(mine))
+            mine = interleaved_per_call_us(ctx, {name: fn for name, (fn, _) in impls.items()}, calls, repeats)
+            everyone = ctx.comm.all_gather_object(mine)
+            row["ms"] = {name: max(rank_ms[name] for rank_ms in everyone) / 1e3 for name in impls}
             row["speedup"] = {name: row["ms"]["torch+nccl"] / ms for name, ms in row["ms"].items()
                               if name != "torch+nccl"}
             rows.append(row)
@@ -118,7 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="2048,4096,8192,16384")
     parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if torch.cuda.device_count() < 2:
