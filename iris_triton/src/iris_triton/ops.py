@@ -12,8 +12,9 @@ Each operation checks its tensors, then runs one of three methods and returns ``
 (:func:`communication_share`): on GPUs the copy engines run when there is enough to hide
 (:data:`COPY_ENGINE_MIN_SHARE`), otherwise the sequential path; the decision is logged at debug
 level. CPU ranks run the fused kernels (the path worth testing there; there is no cuBLAS to
-lose against). On H200 the fused Triton GEMM runs at 80-92% of cuBLAS, so the copy engines win
-wherever overlap pays (benchmarks/NOTES.md).
+lose against). On 2 x H200 the copy engines measured 1.04-1.39x against cuBLAS then NCCL on the
+Llama-3-70B TP=2 layers, the fused kernels 0.77-1.00x (their Triton GEMM runs at 80-92% of
+cuBLAS): benchmarks/NOTES.md.
 
 The buffers every method needs (a gathered ``A`` or a receive buffer; flags; call counts) live on
 the heap, are allocated collectively the first time a call needs more than before, and are
@@ -41,7 +42,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 METHODS = ("copy_engine", "fused", "sequential")
 #: The automatic choice on GPUs overlaps with the copy engines when the communication's estimated
 #: time is at least this share of the product's: below it, splitting the product and the few
-#: synchronising kernels cost more than the little there is to hide.
+#: synchronising kernels cost more than the little there is to hide. Llama-3-70B's MLP up at TP=2
+#: (3.3%) measured 1.04-1.06x with the copy engines and 1.00-1.09x sequential on 2 x H200.
 COPY_ENGINE_MIN_SHARE = 0.02
 #: Estimates for that decision on GPUs: bf16 tensor-core rate and link bandwidth measured on
 #: H200 (benchmarks/NOTES.md).
@@ -228,9 +230,11 @@ class FusedOps:
             return "fused"
         share = communication_share(flops, sent)
         if share < COPY_ENGINE_MIN_SHARE:
-            ctx.debug(f"{name}: sequential (estimated communication {share:.0%} of the product's time, under "
+            ctx.debug(f"{name}: sequential (estimated communication {share:.1%} of the product's time, under "
                       f"{COPY_ENGINE_MIN_SHARE:.0%}: overlapping would not pay)")
             return "sequential"
+        ctx.debug(f"{name}: copy engines overlapped with the product (estimated communication {share:.1%} of "
+                  f"the product's time)")
         return "copy_engine"
 
     def _buffers_for(self, name: str, data_elements: int, dtype: torch.dtype, flag_stride: int) -> _Buffers:
