@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 
+import attrs
 import torch
 import triton
 
@@ -61,26 +62,29 @@ def communication_share(flops: int, sent: int) -> float:
     return (sent / LINK_BYTES_PER_SECOND) / (flops / GEMM_FLOPS_PER_SECOND)
 
 
+@attrs.frozen
 class _Buffers:
-    """Heap buffers of one fused kernel: a data workspace (two slots) and int32 state words
-    ``[calls of the GEMM programs, calls of the push programs, flags[world, flag_stride]]``."""
+    """Heap buffers of one fused kernel, views of two of ``ctx.ccl``'s named workspaces: data
+    (two slots) and int32 state words ``[calls of the GEMM programs, calls of the push programs,
+    flags[world, flag_stride]]``. The state is zeroed when allocated and its layout follows its
+    size, which only grows, so a later call never reads a flag where an earlier one wrote a count."""
 
-    def __init__(self, context, data_elements: int, dtype: torch.dtype, flag_stride: int):
-        programs = context.get_cu_count()
-        self.programs = programs
-        self.flag_stride = flag_stride
-        self.data = context.zeros(data_elements, dtype=dtype)
-        self.state = context.zeros(2 * programs + context.world_size * flag_stride, dtype=torch.int32)
-        self.gemm_calls = self.state[:programs]
-        self.push_calls = self.state[programs : 2 * programs]
-        self.flags = self.state[2 * programs :]
+    programs: int
+    flag_stride: int
+    data: torch.Tensor
+    gemm_calls: torch.Tensor
+    push_calls: torch.Tensor
+    flags: torch.Tensor
 
-    def fits(self, data_elements: int, dtype: torch.dtype, flag_stride: int) -> bool:
-        return self.data.dtype == dtype and self.data.numel() >= data_elements and self.flag_stride >= flag_stride
-
-    def free(self, context) -> None:
-        context.free(self.data)
-        context.free(self.state)
+    @classmethod
+    def of(cls, context, name: str, data_elements: int, dtype: torch.dtype, flag_stride: int) -> "_Buffers":
+        programs, world = context.get_cu_count(), context.world_size
+        data_bytes = data_elements * torch.empty(0, dtype=dtype).element_size()
+        data = context.ccl.workspace(data_bytes, name=f"{name}_data")[:data_bytes].view(dtype)
+        state = context.ccl.workspace(4 * (2 * programs + world * flag_stride), name=f"{name}_state",
+                                      zeroed=True).view(torch.int32)
+        return cls(programs=programs, flag_stride=(state.numel() - 2 * programs) // world, data=data,
+                   gemm_calls=state[:programs], push_calls=state[programs:2 * programs], flags=state[2 * programs:])
 
 
 class FusedOps:
@@ -89,7 +93,6 @@ class FusedOps:
 
     def __init__(self, context):
         self._context = context
-        self._buffers: dict[str, _Buffers] = {}
         self._side_stream = None
         self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
 
@@ -238,16 +241,8 @@ class FusedOps:
         return "copy_engine"
 
     def _buffers_for(self, name: str, data_elements: int, dtype: torch.dtype, flag_stride: int) -> _Buffers:
-        """``name``'s buffers, (re)allocated collectively when they are too small."""
-        buffers = self._buffers.get(name)
-        if buffers is None or not buffers.fits(data_elements, dtype, flag_stride):
-            ctx = self._context
-            ctx.barrier()  # no kernel of any rank still uses the old buffers
-            if buffers is not None:
-                buffers.free(ctx)
-            buffers = self._buffers[name] = _Buffers(ctx, data_elements, dtype, flag_stride)
-            ctx.barrier()  # every rank's buffers exist, zeroed, before anyone writes into them
-        return buffers
+        """``name``'s buffers, grown collectively when they are too small (``ctx.ccl.workspace``)."""
+        return _Buffers.of(self._context, name, data_elements, dtype, flag_stride)
 
     @contextlib.contextmanager
     def _alongside(self):
