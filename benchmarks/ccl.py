@@ -34,7 +34,7 @@ def _implementations(ctx, collective: str, n: int, world: int):
     x = ctx.randn(n, dtype=bf16, generator=g)  # heap input, as an iris user would allocate it
     impls = {}
     if collective == "all_reduce":
-        for algorithm in ("low_latency", "one_shot", "two_shot", "two_shot_pull"):
+        for algorithm in ("low_latency", "one_shot", "two_shot"):
             if algorithm == "low_latency" and n * 2 > low_latency.MAX_BYTES:
                 continue
             buf = ctx.empty(n, dtype=bf16)

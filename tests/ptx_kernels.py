@@ -339,7 +339,6 @@ CCL_STEPS = {
     "reduce_scatter": (ccl._push_segments, None, ccl._reduce_own_segment),
     "all_reduce_one_shot": (ccl._push_own, None, ccl._reduce_whole),
     "all_reduce_two_shot": (ccl._push_segments, ccl._reduce_and_share_segment, ccl._collect_shared),
-    "all_reduce_two_shot_pull": (ccl._nothing, ccl._pull_reduce_segment, ccl._nothing),
     "broadcast": (ccl._push_from_source, None, ccl._take_from_source),
 }
 

@@ -30,8 +30,8 @@ BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 BACK_TO_BACK_SIZES = {"cpu": (37, 129), "cuda": (129, 4096 * 140 + 3)}
 #: all_reduce algorithms checked by name (None: the automatic choice, which picks one of them;
 #: checked on GPUs, where calls are cheap).
-ALL_REDUCE_ALGORITHMS = {"cpu": ("low_latency", "one_shot", "two_shot", "two_shot_pull"),
-                         "cuda": ("low_latency", "one_shot", "two_shot", "two_shot_pull", None)}
+ALL_REDUCE_ALGORITHMS = {"cpu": ("low_latency", "one_shot", "two_shot"),
+                         "cuda": ("low_latency", "one_shot", "two_shot", None)}
 
 
 def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
@@ -125,7 +125,7 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
     for i in range(calls):
         n = BACK_TO_BACK_SIZES[device.type][i % 2]
         results.append(base[n][rank] + i)
-        algorithm = ("low_latency", "one_shot", "two_shot", "two_shot_pull")[i // 2 % 4]
+        algorithm = ("low_latency", "one_shot", "two_shot")[i // 2 % 3]
         if algorithm == "low_latency" and n * 4 > low_latency.MAX_BYTES:
             algorithm = None  # too large for it: the automatic choice
         ctx.ccl.all_reduce(results[i], algorithm=algorithm)
@@ -167,21 +167,6 @@ def _check_cuda_graph(ctx, report: RankReport) -> None:
     report.check("cuda_graph/replays_match_eager_reference", ok)
 
 
-def _check_pull_needs_symmetric_tensors(ctx, report: RankReport) -> None:
-    """The pulling two-shot reads and writes the peers' tensors at this tensor's heap offset: with
-    tensors at different offsets (heaps allocated differently on each rank) it must push instead."""
-    rank, world = ctx.rank, ctx.world_size
-    padding = ctx.empty(4096 * (rank + 1))  # a different amount on every rank: later tensors move
-    data = [_data(torch.float32, 1000, q, "offsets") for q in range(world)]
-    t = ctx.as_symmetric(data[rank].to(ctx.device))
-    offsets = ctx.comm.all_gather_object(ctx.heap.offset_of(t))
-    ctx.ccl.all_reduce(t, algorithm="two_shot_pull")
-    report.check("pull/asymmetric_offsets_still_correct",
-                 len(set(offsets)) == world and _same(t.cpu(), _reference_reduce(data, "sum")))
-    ctx.free(t)
-    ctx.free(padding)
-
-
 def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
     report = RankReport(rank)
     # The largest int64 calls need ~100 MiB of workspace, which grows (free, then allocate) with the sizes.
@@ -190,8 +175,6 @@ def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
         _check_matrix(ctx, report)
     with report.section("back_to_back"):
         _check_back_to_back(ctx, report)
-    with report.section("pull"):
-        _check_pull_needs_symmetric_tensors(ctx, report)
     if device == "cuda":
         with report.section("cuda_graph"):
             _check_cuda_graph(ctx, report)
@@ -218,10 +201,6 @@ def test_no_device_wait_timed_out(reports):
     assert_rank_checks(reports, "no_wait_failed/", len(DTYPES) * len(reports))
 
 
-def test_pulling_two_shot_falls_back_for_tensors_at_different_offsets(reports):
-    assert_rank_checks(reports, "pull/", len(reports))
-
-
 def test_back_to_back_calls_see_no_stale_data(reports):
     assert_rank_checks(reports, "back_to_back/", 2 * len(reports))
 
@@ -236,7 +215,7 @@ def test_cuda_graph_capture_and_replay(reports):
 
 
 def test_algorithms_are_registered_for_every_collective(ctx):
-    assert ctx.ccl.algorithms("all_reduce") == ["low_latency", "one_shot", "two_shot", "two_shot_pull"]
+    assert ctx.ccl.algorithms("all_reduce") == ["low_latency", "one_shot", "two_shot"]
     for collective in ("all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         assert "direct" in ctx.ccl.algorithms(collective)
     with pytest.raises(ValueError, match="unknown collective"):

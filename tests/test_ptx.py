@@ -204,7 +204,7 @@ def test_device_barrier_releases_and_acquires_at_system_scope(ptx):
 
 @pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
 @pytest.mark.parametrize("collective", ["all_gather", "all_to_all", "reduce_scatter", "all_reduce_one_shot",
-                                        "all_reduce_two_shot", "all_reduce_two_shot_pull", "broadcast"])
+                                        "all_reduce_two_shot", "broadcast"])
 def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, frontend, collective):
     # The one collective kernel, with each collective's steps, compiled by each front end: data
     # moves in 16-byte vectors (bf16), a signal is a release exchange at system scope and a wait an

@@ -43,7 +43,6 @@ __all__ = [
     "ALL_GATHER_DIRECT",
     "ALL_REDUCE_ONE_SHOT",
     "ALL_REDUCE_TWO_SHOT",
-    "ALL_REDUCE_TWO_SHOT_PULL",
     "ALL_TO_ALL_DIRECT",
     "BROADCAST_DIRECT",
     "REDUCE_SCATTER_DIRECT",
@@ -228,37 +227,6 @@ def _take_from_source(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WO
 
 
 @triton.jit
-def _nothing(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
-             SRC: tl.constexpr):
-    """No work on this side of an exchange (the pulling two-shot only exchanges there)."""
-    pass
-
-
-@triton.jit
-def _pull_reduce_segment(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
-                         OP: tl.constexpr, SRC: tl.constexpr):
-    """Two-shot all_reduce by pulling, between its exchanges: segment ``RANK`` of every rank's
-    tensor (the same heap offset on every rank, ``inp`` is ``out``) := their reduction, read with
-    remote loads and written back with remote stores. Only this rank touches segment ``RANK``
-    anywhere, and each element is read before it is written by the same thread."""
-    mask = (offs < m) & (RANK * m + offs < n)
-    for q in tl.static_range(WORLD):
-        if q == RANK:
-            x = widen(tl.load(inp + RANK * m + offs, mask=mask))
-        else:
-            x = widen(dctx.load(inp + RANK * m + offs, q, mask=mask))
-        if q == 0:
-            acc = x
-        else:
-            acc = combine(acc, x, OP)
-    reduced = acc.to(out.dtype.element_ty)
-    tl.store(out + RANK * m + offs, reduced, mask=mask)
-    for q in tl.static_range(WORLD):
-        if q != RANK:
-            dctx.store(out + RANK * m + offs, reduced, q, mask=mask)
-
-
-@triton.jit
 def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, RANK: tl.constexpr,
                 WORLD: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr,
                 ROUND: tl.constexpr):
@@ -323,25 +291,21 @@ MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 SLOT_ALIGNMENT = 256
 
 
-def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, consume, middle=None, **shape_changes):
+def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, consume, middle=None):
     """Launch :func:`collective_kernel` for ``call`` with its steps, ``n`` input elements,
-    segments of ``m`` and a workspace slot of ``slot_elements`` of the call's dtype (0: no
-    workspace), the launch shape by size changed by ``shape_changes``; returns the launch's
-    repeat (:meth:`Frontend.launch`)."""
+    segments of ``m`` and a workspace slot of ``slot_elements`` of the call's dtype; returns
+    the launch's repeat (:meth:`Frontend.launch`)."""
     ctx = call.context
     element_size = call.input.element_size()
-    if slot_elements:
-        slot_bytes = -(-slot_elements * element_size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
-        workspace = ctx.ccl.workspace(2 * slot_bytes)
-        stride = workspace.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT // element_size  # between the halves
-        if 2 * stride > MAX_WORKSPACE_ELEMENTS:
-            raise IrisError(f"{call.collective}: {call.input.numel()} elements per rank is too large for one call "
-                            f"(workspace offsets are 32-bit); split it into smaller calls")
-        ws = workspace[: 2 * stride * element_size].view(call.input.dtype)
-    else:
-        ws, stride = call.input, 0
+    slot_bytes = -(-slot_elements * element_size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
+    workspace = ctx.ccl.workspace(2 * slot_bytes)
+    stride = workspace.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT // element_size  # between the halves
+    if 2 * stride > MAX_WORKSPACE_ELEMENTS:
+        raise IrisError(f"{call.collective}: {call.input.numel()} elements per rank is too large for one call "
+                        f"(workspace offsets are 32-bit); split it into smaller calls")
+    ws = workspace[: 2 * stride * element_size].view(call.input.dtype)
     front = ctx.frontend
-    shape = {**launch_config(ctx.device.type, call.input.numel() * element_size), **shape_changes}
+    shape = launch_config(ctx.device.type, call.input.numel() * element_size)
     grid = (max(1, min(ctx.ccl.programs, triton.cdiv(m, shape["BLOCK"]))),)
     return front.launch(
         collective_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
@@ -376,19 +340,6 @@ def _all_reduce_two_shot(call: CollectiveCall):
     return _launch(call, n, m, 2 * world * m, _push_segments, _collect_shared, middle=_reduce_and_share_segment)
 
 
-def _all_reduce_two_shot_pull(call: CollectiveCall):
-    """Two-shot by remote loads and stores straight between the ranks' tensors: no workspace and
-    no pass over it, one exchange before and one after (a single round). Needs the tensor on
-    every rank's heap at the same offset, checked once per tensor with a host exchange; otherwise
-    the pushing two-shot runs."""
-    ctx, tensor = call.context, call.input
-    offset = ctx.heap.offset_of(tensor) if ctx.is_symmetric(tensor) else None
-    if len(set(ctx.comm.all_gather_object(offset))) != 1 or offset is None:
-        return _all_reduce_two_shot(call)
-    n, world = tensor.numel(), ctx.world_size
-    return _launch(call, n, triton.cdiv(n, world), 0, _nothing, _nothing, middle=_pull_reduce_segment, SYNCS=1)
-
-
 def _broadcast(call: CollectiveCall):
     n = call.input.numel()
     return _launch(call, n, n, n, _push_from_source, _take_from_source)
@@ -404,8 +355,5 @@ ALL_REDUCE_ONE_SHOT = Algorithm(name="one_shot", collective="all_reduce", run=_a
                                 description="every rank receives every input and reduces; one exchange")
 ALL_REDUCE_TWO_SHOT = Algorithm(name="two_shot", collective="all_reduce", run=_all_reduce_two_shot,
                                 description="reduce-scatter then all-gather of the reduced segments; two exchanges")
-ALL_REDUCE_TWO_SHOT_PULL = Algorithm(
-    name="two_shot_pull", collective="all_reduce", run=_all_reduce_two_shot_pull,
-    description="two-shot by remote loads and stores between the ranks' heap tensors; no workspace")
 BROADCAST_DIRECT = Algorithm(name="direct", collective="broadcast", run=_broadcast,
                              description="the source pushes into every peer; one exchange")
