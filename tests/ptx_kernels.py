@@ -282,7 +282,7 @@ def signal_wait_ctx(context, flag, out, peer, max_spins, CTX: tl.constexpr, RANK
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
               "flag": "*i32", "out": "*i32", "state_ptr": "*i32"}
-_INT_ARGS = {"n", "m", "words", "stride", "peer", "max_spins", "rank", "world_size", "programs", "capacity", "K", "N",
+_INT_ARGS = {"n", "m", "words", "stride", "slot_stride", "peer", "max_spins", "rank", "world_size", "programs", "capacity", "K", "N",
              "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride"}
 
 
@@ -380,7 +380,7 @@ def _fused_specs() -> dict:
     types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
     types.update(flags="*i32", calls="*i32", failures="*i32")
     divisible = ("shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "failures", "heap_bases", "m", "K",
-                 "N", "stride_sm", "stride_am", "stride_bk", "stride_om")
+                 "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
     return {
         "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, BLOCK_M=config["BLOCK_M"], BLOCK_K=128,

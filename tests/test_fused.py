@@ -23,7 +23,7 @@ from iris_triton.ops import COPY_ENGINE_MIN_SHARE, METHODS, communication_share
 #: (rows per rank m, K, N): ragged against the tiles (CPU 16 x 16 x 16, GPU 128 x 256 x 64).
 SHAPES = {"cpu": ((5, 16, 24), (21, 40, 33)), "cuda": ((1000, 1024, 1536), (2048, 4096, 2560))}
 DTYPES = (torch.bfloat16, torch.float16)
-BACK_TO_BACK = {"cpu": 6, "cuda": 40}
+BACK_TO_BACK = {"cpu": 12, "cuda": 48}
 
 
 def _inputs(kind: str, dtype, m: int, K: int, N: int, world: int, seed) -> tuple[list, list]:
@@ -73,9 +73,9 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
     shapes = SHAPES[ctx.device.type]
     pending = []
     for i in range(BACK_TO_BACK[ctx.device.type]):
-        m, K, N = shapes[i % len(shapes)]
-        kind = KINDS[i % 2]
-        method = ("fused", "copy_engine")[i // 2 % 2]
+        kind = KINDS[i % len(KINDS)]
+        m, K, N = shapes[-1 - i // len(KINDS) % len(shapes)]  # each operation: the larger shape, then smaller
+        method = ("fused", "copy_engine")[i // (len(KINDS) * len(shapes)) % 2]
         pending.append((kind, *_run(ctx, kind, torch.bfloat16, m, K, N, ("b2b", i), method)))
     for kind, out, expected in pending:
         report.check(f"back_to_back/{kind}/{len(report)}", _close(out, expected))
@@ -125,7 +125,6 @@ def _check_cuda_graph(ctx, report: RankReport) -> None:
             inputs_a, inputs_b = _inputs("all_gather_matmul", torch.bfloat16, m, K, N, world, ("graph", replay))
             a.copy_(inputs_a[rank])
             b.copy_(inputs_b[rank])
-            ctx.barrier()  # no rank overwrites its inputs while a peer's replay still reads them
             graph.replay()
             torch.cuda.synchronize(device)
             report.check(f"cuda_graph/{method}/replay{replay}",
@@ -147,6 +146,42 @@ def _fused_worker(rank: int, device: str) -> bytes:
     ctx.barrier()  # raises if any device-side wait timed out
     ctx.destroy()
     return report.packed()
+
+
+def _slow_peer_worker(rank: int, method: str) -> list[bool]:
+    """all_gather_matmul twice, the second call smaller, with rank 0 held up inside its first call
+    (after its push, before its GEMM): rank 1's second call must not write where rank 0 still reads."""
+    import contextlib
+    import time
+
+    from iris_triton.ops import FusedOps
+
+    ctx = iris.create("triton", heap_size="16MiB", device="cpu")
+    original, calls = FusedOps._alongside, []
+
+    @contextlib.contextmanager
+    def held_up(self):
+        with original(self):
+            yield
+        calls.append(1)
+        if rank == 0 and len(calls) == 1:
+            time.sleep(3)
+
+    FusedOps._alongside = held_up
+    results = []
+    for m, K, N in ((21, 40, 8), (5, 16, 8)):
+        a, b = _inputs("all_gather_matmul", torch.bfloat16, m, K, N, ctx.world_size, "slow peer")
+        out = torch.empty(ctx.world_size * m, N, dtype=torch.bfloat16)
+        ctx.ops.all_gather_matmul(out, a[rank], b[rank], method=method)
+        results.append(_close(out, _reference("all_gather_matmul", a, b, rank, m)))
+    ctx.barrier()
+    ctx.destroy()
+    return results
+
+
+@pytest.mark.parametrize("method", ["fused", "copy_engine"])
+def test_a_smaller_call_never_overwrites_what_a_slow_peer_still_reads(method):
+    assert iris.spawn(_slow_peer_worker, 2, method, device="cpu") == [[True, True]] * 2
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")

@@ -2,8 +2,8 @@
 
 ``ctx.ccl`` checks a call (devices, dtypes, sizes, contiguity), then dispatches it to a
 registered algorithm (:mod:`iris.collectives`). The namespace owns what algorithms share: the
-synchronisation words on the heap and a data workspace on the heap that grows, collectively, to
-the largest call seen. Calls after the first of a given size allocate nothing and never wait on
+synchronisation words on the heap and named workspaces on the heap (one per protocol, e.g. the
+collectives' data workspace), each growing, collectively, to the largest call seen. Calls after the first of a given size allocate nothing and never wait on
 the host, so they can be captured in a CUDA graph (make one call of each size before capturing).
 
 A call identical to an earlier one (the same tensors by address, size, dtype and layout, the
@@ -200,8 +200,8 @@ class Collectives:
 
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None) -> torch.Tensor:
         """Reduce ``tensor`` across ranks (sum, max or min) in place; every rank gets the same
-        result. ``algorithm``: ``"one_shot"``, ``"two_shot"`` or any registered one; by default
-        chosen by size."""
+        result. ``algorithm``: ``"low_latency"``, ``"one_shot"``, ``"two_shot"`` or any registered
+        one; by default chosen by size and world size (:func:`iris.collectives.choose`)."""
         self._run("all_reduce", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "all_reduce", tensor),
                   op=_reduce_op_name(op))
         return tensor

@@ -252,7 +252,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
     peer) records waits that timed out."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, programs)
-    region = ws + (call % 2) * stride
+    region = ws + (call & 1) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
     for r in range(rounds):
         _each_block(PUSH, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)

@@ -24,6 +24,8 @@ bounded and records the peer in ``ctx.wait_failures`` when it gives up.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -74,7 +76,7 @@ class CopyEngineOps:
         self._alongside = alongside
         self._join = join
         self._syncs: dict[str, _Sync] = {}
-        self._scratches: dict[tuple, torch.Tensor] = {}
+        self._scratch_space: torch.Tensor | None = None
 
     def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx, rank, world = self._context, self._context.rank, self._context.world_size
@@ -125,20 +127,18 @@ class CopyEngineOps:
 
     def _buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A heap buffer of ``shape``, the same on every rank (grown collectively when needed)."""
-        numel = 1
-        for extent in shape:
-            numel *= extent
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         space = self._context.ccl.workspace(nbytes, name=f"copy_engine_{name}")
         return space[:nbytes].view(dtype).view(shape)
 
     def _scratch(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        """A local buffer of ``shape``, kept for the next calls of that shape."""
-        key = (shape, dtype)
-        if key not in self._scratches:
-            self._scratches.clear()  # one size at a time: layers of other shapes reallocate
-            self._scratches[key] = torch.empty(shape, dtype=dtype, device=self._context.device)
-        return self._scratches[key]
+        """A local buffer of ``shape``: a view of one allocation that only grows, so a CUDA graph
+        captured after a call of the largest shape keeps writing where it did (as the heap
+        workspaces: make one call of each size before capturing)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._scratch_space is None or self._scratch_space.numel() < nbytes:
+            self._scratch_space = torch.empty(nbytes, dtype=torch.uint8, device=self._context.device)
+        return self._scratch_space[:nbytes].view(dtype).view(shape)
 
     def _sync(self, name: str) -> _Sync:
         if name not in self._syncs:

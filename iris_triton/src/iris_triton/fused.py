@@ -11,7 +11,8 @@
   owner's receive buffer (remote stores) followed by a flag; then it computes the tiles of its
   own rows and adds what the peers sent, waiting for each tile's flag.
 
-Data lands in one of two slots by call parity; flags and call counts are per program
+Data lands in one of two slots by call parity, placed by the buffer's size (not the call's
+shape, so calls of different shapes never overlap slots); flags and call counts are per program
 (:mod:`iris_triton.calls`) and only grow, so calls need no host work and no resetting. A rank's
 call ``k + 2`` reuses the slot of call ``k`` only after it exchanged call ``k + 1``'s data with
 every peer, which the peers sent after finishing call ``k``. Every wait is bounded and records
@@ -37,13 +38,14 @@ MATMUL_REDUCE_SCATTER_SITE: tl.constexpr = tl.constexpr(site_code("matmul_reduce
 
 @triton.jit
 def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, stride_sm, stride_sk, flag_stride,
-                     RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                     slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Copy this rank's ``m x K`` ``shard`` into rows ``[RANK * m, (RANK + 1) * m)`` of the call's
-    slot of every rank's ``gathered`` (``[2, WORLD * m, K]``, heap), one tile of ``BLOCK_M`` rows
+    slot of every rank's ``gathered`` (heap; two slots ``slot_stride`` elements apart, each ``WORLD * m x
+    K``), one tile of ``BLOCK_M`` rows
     at a time; after each tile set flag ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart)
     on every rank to the call's number."""
     call = call_number(calls)
-    slot = gathered + (call % 2) * WORLD * m * K
+    slot = gathered + (call & 1) * slot_stride
     offs_k = tl.arange(0, BLOCK_K)
     for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK_M), tl.num_programs(0)):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -61,13 +63,13 @@ def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, 
 
 @triton.jit
 def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failures, capacity, m, N, K, stride_bk,
-                             stride_bn, stride_om, stride_on, flag_stride, max_spins, RANK: tl.constexpr,
+                             stride_bn, stride_om, stride_on, flag_stride, slot_stride, max_spins, RANK: tl.constexpr,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     """``out`` (``WORLD * m x N``) := the call's slot of ``gathered`` times ``b`` (``K x N``),
     source rank by source rank from this one on; a tile waits for the flag of its row tile."""
     call = call_number(calls)
-    slot = gathered + (call % 2) * WORLD * m * K
+    slot = gathered + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     per_source = row_tiles * col_tiles
@@ -86,15 +88,16 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failure
 
 @triton.jit
 def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, failures, capacity, m, N, K, stride_am,
-                                 stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride, max_spins,
-                                 RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride,
+                                 max_spins, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                  EVEN_K: tl.constexpr):
     """``out`` (``m x N``) := row block ``RANK`` (rows ``[RANK * m, (RANK + 1) * m)``) of
-    ``a @ b`` summed over ranks. Row block q's tiles go to rank q's ``recv`` (``[2, WORLD, m,
-    N]``, heap), slot of the call, part ``RANK``, each followed by flag ``[RANK, tile]`` there."""
+    ``a @ b`` summed over ranks. Row block q's tiles go to rank q's ``recv`` (heap; two slots
+    ``slot_stride`` elements apart, each ``[WORLD, m, N]``), slot of the call, part ``RANK``, each
+    followed by flag ``[RANK, tile]`` there."""
     call = call_number(calls)
-    slot = recv + (call % 2) * WORLD * m * N
+    slot = recv + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     per_block = row_tiles * col_tiles

@@ -102,7 +102,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words
     dctx = CTX.initialize(context, RANK, WORLD)
     call = call_number(sync)
     flag = call + 1
-    slot = ws + (call % 2) * WORLD * capacity
+    slot = ws + (call & 1) * WORLD * capacity
     for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
         w = dctx.block_offsets(ws, start, BLOCK)
         packed = (flag.to(tl.int64) << 32) | _payload(inp, w, n, SIZE)

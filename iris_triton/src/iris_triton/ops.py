@@ -62,28 +62,38 @@ def communication_share(flops: int, sent: int) -> float:
     return (sent / LINK_BYTES_PER_SECOND) / (flops / GEMM_FLOPS_PER_SECOND)
 
 
+#: Elements the fused kernels' two data slots are aligned to (a multiple of 16, so that Triton
+#: keeps the slots' 16-byte vector accesses).
+SLOT_ALIGNMENT = 128
+
+
 @attrs.frozen
 class _Buffers:
     """Heap buffers of one fused kernel, views of two of ``ctx.ccl``'s named workspaces: data
-    (two slots) and int32 state words ``[calls of the GEMM programs, calls of the push programs,
-    flags[world, flag_stride]]``. The state is zeroed when allocated and its layout follows its
-    size, which only grows, so a later call never reads a flag where an earlier one wrote a count."""
+    (two slots, ``slot_stride`` elements apart) and int32 state words ``[calls of the GEMM
+    programs, calls of the push programs, flags[world, flag_stride]]``. Both layouts follow the
+    buffers' sizes, which only grow (collectively), not the call's shape: calls of different shapes
+    use the same slots, and a later call never reads a flag where an earlier one wrote a count (the
+    state is zeroed when allocated)."""
 
     programs: int
     flag_stride: int
+    slot_stride: int
     data: torch.Tensor
     gemm_calls: torch.Tensor
     push_calls: torch.Tensor
     flags: torch.Tensor
 
     @classmethod
-    def of(cls, context, name: str, data_elements: int, dtype: torch.dtype, flag_stride: int) -> "_Buffers":
+    def of(cls, context, name: str, slot_elements: int, dtype: torch.dtype, flag_stride: int) -> "_Buffers":
+        """``name``'s buffers for slots of ``slot_elements`` and ``flag_stride`` flags per rank."""
         programs, world = context.get_cu_count(), context.world_size
-        data_bytes = data_elements * torch.empty(0, dtype=dtype).element_size()
-        data = context.ccl.workspace(data_bytes, name=f"{name}_data")[:data_bytes].view(dtype)
+        data_bytes = 2 * (slot_elements + SLOT_ALIGNMENT) * dtype.itemsize
+        data = context.ccl.workspace(data_bytes, name=f"{name}_data").view(dtype)
         state = context.ccl.workspace(4 * (2 * programs + world * flag_stride), name=f"{name}_state",
                                       zeroed=True).view(torch.int32)
-        return cls(programs=programs, flag_stride=(state.numel() - 2 * programs) // world, data=data,
+        return cls(programs=programs, flag_stride=(state.numel() - 2 * programs) // world,
+                   slot_stride=data.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT, data=data,
                    gemm_calls=state[:programs], push_calls=state[programs:2 * programs], flags=state[2 * programs:])
 
 
@@ -119,13 +129,14 @@ class FusedOps:
             return torch.matmul(gathered, b, out=out)
         config = GEMM_CONFIGS[ctx.device.type]
         block_m = config["BLOCK_M"]
-        buffers = self._buffers_for("all_gather_matmul", 2 * ctx.world_size * m * K, a_shard.dtype,
+        buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype,
                                     triton.cdiv(m, block_m))
         push_programs = min(PUSH_PROGRAMS[ctx.device.type], triton.cdiv(m, block_m))
         tiles = ctx.world_size * triton.cdiv(m, block_m) * triton.cdiv(N, config["BLOCK_N"])
         gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.device.type], tiles))
         common = dict(flags=buffers.flags, heap_bases=ctx.get_heap_bases(), capacity=buffers.programs,
-                      flag_stride=buffers.flag_stride, RANK=ctx.rank, WORLD=ctx.world_size)
+                      flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride, RANK=ctx.rank,
+                      WORLD=ctx.world_size)
         with self._alongside():
             push_rows_kernel[(push_programs,)](
                 a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
@@ -160,11 +171,11 @@ class FusedOps:
             return ctx.ccl.reduce_scatter(out, torch.matmul(a, b))
         config = GEMM_CONFIGS[ctx.device.type]
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
-        buffers = self._buffers_for("matmul_reduce_scatter", 2 * ctx.world_size * m * N, out.dtype, tiles)
+        buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
         matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
             a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, ctx.get_heap_bases(), ctx.wait_failures,
             buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            out.stride(1), buffers.flag_stride, ctx.max_spins, RANK=ctx.rank, WORLD=ctx.world_size,
+            out.stride(1), buffers.flag_stride, buffers.slot_stride, ctx.max_spins, RANK=ctx.rank, WORLD=ctx.world_size,
             EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
@@ -180,6 +191,7 @@ class FusedOps:
         N = b.shape[1]
         self._check_shape("matmul_all_reduce", "b", b, (K, N))
         self._check_shape("matmul_all_reduce", "out", out, (M, N))
+        self._check_method("matmul_all_reduce", method)
         divisible = M % ctx.world_size == 0
         if method not in (None, "sequential") and not divisible:
             raise IrisError(f"matmul_all_reduce: method={method!r} needs M divisible by the world size "
@@ -221,12 +233,16 @@ class FusedOps:
         if tuple(tensor.shape) != shape:
             raise IrisError(f"{name}: {what} has shape {tuple(tensor.shape)}; expected {shape}")
 
+    @staticmethod
+    def _check_method(name: str, method: str | None) -> None:
+        if method is not None and method not in METHODS:
+            raise IrisError(f"{name}: method={method!r} is not one of {', '.join(METHODS)} (or None to choose "
+                            f"automatically)")
+
     def _method(self, name: str, method: str | None, flops: int, sent: int) -> str:
         """The method to run ``name`` by: as asked, else by the estimate (CPU ranks: fused)."""
         if method is not None:
-            if method not in METHODS:
-                raise IrisError(f"{name}: method={method!r} is not one of {', '.join(METHODS)} (or None to choose "
-                                f"automatically)")
+            self._check_method(name, method)
             return method
         ctx = self._context
         if ctx.device.type != "cuda":
@@ -239,10 +255,6 @@ class FusedOps:
         ctx.debug(f"{name}: copy engines overlapped with the product (estimated communication {share:.1%} of "
                   f"the product's time)")
         return "copy_engine"
-
-    def _buffers_for(self, name: str, data_elements: int, dtype: torch.dtype, flag_stride: int) -> _Buffers:
-        """``name``'s buffers, grown collectively when they are too small (``ctx.ccl.workspace``)."""
-        return _Buffers.of(self._context, name, data_elements, dtype, flag_stride)
 
     @contextlib.contextmanager
     def _alongside(self):
