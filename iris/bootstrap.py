@@ -7,6 +7,7 @@ and else a world of one held in an in-memory store (nothing listens on any port)
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 from datetime import timedelta
@@ -45,6 +46,9 @@ def ensure_process_group(device_type: str, timeout: float, rendezvous_file: str 
     environment, else a world of one."""
     if dist.is_initialized():
         return
+    # A group left alive at interpreter exit can abort the process while its threads are torn
+    # down ("terminate called without an active exception"): the group iris made, iris destroys.
+    atexit.register(_destroy_process_group)
     backend = process_group_backend(device_type)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
@@ -57,6 +61,11 @@ def ensure_process_group(device_type: str, timeout: float, rendezvous_file: str 
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout)
         )
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class Communicator:

@@ -218,11 +218,13 @@ def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, fronten
 @pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32", "i64"])
 def test_low_latency_all_reduce_pushes_flagged_words_without_fences(ptx, frontend, dtype):
-    # Flagged 64-bit words go out as 16-byte vectors of two whole words, arrive through volatile
-    # reads, and nothing orders them: no atomic, no fence (the flag travels with the data).
+    # Flagged 64-bit words go out as 16-byte vectors of two whole words and nothing orders them:
+    # no atomic, no fence (the flag travels with the data). They are read with volatile loads,
+    # and a receiver still waiting polls one word's flag with an acquire load at system scope.
     ops = ops_of(ptx, f"{frontend}low_latency_{dtype}")
     assert "st.global.v2.b64" in ops, ops
     assert any(op.startswith("ld.volatile.global.") and op.endswith("b64") for op in ops), ops
+    assert "ld.global.sys.acquire.b32" in ops, ops
     assert not atomics_of(ops) and not any(op.startswith(("fence", "membar")) for op in ops), ops
 
 

@@ -10,7 +10,8 @@ link round trips per call, which dominate small calls. Here the data signals its
   half is the call's number plus one. A 64-bit aligned store reaches the peer whole, so a word
   whose flag holds this call's number holds this call's payload. No fence, no separate flag.
 - The receiver reads its local workspace (volatile loads) until every word it needs carries the
-  call's flag, then reduces in rank order (every rank gets the same bits).
+  call's flag (waiting on one word's flag meanwhile, as iris's bounded waits do), then reduces in
+  rank order (every rank gets the same bits).
 - The workspace has two slots, used by alternate calls. A rank's call ``k + 2`` writes into the
   slot of call ``k``; it starts only after its call ``k + 1`` read every peer's call ``k + 1``
   words, which each peer pushed after finishing its call ``k``: nothing is overwritten before it
@@ -57,36 +58,44 @@ def _payload(inp, w, n, SIZE: tl.constexpr):
 
 
 @triton.jit
-def _arrived(buffer, w, mask, flag, failures, peer, max_spins, SITE: tl.constexpr):
-    """The words ``w`` of ``buffer`` once all of them carry ``flag`` in their high half, reading
-    them until then (at most ``max_spins`` times; on a timeout, ``SITE`` is recorded for ``peer``
-    in ``failures``, and a peer already recorded is not waited for)."""
+def _arrived(dctx, buffer, w, mask, flag, failures, peer, max_spins, SITE: tl.constexpr):
+    """The words ``w`` of ``buffer`` once all of them carry ``flag`` in their high half.
+
+    While they have not, it waits for the block's first word as every bounded wait of iris does
+    (one acquire read per spin, the rate the context's spin bound was measured at, so the timeout
+    holds), then reads the block until every word arrived (they land within moments of each
+    other), at most ``max_spins`` times. On a timeout it records ``SITE`` for ``peer`` in
+    ``failures``; a peer already recorded is not waited for."""
     words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
     missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
-    spins = 0
-    if tl.load(failures + peer, volatile=True) != 0:
-        spins = max_spins
-    while (missing > 0) & (spins < max_spins):
-        words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
-        missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
-        spins += 1
     if missing > 0:
-        tl.store(failures + peer, SITE)
+        spins = 0
+        first_flag = (buffer + tl.min(w, axis=0)).to(tl.pointer_type(tl.int32)) + 1  # its high half
+        if tl.load(failures + peer, volatile=True) != 0:
+            spins = max_spins
+        elif dctx.wait_until(first_flag, flag, dctx.rank, max_spins, CMP="eq") == 0:
+            spins = max_spins
+        while (missing > 0) & (spins < max_spins):
+            words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
+            missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
+            spins += 1
+        if missing > 0:
+            tl.store(failures + peer, SITE)
     return words & _PAYLOAD_MASK
 
 
 @triton.jit
-def _received(buffer, e, mask, flag, failures, peer, max_spins, SIZE: tl.constexpr, DTYPE: tl.constexpr,
+def _received(dctx, buffer, e, mask, flag, failures, peer, max_spins, SIZE: tl.constexpr, DTYPE: tl.constexpr,
               SITE: tl.constexpr):
     """Elements ``e`` (of ``DTYPE``, ``SIZE`` bytes) that ``peer`` pushed into ``buffer``."""
     if SIZE == 2:
-        words = _arrived(buffer, e // 2, mask, flag, failures, peer, max_spins, SITE)
+        words = _arrived(dctx, buffer, e // 2, mask, flag, failures, peer, max_spins, SITE)
         bits = ((words >> (16 * (e % 2))) & 0xFFFF).to(tl.int16)
     elif SIZE == 4:
-        bits = _arrived(buffer, e, mask, flag, failures, peer, max_spins, SITE).to(tl.int32)
+        bits = _arrived(dctx, buffer, e, mask, flag, failures, peer, max_spins, SITE).to(tl.int32)
     else:
-        low = _arrived(buffer, 2 * e, mask, flag, failures, peer, max_spins, SITE)
-        high = _arrived(buffer, 2 * e + 1, mask, flag, failures, peer, max_spins, SITE)
+        low = _arrived(dctx, buffer, 2 * e, mask, flag, failures, peer, max_spins, SITE)
+        high = _arrived(dctx, buffer, 2 * e + 1, mask, flag, failures, peer, max_spins, SITE)
         bits = low | (high << 32)
     return bits.to(DTYPE, bitcast=True)
 
@@ -117,7 +126,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words
             if q == RANK:
                 x = widen(tl.load(inp + e, mask=mask))
             else:
-                x = widen(_received(slot + q * capacity, e, mask, flag, failures, q, max_spins, SIZE,
+                x = widen(_received(dctx, slot + q * capacity, e, mask, flag, failures, q, max_spins, SIZE,
                                     inp.dtype.element_ty, SITE))
             if q == 0:
                 acc = x
