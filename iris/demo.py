@@ -60,6 +60,8 @@ def _collectives(ctx, inputs) -> dict[str, Callable[[], bool]]:
         return torch.allclose(result, expected, rtol=1e-4, atol=1e-4)
 
     return {
+        "all_reduce (sum, low-latency)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="low_latency"),
+                                                       stacked.sum(0)),
         "all_reduce (sum, one-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="one_shot"),
                                                     stacked.sum(0)),
         "all_reduce (max, two-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), "max", algorithm="two_shot"),

@@ -40,7 +40,8 @@ def test_info_names_backends_with_their_distributions_and_the_devices():
 def test_demo_checks_every_step_against_torch():
     proc = iris("demo", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    for step in ("remote store into the next rank", "device-side barrier", "all_reduce (sum, one-shot)",
+    for step in ("remote store into the next rank", "device-side barrier", "all_reduce (sum, low-latency)",
+                 "all_reduce (sum, one-shot)",
                  "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         assert any(line.startswith(step) and " ok " in line for line in proc.stdout.splitlines()), proc.stdout
 
