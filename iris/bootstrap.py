@@ -46,9 +46,6 @@ def ensure_process_group(device_type: str, timeout: float, rendezvous_file: str 
     environment, else a world of one."""
     if dist.is_initialized():
         return
-    # A group left alive at interpreter exit can abort the process while its threads are torn
-    # down ("terminate called without an active exception"): the group iris made, iris destroys.
-    atexit.register(_destroy_process_group)
     backend = process_group_backend(device_type)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
@@ -61,10 +58,16 @@ def ensure_process_group(device_type: str, timeout: float, rendezvous_file: str 
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout)
         )
+    if backend == "gloo":
+        # A gloo group left alive at interpreter exit can abort the process while its threads are
+        # torn down ("terminate called without an active exception"): the group iris made, iris
+        # destroys. Not NCCL's: destroying it waits for peers, which may be gone.
+        atexit.register(_destroy_process_group, dist.group.WORLD)
 
 
-def _destroy_process_group() -> None:
-    if dist.is_initialized():
+def _destroy_process_group(group: dist.ProcessGroup) -> None:
+    """Destroy the default group at exit if it is still ``group`` (the user may have replaced it)."""
+    if dist.is_initialized() and dist.group.WORLD is group:
         dist.destroy_process_group()
 
 

@@ -148,40 +148,47 @@ def _fused_worker(rank: int, device: str) -> bytes:
     return report.packed()
 
 
-def _slow_peer_worker(rank: int, method: str) -> list[bool]:
-    """all_gather_matmul twice, the second call smaller, with rank 0 held up inside its first call
-    (after its push, before its GEMM): rank 1's second call must not write where rank 0 still reads."""
-    import contextlib
+#: Two calls per operation, the second smaller (rows per rank m, K, N).
+SHRINKING = {"all_gather_matmul": ((21, 40, 8), (5, 16, 8)), "matmul_reduce_scatter": ((21, 16, 40), (10, 16, 50))}
+
+
+def _slow_peer_worker(rank: int, kind: str, method: str) -> list[bool]:
+    """``kind`` twice, the second call smaller, with rank 0 held up in its first waits (after it
+    sent its data, while it still reads what it received): rank 1's second call must not write
+    where rank 0 still reads."""
     import time
 
-    from iris_triton.ops import FusedOps
+    from iris_triton import copy_engine, fused
 
-    ctx = iris.create("triton", heap_size="16MiB", device="cpu")
-    original, calls = FusedOps._alongside, []
+    ctx = iris.create("triton", heap_size="32MiB", device="cpu")
+    waits = []
 
-    @contextlib.contextmanager
-    def held_up(self):
-        with original(self):
-            yield
-        calls.append(1)
-        if rank == 0 and len(calls) == 1:
-            time.sleep(3)
+    def held_up(original):
+        def wait(*args, **kwargs):
+            waits.append(1)
+            if rank == 0 and len(waits) <= 4:
+                time.sleep(0.75)
+            return original(*args, **kwargs)
+        return wait
 
-    FusedOps._alongside = held_up
+    fused.wait_or_record = held_up(fused.wait_or_record)
+    copy_engine.wait_or_record = held_up(copy_engine.wait_or_record)
     results = []
-    for m, K, N in ((21, 40, 8), (5, 16, 8)):
-        a, b = _inputs("all_gather_matmul", torch.bfloat16, m, K, N, ctx.world_size, "slow peer")
-        out = torch.empty(ctx.world_size * m, N, dtype=torch.bfloat16)
-        ctx.ops.all_gather_matmul(out, a[rank], b[rank], method=method)
-        results.append(_close(out, _reference("all_gather_matmul", a, b, rank, m)))
+    for m, K, N in SHRINKING[kind]:
+        a, b = _inputs(kind, torch.bfloat16, m, K, N, ctx.world_size, "slow peer")
+        rows = ctx.world_size * m if kind == "all_gather_matmul" else m
+        out = torch.empty(rows, N, dtype=torch.bfloat16)
+        getattr(ctx.ops, kind)(out, a[rank], b[rank], method=method)
+        results.append(_close(out, _reference(kind, a, b, rank, m)))
     ctx.barrier()
     ctx.destroy()
     return results
 
 
 @pytest.mark.parametrize("method", ["fused", "copy_engine"])
-def test_a_smaller_call_never_overwrites_what_a_slow_peer_still_reads(method):
-    assert iris.spawn(_slow_peer_worker, 2, method, device="cpu") == [[True, True]] * 2
+@pytest.mark.parametrize("kind", list(SHRINKING))
+def test_a_smaller_call_never_overwrites_what_a_slow_peer_still_reads(kind, method):
+    assert iris.spawn(_slow_peer_worker, 2, kind, method, device="cpu") == [[True, True]] * 2
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")

@@ -64,18 +64,20 @@ def _arrived(dctx, buffer, w, mask, flag, failures, peer, max_spins, SITE: tl.co
     While they have not, it waits for the block's first word as every bounded wait of iris does
     (one acquire read per spin, the rate the context's spin bound was measured at, so the timeout
     holds), then reads the block until every word arrived (they land within moments of each
-    other), at most ``max_spins`` times. On a timeout it records ``SITE`` for ``peer`` in
+    other), at most an eighth of ``max_spins`` times (whole-block reads are slower than the
+    single reads the bound was measured with). On a timeout it records ``SITE`` for ``peer`` in
     ``failures``; a peer already recorded is not waited for."""
     words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
     missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
     if missing > 0:
+        rereads = max_spins // 8 + 1
         spins = 0
         first_flag = (buffer + tl.min(w, axis=0)).to(tl.pointer_type(tl.int32)) + 1  # its high half
         if tl.load(failures + peer, volatile=True) != 0:
-            spins = max_spins
+            spins = rereads
         elif dctx.wait_until(first_flag, flag, dctx.rank, max_spins, CMP="eq") == 0:
-            spins = max_spins
-        while (missing > 0) & (spins < max_spins):
+            spins = rereads
+        while (missing > 0) & (spins < rereads):
             words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
             missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
             spins += 1
