@@ -54,35 +54,46 @@ def write_results(name: str, payload: dict[str, Any], out_dir: str | os.PathLike
     return path
 
 
+def _warmed_graph(fn, calls: int, stream) -> "torch.cuda.CUDAGraph":
+    """``fn`` run three times (compiling, sizing workspaces), then ``calls`` calls of it captured
+    on ``stream`` as one CUDA graph."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def _sample_us(ctx, launch, calls: int) -> float:
+    """Microseconds per call of ``launch()`` (which runs ``calls`` calls) between two CUDA events,
+    after a host barrier of every rank."""
+    ctx.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
 def per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
     """This rank's median time per call of ``fn`` in microseconds: ``calls`` calls back to back
     between two CUDA events (captured as one CUDA graph when ``graph``, else launched eagerly),
     ``repeats`` times, each after a host barrier of every rank."""
-    stream = torch.cuda.Stream(ctx.device)
+    if graph:
+        return interleaved_per_call_us(ctx, {"fn": fn}, calls, repeats)["fn"]
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    replay = fn
-    if graph:
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(cuda_graph, stream=stream):
-            for _ in range(calls):
-                fn()
-        replay = cuda_graph.replay
-    samples = []
-    for _ in range(repeats):
-        ctx.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        if graph:
-            replay()
-        else:
-            for _ in range(calls):
-                fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
+
+    def eagerly():
+        for _ in range(calls):
+            fn()
+
+    return statistics.median(_sample_us(ctx, eagerly, calls) for _ in range(repeats))
 
 
 def interleaved_per_call_us(ctx, fns: dict, calls: int, repeats: int) -> dict[str, float]:
@@ -91,23 +102,9 @@ def interleaved_per_call_us(ctx, fns: dict, calls: int, repeats: int) -> dict[st
     every repeat replays each graph once, in turn, after a host barrier of every rank, so that
     slow drifts of the clocks (a GPU warming up under a long product) hit every one alike."""
     stream = torch.cuda.Stream(ctx.device)
-    graphs = {}
-    for name, fn in fns.items():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        graphs[name] = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graphs[name], stream=stream):
-            for _ in range(calls):
-                fn()
+    graphs = {name: _warmed_graph(fn, calls, stream) for name, fn in fns.items()}
     samples = {name: [] for name in fns}
     for _ in range(repeats):
         for name, graph in graphs.items():
-            ctx.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) * 1e3 / calls)
+            samples[name].append(_sample_us(ctx, graph.replay, calls))
     return {name: statistics.median(values) for name, values in samples.items()}
