@@ -35,7 +35,7 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
-from iris_triton.calls import call_number, count_call
+from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.reductions import combine, widen
 from iris_triton.waits import site_code, wait_or_record
 
@@ -59,10 +59,10 @@ def _program_state(sync, programs):
 
 
 @triton.jit
-def _finish(sync, programs, call, count):
+def _finish(dctx, sync, programs, call, count):
     """Record this program's signal count and count the call (:mod:`iris_triton.calls`)."""
     tl.store(sync + programs + tl.program_id(0), count)
-    count_call(sync, programs, call)
+    count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
 
 
 @triton.jit
@@ -263,7 +263,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
             count += 1
             _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD, SITE)
         _each_block(CONSUME, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
-    _finish(sync, programs, call, count)
+    _finish(dctx, sync, programs, call, count)
 
 
 # -- launching -----------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from iris_triton import device
-from iris_triton.calls import call_number, count_call
+from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.gemm import tile_coordinates, tile_product
 from iris_triton.waits import site_code, wait_or_record
 
@@ -58,7 +58,7 @@ def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, 
                 device.store(target, x, RANK, q, heap_bases, mask=mask)
         for q in tl.static_range(WORLD):
             device.signal(flags + RANK * flag_stride + tile, call + 1, RANK, q, heap_bases)
-    count_call(calls, capacity, call)
+    count_call(calls, capacity, call, tl.arange(0, LANES))
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failure
         rows = source * m + offs_m
         tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
-    count_call(calls, capacity, call)
+    count_call(calls, capacity, call, tl.arange(0, LANES))
 
 
 @triton.jit
@@ -125,4 +125,4 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, fail
                 acc += tl.load(part, mask=mask).to(tl.float32)
         tl.store(out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=mask)
-    count_call(calls, capacity, call)
+    count_call(calls, capacity, call, tl.arange(0, LANES))

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
-from iris_triton.calls import call_number, count_call
+from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.reductions import combine, widen
 from iris_triton.waits import site_code
 
@@ -135,7 +135,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words
             else:
                 acc = combine(acc, x, OP)
         tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
-    count_call(sync, programs, call)
+    count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
 
 
 #: Launch shape per device type: 64-bit words per block (a power of two, at least 4) and warps.
