@@ -34,7 +34,7 @@ def _implementations(ctx, collective: str, n: int, world: int):
     x = ctx.randn(n, dtype=bf16, generator=g)  # heap input, as an iris user would allocate it
     impls = {}
     if collective == "all_reduce":
-        for algorithm in ("low_latency", "one_shot", "two_shot", "copy_engine"):
+        for algorithm in ("low_latency", "one_shot", "two_shot"):
             if algorithm == "low_latency" and n * 2 > low_latency.MAX_BYTES:
                 continue
             buf = ctx.empty(n, dtype=bf16)
@@ -45,8 +45,6 @@ def _implementations(ctx, collective: str, n: int, world: int):
     elif collective == "all_gather":
         out, ref = ctx.empty(world * n, dtype=bf16), torch.empty(world * n, dtype=bf16, device=device)
         impls["iris"] = _same(lambda: ctx.ccl.all_gather(out, x), out)
-        ce = ctx.empty(world * n, dtype=bf16)
-        impls["iris_copy_engine"] = _same(lambda: ctx.ccl.all_gather(ce, x, algorithm="copy_engine"), ce)
         impls["nccl"] = _same(lambda: dist.all_gather_into_tensor(ref, x), ref)
     elif collective == "reduce_scatter":
         out, ref = ctx.empty(n // world, dtype=bf16), torch.empty(n // world, dtype=bf16, device=device)
@@ -55,8 +53,6 @@ def _implementations(ctx, collective: str, n: int, world: int):
     else:
         out, ref = ctx.empty(n, dtype=bf16), torch.empty(n, dtype=bf16, device=device)
         impls["iris"] = _same(lambda: ctx.ccl.all_to_all(out, x), out)
-        ce = ctx.empty(n, dtype=bf16)
-        impls["iris_copy_engine"] = _same(lambda: ctx.ccl.all_to_all(ce, x, algorithm="copy_engine"), ce)
         impls["nccl"] = _same(lambda: dist.all_to_all_single(ref, x), ref)
     return impls
 
@@ -91,7 +87,7 @@ def _symmetric_memory(x: torch.Tensor) -> dict:
 
 
 def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) -> list[dict]:
-    ctx = iris.create(backend, heap_size=32 * max(sizes) + (256 << 20))
+    ctx = iris.create(backend, heap_size=24 * max(sizes) + (256 << 20))
     world = ctx.world_size
     rows = []
     for collective in COLLECTIVES:

@@ -83,7 +83,7 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
     algorithm_registry(algorithm.collective).register(algorithm.name, algorithm, clobber=clobber)
 
 
-#: Automatic choice for all_reduce below the copy engines' range, by bytes per rank: low-latency (one-shot with a flag in every
+#: Automatic choice for all_reduce, by bytes per rank: low-latency (one-shot with a flag in every
 #: word: no fence, twice the bytes on the link) up to the first limit, one-shot (every rank
 #: receives every input: one exchange) up to the second, two-shot (reduce-scatter then
 #: all-gather: two exchanges, each rank reducing only its share) above. Measured on 2 x H200
@@ -94,20 +94,9 @@ ONE_SHOT_MAX_BYTES = {2: 8 << 20, 3: 1 << 20}
 ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10
 
 
-#: all_reduce, all_gather and all_to_all from this many bytes per rank on: copy engines (the DMA
-#: engines carry the data between the GPUs faster than the multiprocessors' stores, but each call
-#: costs a few more launches and flag round trips). Measured on 2 x H200 only; other world sizes
-#: keep the kernels.
-COPY_ENGINE_MIN_BYTES = {2: 64 << 20}
-COPY_ENGINE_COLLECTIVES = ("all_reduce", "all_gather", "all_to_all")
-
-
 def choose(collective: str, nbytes: int, world_size: int) -> str:
     """The algorithm ``ctx.ccl`` runs when none is named: a function of the collective, the
     bytes per rank and the world size only, hence the same on every rank."""
-    copy_engine_from = COPY_ENGINE_MIN_BYTES.get(world_size)
-    if collective in COPY_ENGINE_COLLECTIVES and copy_engine_from is not None and nbytes >= copy_engine_from:
-        return "copy_engine"
     if collective == "all_reduce":
         if nbytes <= LOW_LATENCY_MAX_BYTES.get(world_size, LOW_LATENCY_MAX_BYTES_DEFAULT):
             return "low_latency"

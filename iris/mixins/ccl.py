@@ -71,7 +71,6 @@ class Collectives:
         #: ``p`` of its peers; a small call launches fewer.
         self.programs = context.get_cu_count() if device.type == "cuda" else CPU_PROGRAMS
         self._sync: torch.Tensor | None = None
-        self._side_stream = None
         self._workspaces: dict[str, torch.Tensor] = {}
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
@@ -102,13 +101,6 @@ class Collectives:
             self._workspaces[name] = (ctx.zeros if zeroed else ctx.empty)(nbytes, dtype=torch.uint8)
             ctx.barrier()  # every rank's new workspace exists before anyone writes into it
         return self._workspaces[name]
-
-    def side_stream(self):
-        """A second CUDA stream on the context's device, created once, for algorithms that
-        overlap two streams of work (None on CPU ranks, whose work runs in program order)."""
-        if self._side_stream is None and self._context.device.type == "cuda":
-            self._side_stream = torch.cuda.Stream(self._context.device)
-        return self._side_stream
 
     # -- discovery ------------------------------------------------------------------------------
 

@@ -31,59 +31,30 @@ import triton
 import triton.language as tl
 
 from iris_triton import device
-from iris_triton.streams import alongside, join
 from iris_triton.waits import site_code, wait_or_record
 
-__all__ = ["CopyEngineOps", "heap_buffer", "peers", "signal_peers", "wait_for_peers"]
+__all__ = ["CopyEngineOps"]
 
 
 @triton.jit
-def wait_for_peers_kernel(counter, flags, heap_bases, failures, max_spins, ahead, RANK: tl.constexpr,
+def wait_for_peers_kernel(counter, flags, heap_bases, failures, max_spins, AHEAD: tl.constexpr, RANK: tl.constexpr,
                           WORLD: tl.constexpr, SITE: tl.constexpr):
-    """Wait until every peer's ``flags[q]`` here reaches this rank's ``counter`` plus ``ahead``."""
-    target = tl.load(counter) + ahead
+    """Wait until every peer's ``flags[q]`` here reaches this rank's ``counter`` plus ``AHEAD``."""
+    target = tl.load(counter) + AHEAD
     for q in tl.static_range(WORLD):
         if q != RANK:
             wait_or_record(flags + q, target, RANK, heap_bases, max_spins, failures, q, SITE)
 
 
 @triton.jit
-def signal_peers_kernel(counter, flags, heap_bases, step, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Advance this rank's ``counter`` by ``step`` and set ``flags[RANK]`` on every peer to it
-    (release, system scope: what this stream did before, copies included, is visible to whoever
-    sees the flag)."""
-    count = tl.load(counter) + step
+def signal_peers_kernel(counter, flags, heap_bases, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Advance this rank's ``counter`` and set ``flags[RANK]`` on every peer to it (release, system
+    scope: what this stream did before, copies included, is visible to whoever sees the flag)."""
+    count = tl.load(counter) + 1
     tl.store(counter, count)
     for q in tl.static_range(WORLD):
         if q != RANK:
             device.signal(flags + RANK, count, RANK, q, heap_bases)
-
-
-def wait_for_peers(context, counter: torch.Tensor, flags: torch.Tensor, ahead: int, site: str) -> None:
-    """Enqueue, on the current stream, a one-thread wait until every peer's ``flags[q]`` reaches
-    ``counter + ahead`` (bounded; a wait that gives up records the peer and names ``site``)."""
-    wait_for_peers_kernel[(1,)](counter, flags, context.get_heap_bases(), context.wait_failures,
-                                context.max_spins, ahead, RANK=context.rank, WORLD=context.world_size,
-                                SITE=site_code(site), num_warps=1)
-
-
-def signal_peers(context, counter: torch.Tensor, flags: torch.Tensor, step: int = 1) -> None:
-    """Enqueue, on the current stream, ``counter += step`` and the new count into ``flags[rank]``
-    of every peer, after all the stream did before."""
-    signal_peers_kernel[(1,)](counter, flags, context.get_heap_bases(), step, RANK=context.rank,
-                              WORLD=context.world_size, num_warps=1)
-
-
-def heap_buffer(context, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """The heap workspace ``name`` viewed as ``shape`` of ``dtype``, the same on every rank
-    (grown collectively when a call needs more than before)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    return context.ccl.workspace(nbytes, name=name)[:nbytes].view(dtype).view(shape)
-
-
-def peers(context) -> list[int]:
-    """The other ranks, starting after this one (so ranks do not all copy to rank 0 first)."""
-    return [(context.rank + k) % context.world_size for k in range(1, context.world_size)]
 
 
 class _Sync:
@@ -97,54 +68,68 @@ class _Sync:
 
 
 class CopyEngineOps:
-    """The copy-engine form of ``ctx.ops``'s products (:class:`iris_triton.ops.FusedOps`)."""
+    """The copy-engine form of ``ctx.ops``'s products; ``alongside``/``join`` run work on the
+    operations' second stream and join it back (:class:`iris_triton.ops.FusedOps`)."""
 
-    def __init__(self, context):
+    def __init__(self, context, alongside, join):
         self._context = context
+        self._alongside = alongside
+        self._join = join
         self._syncs: dict[str, _Sync] = {}
         self._scratch_space: torch.Tensor | None = None
 
     def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx, rank, world = self._context, self._context.rank, self._context.world_size
         m, K = a_shard.shape
-        gathered = heap_buffer(ctx, "copy_engine_all_gather_matmul", (world * m, K), a_shard.dtype)
+        gathered = self._buffer("all_gather_matmul", (world * m, K), a_shard.dtype)
         sync = self._sync("all_gather_matmul")
-        with alongside(ctx):
+        with self._alongside():
             self._wait(sync.pushes, sync.freed, 0, "all_gather_matmul")
-            for q in peers(ctx):
+            for q in self._peers():
                 ctx.heap.peer_view(gathered[rank * m:(rank + 1) * m], q).copy_(a_shard)
             self._signal(sync.pushes, sync.arrived)
         torch.matmul(a_shard, b, out=out[rank * m:(rank + 1) * m])
         self._wait(sync.calls, sync.arrived, 1, "all_gather_matmul")
-        for q in peers(ctx):
+        for q in self._peers():
             torch.matmul(gathered[q * m:(q + 1) * m], b, out=out[q * m:(q + 1) * m])
         self._signal(sync.calls, sync.freed)
-        join(ctx)
+        self._join()
         return out
 
     def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx, rank, world = self._context, self._context.rank, self._context.world_size
         m, N = out.shape
-        received = heap_buffer(ctx, "copy_engine_matmul_reduce_scatter", (world, m, N), out.dtype)
+        received = self._buffer("matmul_reduce_scatter", (world, m, N), out.dtype)
         partial = self._scratch((world - 1, m, N), out.dtype)
         sync = self._sync("matmul_reduce_scatter")
-        others = peers(ctx)
-        for k, q in enumerate(others):
+        peers = self._peers()
+        for k, q in enumerate(peers):
             torch.matmul(a[q * m:(q + 1) * m], b, out=partial[k])
-        with alongside(ctx):
+        with self._alongside():
             self._wait(sync.pushes, sync.freed, 0, "matmul_reduce_scatter")
-            for k, q in enumerate(others):
+            for k, q in enumerate(peers):
                 ctx.heap.peer_view(received[rank], q).copy_(partial[k])
             self._signal(sync.pushes, sync.arrived)
         torch.matmul(a[rank * m:(rank + 1) * m], b, out=out)
         self._wait(sync.calls, sync.arrived, 1, "matmul_reduce_scatter")
-        for q in peers(ctx):
+        for q in self._peers():
             out.add_(received[q])
         self._signal(sync.calls, sync.freed)
-        join(ctx)
+        self._join()
         return out
 
     # -- pieces ---------------------------------------------------------------------------------
+
+    def _peers(self) -> list[int]:
+        """The other ranks, starting after this one (so ranks do not all copy to rank 0 first)."""
+        ctx = self._context
+        return [(ctx.rank + k) % ctx.world_size for k in range(1, ctx.world_size)]
+
+    def _buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A heap buffer of ``shape``, the same on every rank (grown collectively when needed)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        space = self._context.ccl.workspace(nbytes, name=f"copy_engine_{name}")
+        return space[:nbytes].view(dtype).view(shape)
 
     def _scratch(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A local buffer of ``shape``: a view of one allocation that only grows, so a CUDA graph
@@ -161,7 +146,12 @@ class CopyEngineOps:
         return self._syncs[name]
 
     def _wait(self, counter, flags, ahead: int, site: str) -> None:
-        wait_for_peers(self._context, counter, flags, ahead, site)
+        ctx = self._context
+        wait_for_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), ctx.wait_failures, ctx.max_spins,
+                                    AHEAD=ahead, RANK=ctx.rank, WORLD=ctx.world_size, SITE=site_code(site),
+                                    num_warps=1)
 
     def _signal(self, counter, flags) -> None:
-        signal_peers(self._context, counter, flags)
+        ctx = self._context
+        signal_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), RANK=ctx.rank, WORLD=ctx.world_size,
+                                  num_warps=1)

@@ -24,6 +24,8 @@ captured in CUDA graphs.
 
 from __future__ import annotations
 
+import contextlib
+
 import attrs
 import torch
 import triton
@@ -32,7 +34,6 @@ from iris.errors import IrisError
 from iris_triton.copy_engine import CopyEngineOps
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.gemm import GEMM_CONFIGS
-from iris_triton.streams import alongside, join
 
 __all__ = ["COPY_ENGINE_MIN_SHARE", "FusedOps", "METHODS", "communication_share"]
 
@@ -102,7 +103,8 @@ class FusedOps:
 
     def __init__(self, context):
         self._context = context
-        self._copy_engine = CopyEngineOps(context)
+        self._side_stream = None
+        self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
 
     # -- the operations -------------------------------------------------------------------------
 
@@ -135,7 +137,7 @@ class FusedOps:
         common = dict(flags=buffers.flags, heap_bases=ctx.get_heap_bases(), capacity=buffers.programs,
                       flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride, RANK=ctx.rank,
                       WORLD=ctx.world_size)
-        with alongside(ctx):
+        with self._alongside():
             push_rows_kernel[(push_programs,)](
                 a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
                 stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.device.type], **common)
@@ -143,7 +145,7 @@ class FusedOps:
             buffers.data, b, out, calls=buffers.gemm_calls, failures=ctx.wait_failures, m=m, N=N, K=K,
             stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
             max_spins=ctx.max_spins, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
-        join(ctx)
+        self._join()
         return out
 
     def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
@@ -253,3 +255,21 @@ class FusedOps:
         ctx.debug(f"{name}: copy engines overlapped with the product (estimated communication {share:.1%} of "
                   f"the product's time)")
         return "copy_engine"
+
+    @contextlib.contextmanager
+    def _alongside(self):
+        """Kernels launched inside run on a second stream (on GPUs), after everything queued so
+        far on the current one; :meth:`_join` makes the current stream wait for them."""
+        ctx = self._context
+        if ctx.device.type != "cuda":
+            yield
+            return
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(ctx.device)
+        self._side_stream.wait_stream(torch.cuda.current_stream(ctx.device))
+        with torch.cuda.stream(self._side_stream):
+            yield
+
+    def _join(self) -> None:
+        if self._side_stream is not None:
+            torch.cuda.current_stream(self._context.device).wait_stream(self._side_stream)
