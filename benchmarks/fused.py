@@ -129,7 +129,8 @@ def main() -> None:
     rows = iris.spawn(_run, 2, tokens, args.calls, args.repeats, device="cuda")[0]
     for r in rows:
         print(f"{r['layer']:>9} M={r['M']:<6} torch+nccl {r['ms']['torch+nccl']:.3f} ms | "
-              + ", ".join(f"{name.removeprefix('iris_')} {r['ms'][name]:.3f} ({x:.2f}x)" for name, x in r["speedup"].items())
+              + ", ".join(f"{name.removeprefix('iris_')} {r['ms'][name]:.3f} ({x:.2f}x)"
+                          for name, x in r["speedup"].items())
               + ("" if all(r["correct"].values()) else f"  INCORRECT {r['correct']}"))
     path = write_results("fused", {"unit": "ms per call, CUDA graph, slowest rank", "rows": rows}, args.out)
     plot(rows, path.with_suffix(".png"))

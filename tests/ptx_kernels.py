@@ -282,8 +282,8 @@ def signal_wait_ctx(context, flag, out, peer, max_spins, CTX: tl.constexpr, RANK
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
               "flag": "*i32", "out": "*i32", "state_ptr": "*i32"}
-_INT_ARGS = {"n", "m", "words", "stride", "slot_stride", "peer", "max_spins", "rank", "world_size", "programs", "capacity", "K", "N",
-             "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride"}
+_INT_ARGS = {"n", "m", "words", "stride", "slot_stride", "peer", "max_spins", "rank", "world_size", "programs",
+             "capacity", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride"}
 
 
 def _spec(fn, constexprs=None, types=None, divisible=("buf", "out", "a", "b", "f32", "i32", "i64")):

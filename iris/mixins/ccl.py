@@ -3,8 +3,9 @@
 ``ctx.ccl`` checks a call (devices, dtypes, sizes, contiguity), then dispatches it to a
 registered algorithm (:mod:`iris.collectives`). The namespace owns what algorithms share: the
 synchronisation words on the heap and named workspaces on the heap (one per protocol, e.g. the
-collectives' data workspace), each growing, collectively, to the largest call seen. Calls after the first of a given size allocate nothing and never wait on
-the host, so they can be captured in a CUDA graph (make one call of each size before capturing).
+collectives' data workspace), each growing, collectively, to the largest call seen. Calls after
+the first of a given size allocate nothing and never wait on the host, so they can be captured
+in a CUDA graph (make one call of each size before capturing).
 
 A call identical to an earlier one (the same tensors by address, size, dtype and layout, the
 same options) skips the checks and the algorithm's preparation: the algorithm's *repeat* of the

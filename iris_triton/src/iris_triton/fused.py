@@ -38,12 +38,12 @@ MATMUL_REDUCE_SCATTER_SITE: tl.constexpr = tl.constexpr(site_code("matmul_reduce
 
 @triton.jit
 def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, stride_sm, stride_sk, flag_stride,
-                     slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                     slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
     """Copy this rank's ``m x K`` ``shard`` into rows ``[RANK * m, (RANK + 1) * m)`` of the call's
-    slot of every rank's ``gathered`` (heap; two slots ``slot_stride`` elements apart, each ``WORLD * m x
-    K``), one tile of ``BLOCK_M`` rows
-    at a time; after each tile set flag ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart)
-    on every rank to the call's number."""
+    slot of every rank's ``gathered`` (heap; two slots ``slot_stride`` elements apart, each
+    ``WORLD * m x K``), one tile of ``BLOCK_M`` rows at a time; after each tile set flag
+    ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart) on every rank to the call's number."""
     call = call_number(calls)
     slot = gathered + (call & 1) * slot_stride
     offs_k = tl.arange(0, BLOCK_K)

@@ -13,7 +13,7 @@ Each operation checks its tensors, then runs one of three methods and returns ``
 (:data:`COPY_ENGINE_MIN_SHARE`), otherwise the sequential path; the decision is logged at debug
 level. CPU ranks run the fused kernels (the path worth testing there; there is no cuBLAS to
 lose against). On 2 x H200 the copy engines measured 1.04-1.39x against cuBLAS then NCCL on the
-Llama-3-70B TP=2 layers, the fused kernels 0.77-1.00x (their Triton GEMM runs at 80-92% of
+Llama-3-70B TP=2 layers, the fused kernels 0.77-1.11x (their Triton GEMM runs at 80-92% of
 cuBLAS): benchmarks/NOTES.md.
 
 The buffers every method needs (a gathered ``A`` or a receive buffer; flags; call counts) live on
@@ -129,8 +129,7 @@ class FusedOps:
             return torch.matmul(gathered, b, out=out)
         config = GEMM_CONFIGS[ctx.device.type]
         block_m = config["BLOCK_M"]
-        buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype,
-                                    triton.cdiv(m, block_m))
+        buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype, triton.cdiv(m, block_m))
         push_programs = min(PUSH_PROGRAMS[ctx.device.type], triton.cdiv(m, block_m))
         tiles = ctx.world_size * triton.cdiv(m, block_m) * triton.cdiv(N, config["BLOCK_N"])
         gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.device.type], tiles))
