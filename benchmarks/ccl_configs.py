@@ -9,7 +9,8 @@ which shapes ``CONFIGS`` keeps. With ``--low-latency`` the shapes (words per blo
 low-latency all_reduce (``iris_triton.low_latency.LAUNCH_SHAPES``) are compared instead, against
 one-shot.
 
-    python -m benchmarks.ccl_configs [--sizes 8KiB,512KiB,4MiB,32MiB,256MiB] [--low-latency] [--out DIR]
+    python -m benchmarks.ccl_configs [--sizes 8KiB,512KiB,4MiB,32MiB,256MiB] [--shapes 4096x4x8x8,...]
+                                     [--low-latency] [--out DIR]
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="8KiB,512KiB,4MiB,32MiB,256MiB")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--shapes", default=None,
+                        help="shapes to compare instead of the built-in list, e.g. 4096x1x8x8 (low-latency: 256x4)")
     parser.add_argument("--low-latency", action="store_true", help="compare the low-latency all_reduce's shapes")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -103,6 +106,8 @@ def main() -> None:
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     shapes = LOW_LATENCY_SHAPES if args.low_latency else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
     rows = iris.spawn(_run, 2, sizes, shapes, args.calls, args.low_latency, device="cuda")[0]
     for row in rows:
         print(f"{str(row['shape']):>20} {row['bytes']:>10} " + " ".join(f"{k} {v:7.1f}" for k, v in row["us"].items())

@@ -3,7 +3,7 @@
 Three forms of the same copy between this rank's heap and the peer's heap:
 
 - ``iris``: the grid-stride kernel of ``benchmarks.rma_bandwidth`` (``iris.load``/``iris.store``),
-  at four launch geometries;
+  at launch geometries from 32 programs (fewer writers than multiprocessors) to one per block;
 - ``unroll2``: two blocks per iteration, both loads issued before either store;
 - ``tma``: the bulk tensor copy engine (``tl.make_tensor_descriptor`` on the translated
   pointer: rows of ``C`` elements, ``R`` rows per copy).
@@ -71,7 +71,8 @@ def _variants(ctx, src, dst, n) -> dict:
     variants = {}
     for mode in ("store", "load"):
         store = mode == "store"
-        for block, warps, grid in ((4096, 16, None), (2048, 16, None), (4096, 8, sms), (8192, 8, 2 * sms)):
+        for block, warps, grid in ((4096, 16, None), (2048, 16, None), (4096, 8, sms), (8192, 8, 2 * sms),
+                                   (4096, 16, 32), (4096, 16, 64), (8192, 16, 96)):
             programs = triton.cdiv(n, block) if grid is None else grid
             variants[f"{mode}_iris_b{block}_w{warps}_g{grid}"] = (
                 lambda p=programs, m=mode, b=block, w=warps: grid_stride[(p,)](

@@ -21,9 +21,10 @@ from iris_triton import low_latency
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 OPS = ("sum", "max", "min")
-#: Elements per rank: one element, odd sizes, and (on CPU ranks: BLOCK 64, ROUND 2, 2 programs)
-#: sizes that take several rounds per program.
-SIZES = {"cpu": (1, 37, 300), "cuda": (1, 37, 4099, 3 * 4096 * 132 + 5)}
+#: Elements per rank: one element, odd sizes, and a size that takes several pipelined rounds per
+#: program in one-shot and (2 ranks) two-shot (CPU ranks: BLOCK 64, ROUND 2, 2 programs; GPUs:
+#: ROUND 4 of 4096 elements, or of 8192 above 16 MiB, 132 programs).
+SIZES = {"cpu": (1, 37, 600), "cuda": (1, 37, 4099, 10 * 4096 * 132 + 5)}
 BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 #: Element counts the back-to-back calls alternate between: one block (one program) and blocks
 #: for more programs than the GPU has multiprocessors.
@@ -169,8 +170,8 @@ def _check_cuda_graph(ctx, report: RankReport) -> None:
 
 def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
     report = RankReport(rank)
-    # The largest int64 calls need ~100 MiB of workspace, which grows (free, then allocate) with the sizes.
-    ctx = iris.create(backend, heap_size="512MiB" if device == "cuda" else "32MiB", device=device)
+    # The largest int64 calls need ~175 MiB of workspace, which grows (free, then allocate) with the sizes.
+    ctx = iris.create(backend, heap_size="2GiB" if device == "cuda" else "32MiB", device=device)
     with report.section("matrix"):
         _check_matrix(ctx, report)
     with report.section("back_to_back"):

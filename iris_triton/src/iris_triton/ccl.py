@@ -10,11 +10,14 @@ exchange of signals), passed as constexpr functions. It is compiled by the conte
   elements apart), used on alternate calls whatever the collective, so calls of different
   collectives and sizes never share bytes between consecutive calls.
 - Work is split in blocks of ``BLOCK`` elements; program ``p`` of a grid of ``P`` handles blocks
-  ``p, p + P, ...`` on every rank, in at most ``SYNCS`` rounds of groups of ``ROUND`` blocks:
-  push the round's blocks, signal every peer's flag ``[p, rank]`` with the program's signal
-  count, wait until every peer's flag ``[p, peer]`` here reaches that count, then consume the
-  round's blocks from the local workspace. Programs synchronise only with the same program of
-  their peers, and every program does at least one round per call.
+  ``p, p + P, ...`` on every rank, in at most ``SYNCS`` rounds of groups of ``ROUND`` blocks.
+  The rounds are pipelined: step ``i`` pushes round ``i``, then waits until every peer's flag
+  ``[p, peer]`` here reaches the count it signalled at step ``i - 1`` and uses the rounds that
+  count covers (consumes round ``i - 1``; two-shot: reduces and shares round ``i - 1``, and
+  consumes round ``i - 2``), then signals every peer's flag ``[p, rank]`` with its next count.
+  So the local work of one round runs while the next round's stores cross the link, and a
+  signal's fence finds those stores mostly done. Programs synchronise only with the same
+  program of their peers, and every program does at least one round per call.
 - ``P`` is the smaller of the blocks of the call and the programs the sync words are laid out
   for, so a small call launches few programs; the call counts (:mod:`iris_triton.calls`) still
   agree on a call's number, hence on its slot, across every program index.
@@ -66,14 +69,20 @@ def _finish(dctx, sync, programs, call, count):
 
 
 @triton.jit
-def _exchange_signals(dctx, flags, count, failures, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr,
-                      SITE: tl.constexpr):
-    """Signal every peer (its flag [p, RANK] := count), then wait for every peer's signal here;
-    a wait that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.waits`)."""
+def _signal_peers(dctx, flags, count, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Release this program's writes so far to every peer: its flag [p, RANK] := ``count``."""
     row = flags + tl.program_id(0) * WORLD
     for q in tl.static_range(WORLD):
         if q != RANK:
             dctx.signal(row + RANK, count, q)
+
+
+@triton.jit
+def _wait_peers(dctx, flags, count, failures, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr,
+                SITE: tl.constexpr):
+    """Wait until every peer's flag [p, peer] here reaches ``count``; a wait that gives up
+    records ``SITE`` (the collective's code, :mod:`iris_triton.waits`)."""
+    row = flags + tl.program_id(0) * WORLD
     for q in tl.static_range(WORLD):
         if q != RANK:
             wait_or_record(row + q, count, RANK, dctx.heap_bases, max_spins, failures, q, SITE)
@@ -244,8 +253,9 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
                       RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
                       CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, SITE: tl.constexpr,
                       BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
-    """One collective, by the protocol above: per round, ``PUSH`` every block, exchange signals,
-    then (two-shot) ``MIDDLE`` every block and exchange again, then ``CONSUME`` every block.
+    """One collective, by the protocol above: ``PUSH`` every block of a round, (two-shot)
+    ``MIDDLE`` every block of it once the peers pushed theirs, ``CONSUME`` every block once the
+    peers pushed (two-shot: shared) theirs; one exchange of signals per step.
     Blocks cover segments of ``m`` elements; ``n`` is the input's element count; ``stride`` is
     the distance between the workspace's two slots (elements); ``programs`` is the number of
     programs the sync words are laid out for (the grid may be smaller); ``failures`` (int32 per
@@ -254,15 +264,22 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
     call, count, flags = _program_state(sync, programs)
     region = ws + (call & 1) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
-    for r in range(rounds):
-        _each_block(PUSH, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
-        count += 1
-        _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD, SITE)
-        if MIDDLE is not None:
-            _each_block(MIDDLE, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
+    lag: tl.constexpr = 1 if MIDDLE is None else 2  # steps between a round's push and its consume
+    for i in range(rounds + lag):
+        if i < rounds:
+            _each_block(PUSH, dctx, i, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
+        if i > 0:  # the peers' count of step i - 1 covers their pushes up to round i - 1
+            _wait_peers(dctx, flags, count, failures, max_spins, RANK, WORLD, SITE)
+            if MIDDLE is not None:
+                if i <= rounds:
+                    _each_block(MIDDLE, dctx, i - 1, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC,
+                                BLOCK, ROUND)
+            if i >= lag:
+                _each_block(CONSUME, dctx, i - lag, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC,
+                            BLOCK, ROUND)
+        if i < rounds + lag - 1:
             count += 1
-            _exchange_signals(dctx, flags, count, failures, max_spins, RANK, WORLD, SITE)
-        _each_block(CONSUME, dctx, r, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
+            _signal_peers(dctx, flags, count, RANK, WORLD)
     _finish(dctx, sync, programs, call, count)
 
 
