@@ -2,7 +2,8 @@
 
 For each launch shape (elements per block, blocks per group, most exchanges per call, warps)
 every collective runs at every size with that shape forced (``iris_triton.ccl.CONFIGS``), is
-checked against torch (all_reduce against NCCL's), then timed: ``--calls`` calls captured in one
+checked against torch (all_reduce against NCCL's), then timed (an in-place all_reduce on its
+buffer as is, no copy per call): ``--calls`` calls captured in one
 graph, the median of 5 replays, the slowest rank's. Results go to
 ``benchmarks/results/ccl_configs-<date>.json`` (or ``--out``); ``benchmarks/NOTES.md`` says
 which shapes ``CONFIGS`` keeps. With ``--low-latency`` the shapes (words per block, warps) of the
@@ -31,30 +32,37 @@ LOW_LATENCY_SHAPES = [(128, 2), (256, 2), (256, 4), (512, 4), (1024, 4), (1024, 
 
 
 def _collectives(ctx, x, low_latency_only: bool = False):
-    """``{name: (call, output, expected)}`` for every collective of ``x`` (bf16, heap), or only
-    the low-latency and one-shot all_reduce."""
+    """``{name: (timed call, checked call, output, expected)}`` for every collective of ``x``
+    (bf16, heap), or only the low-latency and one-shot all_reduce. An in-place all_reduce is
+    checked from a copy of ``x`` and timed on its buffer as is (as ``benchmarks.ccl`` does)."""
     world, n = ctx.world_size, x.numel()
     summed = x.clone()
     dist.all_reduce(summed)
+
+    def in_place(algorithm):
+        buf = ctx.empty(n, dtype=x.dtype)
+
+        def call():
+            ctx.ccl.all_reduce(buf, algorithm=algorithm)
+
+        return call, lambda: (buf.copy_(x), call()), buf, summed
+
     if low_latency_only:
-        ll, one = ctx.empty(n, dtype=x.dtype), ctx.empty(n, dtype=x.dtype)
-        return {"all_reduce_low_latency": (lambda: ctx.ccl.all_reduce(ll.copy_(x), algorithm="low_latency"), ll, summed),
-                "all_reduce_one_shot": (lambda: ctx.ccl.all_reduce(one.copy_(x), algorithm="one_shot"), one, summed)}
+        return {"all_reduce_low_latency": in_place("low_latency"), "all_reduce_one_shot": in_place("one_shot")}
     gathered = torch.empty(world * n, dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(gathered, x)
     scattered = torch.empty(n // world, dtype=x.dtype, device=x.device)
     dist.reduce_scatter_tensor(scattered, x)
     exchanged = torch.empty_like(x)
     dist.all_to_all_single(exchanged, x)
-    one, two = ctx.empty(n, dtype=x.dtype), ctx.empty(n, dtype=x.dtype)
     ag, rs, a2a = ctx.empty(world * n, dtype=x.dtype), ctx.empty(n // world, dtype=x.dtype), ctx.empty(n, dtype=x.dtype)
-    return {
-        "all_reduce_one_shot": (lambda: ctx.ccl.all_reduce(one.copy_(x), algorithm="one_shot"), one, summed),
-        "all_reduce_two_shot": (lambda: ctx.ccl.all_reduce(two.copy_(x), algorithm="two_shot"), two, summed),
+    out_of_place = {
         "all_gather": (lambda: ctx.ccl.all_gather(ag, x), ag, gathered),
         "reduce_scatter": (lambda: ctx.ccl.reduce_scatter(rs, x), rs, scattered),
         "all_to_all": (lambda: ctx.ccl.all_to_all(a2a, x), a2a, exchanged),
     }
+    return {"all_reduce_one_shot": in_place("one_shot"), "all_reduce_two_shot": in_place("two_shot"),
+            **{name: (call, call, out, expected) for name, (call, out, expected) in out_of_place.items()}}
 
 
 def _apply(shape: tuple, low_latency_only: bool) -> None:
@@ -67,26 +75,28 @@ def _apply(shape: tuple, low_latency_only: bool) -> None:
         ccl.CONFIGS["cuda"] = ((None, dict(BLOCK=block, ROUND=group, SYNCS=syncs, num_warps=warps)),)
 
 
-def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int, low_latency_only: bool) -> list[dict]:
+def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int, low_latency_only: bool,
+         passes: int) -> list[dict]:
     ctx = iris.create("triton", heap_size=12 * max(sizes) + (256 << 20))
     rows = []
-    for shape in shapes:
-        _apply(shape, low_latency_only)
-        ctx.ccl._repeats.clear()  # they hold kernels compiled for the previous shape
-        for size in sizes:
-            x = ctx.randn(size // 2, dtype=torch.bfloat16, generator=torch.Generator(ctx.device).manual_seed(rank))
-            row = {"shape": list(shape), "bytes": size, "correct": {}, "us": {}}
-            tensors = [x]
-            for name, (fn, out, expected) in _collectives(ctx, x, low_latency_only).items():
-                fn()
-                torch.cuda.synchronize()
-                row["correct"][name] = bool(torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2))
-                mine = per_call_us(ctx, fn, calls if size <= 32 << 20 else 3, repeats=5, graph=True)
-                row["us"][name] = max(ctx.comm.all_gather_object(mine))
-                tensors.append(out)
-            for tensor in tensors:
-                ctx.free(tensor)
-            rows.append(row)
+    for sweep in range(passes):
+        for shape in shapes:
+            _apply(shape, low_latency_only)
+            ctx.ccl._repeats.clear()  # they hold kernels compiled for the previous shape
+            for size in sizes:
+                x = ctx.randn(size // 2, dtype=torch.bfloat16, generator=torch.Generator(ctx.device).manual_seed(rank))
+                row = {"pass": sweep, "shape": list(shape), "bytes": size, "correct": {}, "us": {}}
+                tensors = [x]
+                for name, (timed, checked, out, expected) in _collectives(ctx, x, low_latency_only).items():
+                    checked()
+                    torch.cuda.synchronize()
+                    row["correct"][name] = bool(torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2))
+                    mine = per_call_us(ctx, timed, calls if size <= 32 << 20 else 3, repeats=5, graph=True)
+                    row["us"][name] = max(ctx.comm.all_gather_object(mine))
+                    tensors.append(out)
+                for tensor in tensors:
+                    ctx.free(tensor)
+                rows.append(row)
     ctx.destroy()
     return rows
 
@@ -98,6 +108,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=None,
                         help="shapes to compare instead of the built-in list, e.g. 4096x1x8x8 (low-latency: 256x4)")
     parser.add_argument("--low-latency", action="store_true", help="compare the low-latency all_reduce's shapes")
+    parser.add_argument("--passes", type=int, default=1, help="sweeps over every shape, one after another")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if torch.cuda.device_count() < 2:
@@ -108,7 +119,7 @@ def main() -> None:
     shapes = LOW_LATENCY_SHAPES if args.low_latency else SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
-    rows = iris.spawn(_run, 2, sizes, shapes, args.calls, args.low_latency, device="cuda")[0]
+    rows = iris.spawn(_run, 2, sizes, shapes, args.calls, args.low_latency, args.passes, device="cuda")[0]
     for row in rows:
         print(f"{str(row['shape']):>20} {row['bytes']:>10} " + " ".join(f"{k} {v:7.1f}" for k, v in row["us"].items())
               + f"  correct {all(row['correct'].values())}")

@@ -23,7 +23,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
 OPS = ("sum", "max", "min")
 #: Elements per rank: one element, odd sizes, and a size that takes several pipelined rounds per
 #: program in one-shot and (2 ranks) two-shot (CPU ranks: BLOCK 64, ROUND 2, 2 programs; GPUs:
-#: ROUND 4 of 4096 elements, or of 8192 above 16 MiB, 132 programs).
+#: the launch shapes of iris_triton.ccl.CONFIGS up to 64 MiB, 132 programs).
 SIZES = {"cpu": (1, 37, 600), "cuda": (1, 37, 4099, 10 * 4096 * 132 + 5)}
 BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 #: Element counts the back-to-back calls alternate between: one block (one program) and blocks

@@ -287,12 +287,14 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
 
 #: Launch shapes per device type, by the call's input bytes per rank: the first entry whose limit
 #: (None: any size) holds it. A shape is elements per block, blocks per group (unrolled), most
-#: exchanges of signals per call, and warps. It may change from one call to the next: a rank's
-#: calls run one after another on its stream, and every shape alternates the workspace slots
-#: alike. On 2 x H200 the larger shape measured faster from 32 MiB on (benchmarks/NOTES.md).
+#: rounds (exchanges of signals) per call, and warps. It may change from one call to the next: a
+#: rank's calls run one after another on its stream, and every shape alternates the workspace
+#: slots alike. On 2 x H200, with the rounds pipelined, more and smaller rounds measured faster as
+#: the size grows (sweeps of benchmarks/ccl_configs.py in benchmarks/NOTES.md).
 CONFIGS = {
     "cuda": ((16 << 20, dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8)),
-             (None, dict(BLOCK=8192, ROUND=4, SYNCS=8, num_warps=16))),
+             (64 << 20, dict(BLOCK=8192, ROUND=2, SYNCS=16, num_warps=16)),
+             (None, dict(BLOCK=8192, ROUND=1, SYNCS=32, num_warps=16))),
     "cpu": ((None, dict(BLOCK=64, ROUND=2, SYNCS=2)),),
 }
 
