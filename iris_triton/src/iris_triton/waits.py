@@ -37,8 +37,12 @@ def wait_or_record(flag, value, rank, heap_bases, max_spins, failures, peer, SIT
             tl.store(failures + peer, SITE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["spins"])
 def spin_probe_kernel(flag, heap_bases, rank, spins):
     """Read this rank's ``flag`` (never 1) ``spins`` times as a wait does: timing it tells how
-    many reads a wait makes per second here, which turns the context's timeout into a bound."""
+    many reads a wait makes per second here, which turns the context's timeout into a bound.
+    ``spins`` is not specialised, so the warm-up launch compiles the very kernel that is timed
+    (a count divisible by 16 would otherwise select a second one, compiled inside the timing,
+    with a fresh compile cache made the measured rate, hence every wait's bound, many times too
+    small)."""
     device.wait_until(flag, 1, rank, rank, heap_bases, spins)
