@@ -42,7 +42,7 @@ def spin_probe_kernel(flag, heap_bases, rank, spins):
     """Read this rank's ``flag`` (never 1) ``spins`` times as a wait does: timing it tells how
     many reads a wait makes per second here, which turns the context's timeout into a bound.
     ``spins`` is not specialised, so the warm-up launch compiles the very kernel that is timed
-    (a count divisible by 16 would otherwise select a second one, compiled inside the timing,
-    with a fresh compile cache made the measured rate, hence every wait's bound, many times too
+    (otherwise a count divisible by 16 selects a second kernel, compiled inside the timing; with
+    an empty compile cache that made the measured rate, hence every wait's bound, many times too
     small)."""
     device.wait_until(flag, 1, rank, rank, heap_bases, spins)
