@@ -11,20 +11,21 @@ exchange of signals), passed as constexpr functions. It is compiled by the conte
   collectives and sizes never share bytes between consecutive calls.
 - Work is split in blocks of ``BLOCK`` elements; program ``p`` of a grid of ``P`` handles blocks
   ``p, p + P, ...`` on every rank, in at most ``SYNCS`` rounds of groups of ``ROUND`` blocks.
-  The rounds are pipelined: step ``i`` pushes round ``i``, then waits until every peer's flag
-  ``[p, peer]`` here reaches the count it signalled at step ``i - 1`` and uses the rounds that
-  count covers (consumes round ``i - 1``; two-shot: reduces and shares round ``i - 1``, and
-  consumes round ``i - 2``), then signals every peer's flag ``[p, rank]`` with its next count.
-  So the local work of one round runs while the next round's stores cross the link, and a
+  The rounds are pipelined: step ``i`` pushes round ``i``, then (from step 1) waits until every
+  peer's flag ``[p, peer]`` here reaches the count it signalled at step ``i - 1`` and uses what
+  that count covers (consumes round ``i - 1``; two-shot: reduces and shares round ``i - 1``, and
+  consumes round ``i - 2``), then (but at the last step) signals every peer's flag ``[p, rank]``
+  with its next count. A call has ``rounds + 1`` steps (two-shot: ``rounds + 2``), one signal
+  fewer. So the local work of one round runs while the next round's stores cross the link, and a
   signal's fence finds those stores mostly done. Programs synchronise only with the same
   program of their peers, and every program does at least one round per call.
 - ``P`` is the smaller of the blocks of the call and the programs the sync words are laid out
   for, so a small call launches few programs; the call counts (:mod:`iris_triton.calls`) still
   agree on a call's number, hence on its slot, across every program index.
 - A rank's calls run one after another on its stream. A rank starts call ``k + 1`` only after
-  its call ``k`` exchanged signals with every peer's call ``k``, which therefore began, so the
-  peer finished call ``k - 1``: the slot that call ``k + 1`` pushes into was read one call
-  earlier, and data is never overwritten before it was read. The counts live on the heap and
+  its call ``k`` waited for a signal of every peer's call ``k``, which therefore began, so the
+  peer finished call ``k - 1``, the last call that used the slot call ``k + 1`` pushes into:
+  data is never overwritten before it was read. The counts live on the heap and
   are advanced by the kernels, so calls need no host work and can be captured in CUDA graphs.
 
 A wait that times out records the peer in the context's ``wait_failures`` (reported by the next
@@ -91,8 +92,9 @@ def _wait_peers(dctx, flags, count, failures, max_spins, RANK: tl.constexpr, WOR
 @triton.jit
 def _schedule(n, BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """(rounds, groups per round) of this program for ``n`` elements: its blocks, in groups of
-    ``ROUND``, split into at most ``SYNCS`` rounds (at least one), each ending in one exchange of
-    signals. Fewer rounds wait less; more rounds overlap one round's pushes with another's use."""
+    ``ROUND``, split into at most ``SYNCS`` rounds (at least one), pipelined as the module says.
+    Fewer rounds cost fewer signals; more rounds overlap more of one round's use with the next
+    round's pushes."""
     blocks = tl.cdiv(n, BLOCK)
     groups = tl.cdiv(tl.cdiv(blocks - tl.program_id(0), tl.num_programs(0)), ROUND)
     rounds = tl.maximum(tl.minimum(groups, SYNCS), 1)
@@ -255,7 +257,8 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
                       BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """One collective, by the protocol above: ``PUSH`` every block of a round, (two-shot)
     ``MIDDLE`` every block of it once the peers pushed theirs, ``CONSUME`` every block once the
-    peers pushed (two-shot: shared) theirs; one exchange of signals per step.
+    peers pushed (two-shot: shared) theirs; the signals and waits between steps as the module
+    says.
     Blocks cover segments of ``m`` elements; ``n`` is the input's element count; ``stride`` is
     the distance between the workspace's two slots (elements); ``programs`` is the number of
     programs the sync words are laid out for (the grid may be smaller); ``failures`` (int32 per
@@ -287,7 +290,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
 
 #: Launch shapes per device type, by the call's input bytes per rank: the first entry whose limit
 #: (None: any size) holds it. A shape is elements per block, blocks per group (unrolled), most
-#: rounds (exchanges of signals) per call, and warps. It may change from one call to the next: a
+#: rounds per program and call (each one signal more), and warps. It may change from one call to the next: a
 #: rank's calls run one after another on its stream, and every shape alternates the workspace
 #: slots alike. On 2 x H200, with the rounds pipelined, more and smaller rounds measured faster as
 #: the size grows (sweeps of benchmarks/ccl_configs.py in benchmarks/NOTES.md).
@@ -365,14 +368,14 @@ def _broadcast(call: CollectiveCall):
 
 
 ALL_GATHER_DIRECT = Algorithm(name="direct", collective="all_gather", run=_all_gather,
-                              description="every rank pushes its input into every peer; one exchange")
+                              description="every rank pushes its input into every peer")
 ALL_TO_ALL_DIRECT = Algorithm(name="direct", collective="all_to_all", run=_all_to_all,
-                              description="every rank pushes segment q of its input to rank q; one exchange")
+                              description="every rank pushes segment q of its input to rank q")
 REDUCE_SCATTER_DIRECT = Algorithm(name="direct", collective="reduce_scatter", run=_reduce_scatter,
-                                  description="every rank pushes segment q to rank q, which reduces; one exchange")
+                                  description="every rank pushes segment q to rank q, which reduces")
 ALL_REDUCE_ONE_SHOT = Algorithm(name="one_shot", collective="all_reduce", run=_all_reduce_one_shot,
-                                description="every rank receives every input and reduces; one exchange")
+                                description="every rank receives every input and reduces")
 ALL_REDUCE_TWO_SHOT = Algorithm(name="two_shot", collective="all_reduce", run=_all_reduce_two_shot,
-                                description="reduce-scatter then all-gather of the reduced segments; two exchanges")
+                                description="reduce-scatter then all-gather of the reduced segments, one round behind")
 BROADCAST_DIRECT = Algorithm(name="direct", collective="broadcast", run=_broadcast,
-                             description="the source pushes into every peer; one exchange")
+                             description="the source pushes into every peer")
