@@ -92,13 +92,14 @@ def _wait_peers(dctx, flags, count, failures, max_spins, RANK: tl.constexpr, WOR
 @triton.jit
 def _schedule(n, BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """(rounds, groups per round) of this program for ``n`` elements: its blocks, in groups of
-    ``ROUND``, split into at most ``SYNCS`` rounds (at least one), pipelined as the module says.
+    ``ROUND``, split into at most ``SYNCS`` rounds of equal groups (at least one round, and no
+    empty round: each costs a signal), pipelined as the module says.
     Fewer rounds cost fewer signals; more rounds overlap more of one round's use with the next
     round's pushes."""
     blocks = tl.cdiv(n, BLOCK)
     groups = tl.cdiv(tl.cdiv(blocks - tl.program_id(0), tl.num_programs(0)), ROUND)
-    rounds = tl.maximum(tl.minimum(groups, SYNCS), 1)
-    return rounds, tl.cdiv(groups, rounds)
+    per_round = tl.maximum(tl.cdiv(groups, SYNCS), 1)
+    return tl.maximum(tl.cdiv(groups, per_round), 1), per_round  # no round left empty
 
 
 @triton.jit
