@@ -291,9 +291,9 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
 
 #: Launch shapes per device type, by the call's input bytes per rank: the first entry whose limit
 #: (None: any size) holds it. A shape is elements per block, blocks per group (unrolled), most
-#: rounds per program and call (each one signal more), and warps. It may change from one call to the next: a
-#: rank's calls run one after another on its stream, and every shape alternates the workspace
-#: slots alike. On 2 x H200, with the rounds pipelined, more and smaller rounds measured faster as
+#: rounds per program and call (each one signal more), and warps. It may change from one call to
+#: the next: a rank's calls run one after another on its stream, and every shape alternates the
+#: workspace slots alike. On 2 x H200, with the rounds pipelined, more and smaller rounds measured faster as
 #: the size grows (sweeps of benchmarks/ccl_configs.py in benchmarks/NOTES.md).
 CONFIGS = {
     "cuda": ((16 << 20, dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8)),
