@@ -8,7 +8,7 @@ on a fresh copy of the input but timed on the same buffer call after call (the v
 costs nothing; a copy per call would add a local copy of the input to every figure). Results go to
 ``benchmarks/results/ccl-<date>.json`` (or ``--out``) with one PNG per collective.
 
-    python -m benchmarks.ccl [--min 8KiB] [--max 256MiB] [--backend triton] [--out DIR]
+    python -m benchmarks.ccl [--min 8KiB] [--max 256MiB | --sizes 70MiB,...] [--backend triton] [--out DIR]
 """
 
 from __future__ import annotations
@@ -147,6 +147,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--min", default="8KiB")
     parser.add_argument("--max", default="256MiB")
+    parser.add_argument("--sizes", default=None, help="sizes per rank instead of --min to --max in steps of 8x, "
+                                                      "e.g. 70MiB,96MiB")
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=15)
@@ -160,6 +162,8 @@ def main() -> None:
     while size <= parse_size(args.max):
         sizes.append(size)
         size *= 8
+    if args.sizes:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = iris.spawn(_run, 2, args.backend, sizes, args.calls, args.repeats, device="cuda")[0]
     for row in rows:
         print(f"{row['collective']:>15} {row['bytes']:>10} graph: "
