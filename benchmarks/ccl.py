@@ -21,7 +21,7 @@ import torch.distributed as dist
 import iris
 from benchmarks.common import per_call_us
 from iris.config import parse_size
-from iris_triton import low_latency
+from iris_triton import low_latency, sentinel
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -34,8 +34,9 @@ def _implementations(ctx, collective: str, n: int, world: int):
     x = ctx.randn(n, dtype=bf16, generator=g)  # heap input, as an iris user would allocate it
     impls = {}
     if collective == "all_reduce":
-        for algorithm in ("low_latency", "one_shot", "two_shot"):
-            if algorithm == "low_latency" and n * 2 > low_latency.MAX_BYTES:
+        limits = {"low_latency": low_latency.MAX_BYTES, "sentinel": sentinel.MAX_BYTES}
+        for algorithm in ("low_latency", "sentinel", "one_shot", "two_shot"):
+            if n * 2 > limits.get(algorithm, n * 2):
                 continue
             buf = ctx.empty(n, dtype=bf16)
             impls[f"iris_{algorithm}"] = _in_place(buf, x, lambda b=buf, a=algorithm: ctx.ccl.all_reduce(b, algorithm=a))

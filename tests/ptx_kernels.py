@@ -26,7 +26,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 import iris
 from iris_gluon.frontend import GLUON
-from iris_triton import ccl, low_latency
+from iris_triton import ccl, low_latency, sentinel
 from iris_triton.barrier import device_barrier_kernel
 from iris_triton.frontend import TRITON
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
@@ -358,18 +358,25 @@ def _ccl_specs(frontend) -> dict:
     return out
 
 
-def _low_latency_specs(frontend) -> dict:
-    """The low-latency all_reduce kernel for 2-, 4- and 8-byte elements, with the GPU launch
-    shape; Gluon's keys get a ``gluon:`` prefix."""
+def _announcing_all_reduce_specs(frontend) -> dict:
+    """The all_reduce kernels whose data announces itself (low-latency: 2-, 4- and 8-byte
+    elements in flagged 64-bit words; sentinel: 2- and 4-byte floats), with their GPU launch
+    shapes; Gluon's keys get a ``gluon:`` prefix."""
     prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
+    kernels = {
+        "low_latency": (low_latency.low_latency_kernel, low_latency.LAUNCH_SHAPES, "words",
+                        (("bf16", 2, "*i64"), ("fp32", 4, "*i64"), ("i64", 8, "*i64"))),
+        "sentinel": (sentinel.sentinel_kernel, sentinel.LAUNCH_SHAPES, "n", (("bf16", 2, "*i16"), ("fp32", 4, "*i32"))),
+    }
     out = {}
-    for dtype, size in (("bf16", 2), ("fp32", 4), ("i64", 8)):
-        types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": "*i64", "sync": "*i32", "failures": "*i32"}
-        shape = {k: v for k, v in low_latency.LAUNCH_SHAPES["cuda"].items() if k not in OPTIONS}
-        constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", SITE=2, SIZE=size, **shape)
-        out[f"{prefix}low_latency_{dtype}"] = _spec(
-            frontend.kernel(low_latency.low_latency_kernel), constexprs, types,
-            divisible=("context", "inp", "out", "ws", "sync", "failures", "words", "capacity"))
+    for name, (kernel, shapes, count, cases) in kernels.items():
+        shape = {k: v for k, v in shapes["cuda"].items() if k not in OPTIONS}
+        for dtype, size, workspace in cases:
+            types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": workspace, "sync": "*i32", "failures": "*i32"}
+            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", SITE=2, SIZE=size, **shape)
+            out[f"{prefix}{name}_{dtype}"] = _spec(
+                frontend.kernel(kernel), constexprs, types,
+                divisible=("context", "inp", "out", "ws", "sync", "failures", count, "capacity"))
     return out
 
 
@@ -399,7 +406,7 @@ OPTIONS = {"num_warps", "num_stages"}
 
 def specs() -> dict:
     out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON),
-           **_low_latency_specs(TRITON), **_low_latency_specs(GLUON), **_fused_specs()}
+           **_announcing_all_reduce_specs(TRITON), **_announcing_all_reduce_specs(GLUON), **_fused_specs()}
     for short, ptr in VECTOR_TYPES.items():
         types = {"buf": ptr, "out": ptr}
         for masked in (False, True):

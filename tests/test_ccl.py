@@ -17,7 +17,7 @@ import iris
 from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
-from iris_triton import low_latency
+from iris_triton import low_latency, sentinel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 OPS = ("sum", "max", "min")
@@ -31,8 +31,20 @@ BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 BACK_TO_BACK_SIZES = {"cpu": (37, 129), "cuda": (129, 4096 * 140 + 3)}
 #: all_reduce algorithms checked by name (None: the automatic choice, which picks one of them;
 #: checked on GPUs, where calls are cheap).
-ALL_REDUCE_ALGORITHMS = {"cpu": ("low_latency", "one_shot", "two_shot"),
-                         "cuda": ("low_latency", "one_shot", "two_shot", None)}
+ALL_REDUCE_ALGORITHMS = {"cpu": ("low_latency", "sentinel", "one_shot", "two_shot"),
+                         "cuda": ("low_latency", "sentinel", "one_shot", "two_shot", None)}
+
+
+def _refusal(algorithm: str | None, t: torch.Tensor) -> str | None:
+    """What the error of an all_reduce ``algorithm`` that does not take ``t`` says, or None."""
+    nbytes = t.numel() * t.element_size()
+    if algorithm == "low_latency" and nbytes > low_latency.MAX_BYTES:
+        return "at most"
+    if algorithm == "sentinel" and not t.dtype.is_floating_point:
+        return "takes float16, bfloat16 or float32"
+    if algorithm == "sentinel" and nbytes > sentinel.MAX_BYTES:
+        return "at most"
+    return None
 
 
 def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
@@ -79,13 +91,14 @@ def _check_matrix(ctx, report: RankReport) -> None:
                 expected = _reference_reduce(mine, op)
                 for algorithm in ALL_REDUCE_ALGORITHMS[device.type]:
                     t = _tensor(ctx, mine[rank], on_heap)
-                    if algorithm == "low_latency" and t.numel() * t.element_size() > low_latency.MAX_BYTES:
+                    refusal = _refusal(algorithm, t)
+                    if refusal is not None:
                         try:
                             ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
                             refused = False
                         except IrisError as error:
-                            refused = "at most" in str(error)
-                        report.check(f"all_reduce/{algorithm}/{op}/{name}/refused_above_its_limit", refused)
+                            refused = refusal in str(error)
+                        report.check(f"all_reduce/{algorithm}/{op}/{name}/refused", refused)
                         continue
                     ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
                     result = t.cpu()
@@ -216,7 +229,7 @@ def test_cuda_graph_capture_and_replay(reports):
 
 
 def test_algorithms_are_registered_for_every_collective(ctx):
-    assert ctx.ccl.algorithms("all_reduce") == ["low_latency", "one_shot", "two_shot"]
+    assert ctx.ccl.algorithms("all_reduce") == ["low_latency", "one_shot", "sentinel", "two_shot"]
     for collective in ("all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         assert "direct" in ctx.ccl.algorithms(collective)
     with pytest.raises(ValueError, match="unknown collective"):
@@ -286,6 +299,17 @@ def test_low_latency_all_reduce_refuses_large_calls(ctx):
     with pytest.raises(IrisError, match="at most 1024 KiB per rank.*'one_shot' or 'two_shot'"):
         ctx.ccl.all_reduce(t, algorithm="low_latency")
     ctx.free(t)
+
+
+def test_sentinel_all_reduce_refuses_integers_and_large_calls(ctx):
+    t = ctx.ones(8, dtype=torch.int32)
+    with pytest.raises(IrisError, match="sentinel algorithm takes float16, bfloat16 or float32 tensors.*torch.int32"):
+        ctx.ccl.all_reduce(t, algorithm="sentinel")
+    big = ctx.ones(sentinel.MAX_BYTES // 4 + 1)
+    with pytest.raises(IrisError, match="at most 8 MiB per rank.*'one_shot' or 'two_shot'"):
+        ctx.ccl.all_reduce(big, algorithm="sentinel")
+    ctx.free(t)
+    ctx.free(big)
 
 
 def test_single_rank_collectives_are_identities(ctx):

@@ -23,6 +23,8 @@ import torch
 import iris
 from iris.errors import IrisError, IrisTimeoutError
 from iris.testing import RankReport, assert_rank_checks, free_loopback_port, rank_device, spawn_reports
+from iris_triton import sentinel
+from iris_triton.waits import site_code
 
 #: Seconds a wait may last in these tests (device-side waits and the host barrier).
 SHORT_TIMEOUT = 8
@@ -61,6 +63,48 @@ def test_a_collective_one_rank_skips_times_out_naming_it(world):
     assert reports[last]["error"] == "no error", reports[last]["error"]
     # About the timeout: waits are bounded by reads at the spin rate measured at set-up.
     assert all(0.5 * SHORT_TIMEOUT < r["seconds"] < 3 * SHORT_TIMEOUT for r in reports), [r["seconds"] for r in reports]
+
+
+# -- a late peer's data after a wait gave up ---------------------------------------------------------------
+
+
+def _refill_worker(rank: int, device: str) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create(heap_size="16MiB", device=device)
+    g = torch.Generator().manual_seed(rank)
+    x = ctx.as_symmetric(torch.randn(600, generator=g).to(torch.bfloat16).to(ctx.device))
+    ctx.ccl.all_reduce(x, algorithm="sentinel")
+    ctx.barrier()
+    workspace = ctx.ccl.workspace(1, name="sentinel")
+    if rank == 0:  # as after rank 0's wait for rank 1 gave up and rank 1's push landed later
+        workspace[: workspace.numel() // 2].fill_(7)
+        ctx.wait_failures[1] = site_code("all_reduce")
+    try:
+        ctx.barrier()
+        error = ""
+    except IrisTimeoutError as timeout:
+        error = str(timeout)
+    report.check("refill/the_rank_that_waited_raises", ("all_reduce waiting for rank(s) [1]" in error) == (rank == 0))
+    report.check("refill/every_rank_has_the_sentinel_again", bool((workspace == sentinel.SENTINEL_BYTE).all()))
+    for call in range(4):  # both slots, each read before the peer pushes into it
+        mine = [torch.randn(600, generator=torch.Generator().manual_seed(10 * call + q)).to(torch.bfloat16)
+                for q in range(ctx.world_size)]
+        y = ctx.as_symmetric(mine[rank].to(ctx.device))
+        if rank == 1:
+            time.sleep(0.5)
+        ctx.ccl.all_reduce(y, algorithm="sentinel")
+        expected = (mine[0].float() + mine[1].float()).to(torch.bfloat16)
+        report.check(f"refill/call{call}_correct", torch.allclose(y.cpu().float(), expected.float(), rtol=1e-2, atol=1e-2))
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_a_wait_that_gave_up_refills_the_sentinel_workspace_on_every_rank():
+    # A late peer's data would land in a region already given up on and be taken for the next
+    # call's there: the barrier that reports the timeout refills the workspace on every rank.
+    reports = spawn_reports(_refill_worker, 2, rank_device(2), device=rank_device(2))
+    assert_rank_checks(reports, "refill/", 2 * 6)
 
 
 # -- a rank killed mid-run ----------------------------------------------------------------------------------

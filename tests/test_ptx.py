@@ -228,6 +228,19 @@ def test_low_latency_all_reduce_pushes_flagged_words_without_fences(ptx, fronten
     assert not atomics_of(ops) and not any(op.startswith(("fence", "membar")) for op in ops), ops
 
 
+@pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_sentinel_all_reduce_pushes_plain_vectors_without_fences(ptx, frontend, dtype):
+    # Elements go out as 16-byte vectors and nothing orders them: no atomic, no fence (an element
+    # that is not the sentinel is the data). They are read with volatile loads, and a receiver
+    # still waiting polls one word with an acquire load at system scope.
+    ops = ops_of(ptx, f"{frontend}sentinel_{dtype}")
+    assert "st.global.v4.b32" in ops, ops
+    assert any(op.startswith("ld.volatile.global.") for op in ops), ops
+    assert "ld.global.sys.acquire.b32" in ops, ops
+    assert not atomics_of(ops) and not any(op.startswith(("fence", "membar")) for op in ops), ops
+
+
 # -- fused matmul + communication ------------------------------------------------------------------------
 
 

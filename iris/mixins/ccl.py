@@ -73,6 +73,8 @@ class Collectives:
         self.programs = context.get_cu_count() if device.type == "cuda" else CPU_PROGRAMS
         self._sync: torch.Tensor | None = None
         self._workspaces: dict[str, torch.Tensor] = {}
+        #: Workspaces filled again after a device-side wait gave up: name -> byte value.
+        self._refills: dict[str, int] = {}
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
 
@@ -86,11 +88,14 @@ class Collectives:
             self._context.barrier()  # every peer's flags exist and are zero before anyone signals
         return self._sync
 
-    def workspace(self, nbytes: int, *, name: str = "data", zeroed: bool = False) -> torch.Tensor:
+    def workspace(self, nbytes: int, *, name: str = "data", fill: int | None = None,
+                  refill_after_timeout: bool = False) -> torch.Tensor:
         """At least ``nbytes`` of heap (uint8), the same on every rank: the workspace ``name``
-        (algorithms with their own protocol keep their own; ``zeroed`` ones are zero when
-        allocated). Grows collectively, with a host barrier, the first time a call needs more
-        than before; otherwise allocates nothing."""
+        (algorithms with their own protocol keep their own). ``fill``: the value of every byte
+        when allocated (None: left as allocated). ``refill_after_timeout``: filled again on every
+        rank by the barrier after a device-side wait gave up anywhere (:meth:`refill_after_timeout`),
+        for protocols whose state a late peer's writes would corrupt. Grows collectively, with a
+        host barrier, the first time a call needs more than before; otherwise allocates nothing."""
         current = self._workspaces.get(name)
         if current is None or current.numel() < nbytes:
             ctx = self._context
@@ -99,9 +104,25 @@ class Collectives:
                 self._repeats.clear()  # they launch with the old workspace's address
                 del self._workspaces[name]
                 ctx.free(current)
-            self._workspaces[name] = (ctx.zeros if zeroed else ctx.empty)(nbytes, dtype=torch.uint8)
-            ctx.barrier()  # every rank's new workspace exists before anyone writes into it
+            self._workspaces[name] = ctx.empty(nbytes, dtype=torch.uint8)
+            if fill is not None:
+                self._workspaces[name].fill_(fill)
+            if refill_after_timeout:
+                self._refills[name] = fill
+            ctx.barrier()  # every rank's new workspace is there, filled, before anyone writes into it
         return self._workspaces[name]
+
+    @property
+    def refills_after_timeout(self) -> bool:
+        """Whether a workspace asks to be filled again after a device-side wait gave up (the same
+        on every rank: workspaces are created collectively)."""
+        return bool(self._refills)
+
+    def refill_after_timeout(self) -> None:
+        """Fill again the workspaces that ask for it (:meth:`workspace`). The barrier calls it on
+        every rank once every rank's device work is done, when any rank's wait gave up."""
+        for name, fill in self._refills.items():
+            self._workspaces[name].fill_(fill)
 
     # -- discovery ------------------------------------------------------------------------------
 

@@ -110,9 +110,21 @@ class TritonDeviceOps(DeviceOps):
             if report:
                 raise IrisTimeoutError(report) from host_error
             raise
+        if self.ccl.refills_after_timeout:
+            self._refill_if_any_wait_gave_up()
         report = self._wait_failure_report()
         if report:
             raise IrisTimeoutError(report)
+
+    def _refill_if_any_wait_gave_up(self) -> None:
+        """After the host barrier (every rank's device work done): if any rank's wait gave up,
+        every rank refills the workspaces that ask for it, before any rank goes on. Every rank
+        reads every rank's failure words, then meets the others before anyone clears its own."""
+        gave_up = any(self.heap.peer_view(self.wait_failures, q).any().item() for q in range(self.world_size))
+        super().barrier()
+        if gave_up:
+            self.ccl.refill_after_timeout()
+            super().barrier()  # no peer pushes into a workspace still being refilled
 
     def _wait_failure_report(self) -> str:
         """What ``wait_failures`` records (then cleared), as a message; empty when nothing."""

@@ -62,7 +62,7 @@ class _Sync:
 
     def __init__(self, context, name: str):
         world = context.world_size
-        words = context.ccl.workspace(4 * (2 + 2 * world), name=f"{name}_sync", zeroed=True).view(torch.int32)
+        words = context.ccl.workspace(4 * (2 + 2 * world), name=f"{name}_sync", fill=0).view(torch.int32)
         self.pushes, self.calls = words[0:1], words[1:2]
         self.arrived, self.freed = words[2:2 + world], words[2 + world:2 + 2 * world]
 

@@ -34,7 +34,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.reductions import combine, widen
-from iris_triton.waits import site_code
+from iris_triton.waits import read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "MAX_BYTES", "low_latency_kernel"]
 
@@ -58,31 +58,23 @@ def _payload(inp, w, n, SIZE: tl.constexpr):
 
 
 @triton.jit
-def _arrived(dctx, buffer, w, mask, flag, failures, peer, max_spins, SITE: tl.constexpr):
-    """The words ``w`` of ``buffer`` once all of them carry ``flag`` in their high half.
+def _flag_differs(words, flag):
+    """Lanes whose word does not carry ``flag`` in its high half (not yet this call's)."""
+    return (words >> 32) != flag
 
-    While they have not, it waits for the block's first word as every bounded wait of iris does
-    (one acquire read per spin, the rate the context's spin bound was measured at, so the timeout
-    holds), then reads the block until every word arrived (they land within moments of each
-    other), at most an eighth of ``max_spins`` times (whole-block reads are slower than the
-    single reads the bound was measured with). On a timeout it records ``SITE`` for ``peer`` in
-    ``failures``; a peer already recorded is not waited for."""
-    words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
-    missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
-    if missing > 0:
-        rereads = max_spins // 8 + 1
-        spins = 0
-        first_flag = (buffer + tl.min(w, axis=0)).to(tl.pointer_type(tl.int32)) + 1  # its high half
-        if tl.load(failures + peer, volatile=True) != 0:
-            spins = rereads
-        elif dctx.wait_until(first_flag, flag, dctx.rank, max_spins, CMP="eq") == 0:
-            spins = rereads
-        while (missing > 0) & (spins < rereads):
-            words = tl.load(buffer + w, mask=mask, other=0, volatile=True)
-            missing = tl.sum(((words >> 32) != flag) & mask, axis=0)
-            spins += 1
-        if missing > 0:
-            tl.store(failures + peer, SITE)
+
+@triton.jit
+def _first_flag(buffer, w):
+    """The high half (the flag) of the block's first word."""
+    return (buffer + tl.min(w, axis=0)).to(tl.pointer_type(tl.int32)) + 1
+
+
+@triton.jit
+def _arrived(dctx, buffer, w, mask, flag, failures, peer, max_spins, SITE: tl.constexpr):
+    """The payload of words ``w`` of ``buffer`` once all of them carry ``flag`` in their high
+    half (:func:`iris_triton.waits.read_when_arrived`, waiting meanwhile on the first word's)."""
+    words = read_when_arrived(dctx, buffer, w, mask, flag, failures, peer, max_spins, _flag_differs, _first_flag,
+                              "eq", SITE)
     return words & _PAYLOAD_MASK
 
 
@@ -158,7 +150,7 @@ def _all_reduce(call: CollectiveCall):
     # Regions are laid out by the workspace's size, not the call's, so calls of different sizes
     # use the same slots; the workspace changes only by growing, collectively.
     needed = 2 * world * triton.cdiv(words, REGION_ALIGNMENT) * REGION_ALIGNMENT
-    ws = ctx.ccl.workspace(needed * 8, name="low_latency", zeroed=True).view(torch.int64)
+    ws = ctx.ccl.workspace(needed * 8, name="low_latency", fill=0).view(torch.int64)
     capacity = ws.numel() // (2 * world) // REGION_ALIGNMENT * REGION_ALIGNMENT
     shape = LAUNCH_SHAPES[ctx.device.type]
     front = ctx.frontend

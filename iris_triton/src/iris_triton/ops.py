@@ -91,7 +91,7 @@ class _Buffers:
         data_bytes = 2 * (slot_elements + SLOT_ALIGNMENT) * dtype.itemsize
         data = context.ccl.workspace(data_bytes, name=f"{name}_data").view(dtype)
         state = context.ccl.workspace(4 * (2 * programs + world * flag_stride), name=f"{name}_state",
-                                      zeroed=True).view(torch.int32)
+                                      fill=0).view(torch.int32)
         return cls(programs=programs, flag_stride=(state.numel() - 2 * programs) // world,
                    slot_stride=data.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT, data=data,
                    gemm_calls=state[:programs], push_calls=state[programs:2 * programs], flags=state[2 * programs:])

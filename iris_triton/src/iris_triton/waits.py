@@ -13,7 +13,7 @@ import triton.language as tl
 
 from iris_triton import device
 
-__all__ = ["WAIT_SITES", "site_code", "site_name", "spin_probe_kernel", "wait_or_record"]
+__all__ = ["WAIT_SITES", "read_when_arrived", "site_code", "site_name", "spin_probe_kernel", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -35,6 +35,37 @@ def wait_or_record(flag, value, rank, heap_bases, max_spins, failures, peer, SIT
     if tl.load(failures + peer, volatile=True) == 0:
         if not device.wait_until(flag, value, rank, rank, heap_bases, max_spins):
             tl.store(failures + peer, SITE)
+
+
+@triton.jit
+def read_when_arrived(dctx, buffer, offs, mask, expected, failures, peer, max_spins, MISSING: tl.constexpr,
+                      FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
+    """``buffer[offs]`` (volatile reads of this rank's memory) once no lane of ``mask`` is
+    ``MISSING(values, expected)``: for protocols whose data announces itself, without a flag.
+
+    While some lane is missing, it waits until ``FIRST_WORD(buffer, offs)`` (a pointer to an int32
+    word of the block that changes when the block lands) compares ``CMP`` against ``expected``, as every bounded wait of
+    iris does (one acquire read per spin, the rate the context's spin bound was measured at, so
+    the timeout holds), then reads the block until no lane is missing (the block's stores land
+    within moments of each other), at most an eighth of ``max_spins`` times (whole-block reads
+    are slower than the single reads the bound was measured with). On a timeout it records
+    ``SITE`` for ``peer`` in ``failures``; a peer already recorded is not waited for."""
+    values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
+    missing = tl.sum(MISSING(values, expected) & mask, axis=0)
+    if missing > 0:
+        rereads = max_spins // 8 + 1
+        spins = 0
+        if tl.load(failures + peer, volatile=True) != 0:
+            spins = rereads
+        elif dctx.wait_until(FIRST_WORD(buffer, offs), expected, dctx.rank, max_spins, CMP=CMP) == 0:
+            spins = rereads
+        while (missing > 0) & (spins < rereads):
+            values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
+            missing = tl.sum(MISSING(values, expected) & mask, axis=0)
+            spins += 1
+        if missing > 0:
+            tl.store(failures + peer, SITE)
+    return values
 
 
 @triton.jit(do_not_specialize=["spins"])

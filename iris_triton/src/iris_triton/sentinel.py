@@ -1,0 +1,143 @@
+"""Sentinel all_reduce: floating-point data that announces itself, at no cost on the link (entry
+point ``iris.ccl.all_reduce`` ``sentinel``).
+
+The one-shot all_reduce of :mod:`iris_triton.ccl` orders data and signal with a release (a
+system-scope fence that waits until the pushed data reached the peer) and an acquire on the peer;
+the low-latency one (:mod:`iris_triton.low_latency`) carries a flag in every word, which doubles
+the bytes on the link. Here the receiving workspace holds a *sentinel* wherever no data is:
+
+- Every byte of the workspace is 0xFF when allocated: an all-ones element, which is a NaN in
+  bf16, fp16 and fp32 alike. A sender replaces an all-ones element of its input by the same NaN
+  with the sign bit clear (so no value pushed is the sentinel, and a NaN stays a NaN), then
+  pushes its input into every peer's region with plain vector stores: no fence, no flag.
+- A receiver reads its own workspace (volatile loads) until no element of the block is the
+  sentinel (waiting meanwhile as iris's bounded waits do), writes the sentinel back, and reduces
+  in rank order, its own input taken with the same replacement, so every rank gets the same bits.
+  An aligned 2- or 4-byte element reaches the peer whole, so an element that is not the sentinel
+  holds this call's value.
+- The workspace has two slots, used by alternate calls (call numbers are the collectives' call
+  counts, :mod:`iris_triton.calls`). A rank's call ``k + 2`` writes into the slot of call ``k``;
+  it starts only after its call ``k + 1`` received every peer's call ``k + 1`` data, which each
+  peer pushed after finishing its call ``k``, reset of the slot included. Regions are laid out in
+  bytes by the workspace's size, so calls of any dtype and size use the same slots.
+- A wait that gives up leaves its region to a late peer's data, which the slot's next call would
+  take for its own: the barrier that reports the timeout fills the workspace with the sentinel
+  again on every rank (:meth:`iris.mixins.ccl.Collectives.workspace`).
+
+It moves the bytes of a one-shot with one link crossing of latency, for 16- and 32-bit floats.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from iris.collectives import Algorithm, CollectiveCall
+from iris.errors import IrisError
+from iris_triton.calls import LANES, call_number, count_call
+from iris_triton.reductions import combine, widen
+from iris_triton.waits import read_when_arrived, site_code
+
+__all__ = ["ALL_REDUCE_SENTINEL", "LAUNCH_SHAPES", "MAX_BYTES", "SENTINEL_BYTE", "sentinel_kernel"]
+
+#: The value of every byte of the workspace where no data is.
+SENTINEL_BYTE = 0xFF
+
+
+@triton.jit
+def _without_sentinel(bits, SIZE: tl.constexpr):
+    """``bits`` (float elements of ``SIZE`` bytes seen as integers) with the all-ones pattern,
+    the sentinel, replaced by the same NaN with its sign bit clear."""
+    return tl.where(bits == -1, bits & ((1 << (8 * SIZE - 1)) - 1), bits)
+
+
+@triton.jit
+def _is_sentinel(bits, sentinel):
+    return bits == sentinel
+
+
+@triton.jit
+def _first_word(buffer, e):
+    """The 32-bit word holding the block's first element (it changes when the block lands)."""
+    return (buffer + tl.min(e, axis=0)).to(tl.pointer_type(tl.int32))
+
+
+def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity, max_spins, CTX: tl.constexpr,
+                    RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, SITE: tl.constexpr,
+                    SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    """All-reduce ``n`` floats of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``): push
+    this rank's elements into every peer's slot region ``RANK`` (regions of ``capacity``
+    elements of ``ws``, seen as integers of ``SIZE`` bytes), then reduce what every peer pushed
+    here. Program ``p`` pushes blocks ``p, p + P, ...`` and then reduces those same blocks, so an
+    in-place call reads no element after it was written."""
+    dctx = CTX.initialize(context, RANK, WORLD)
+    call = call_number(sync)
+    slot = ws + (call & 1) * WORLD * capacity
+    BITS: tl.constexpr = ws.dtype.element_ty
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        e = dctx.block_offsets(inp, start, BLOCK)
+        bits = _without_sentinel(tl.load(inp + e, mask=e < n).to(BITS, bitcast=True), SIZE)
+        for q in tl.static_range(WORLD):
+            if q != RANK:
+                dctx.store(slot + RANK * capacity + e, bits, q, mask=e < n)
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        e = dctx.block_offsets(inp, start, BLOCK)
+        mask = e < n
+        for q in tl.static_range(WORLD):
+            if q == RANK:
+                bits = _without_sentinel(tl.load(inp + e, mask=mask).to(BITS, bitcast=True), SIZE)
+            else:
+                region = slot + q * capacity
+                bits = read_when_arrived(dctx, region, e, mask, -1, failures, q, max_spins, _is_sentinel, _first_word,
+                                         "ne", SITE)
+                tl.store(region + e, bits | -1, mask=mask)  # the sentinel back, for the slot's next call
+            x = widen(bits.to(inp.dtype.element_ty, bitcast=True))
+            if q == 0:
+                acc = x
+            else:
+                acc = combine(acc, x, OP)
+        tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
+    count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
+
+
+#: Launch shape per device type: elements per block (even, so a block's first element starts a
+#: 32-bit word) and warps. Not yet tuned on GPUs.
+LAUNCH_SHAPES = {"cuda": dict(BLOCK=2048, num_warps=8), "cpu": dict(BLOCK=64)}
+#: Most bytes per rank a call may have: the workspace holds two slots of every rank's input.
+MAX_BYTES = 8 << 20
+#: Byte alignment of every region (keeps 16-byte vectors aligned).
+REGION_ALIGNMENT = 256
+#: The workspace seen as integers of the elements' size.
+_BITS = {2: torch.int16, 4: torch.int32}
+
+
+def _all_reduce(call: CollectiveCall):
+    ctx, n, size, dtype = call.context, call.input.numel(), call.input.element_size(), call.input.dtype
+    if not dtype.is_floating_point or size not in _BITS:
+        raise IrisError(f"all_reduce: the sentinel algorithm takes float16, bfloat16 or float32 tensors (an all-ones "
+                        f"element marks missing data), this call has {dtype}; use algorithm='one_shot', 'two_shot' or "
+                        f"'low_latency' (or the automatic choice)")
+    if n * size > MAX_BYTES:
+        raise IrisError(f"all_reduce: the sentinel algorithm takes at most {MAX_BYTES >> 20} MiB per rank, this call "
+                        f"has {n * size} bytes; use algorithm='one_shot' or 'two_shot' (or the automatic choice)")
+    world = ctx.world_size
+    region_bytes = triton.cdiv(n * size, REGION_ALIGNMENT) * REGION_ALIGNMENT
+    ws = ctx.ccl.workspace(2 * world * region_bytes, name="sentinel", fill=SENTINEL_BYTE, refill_after_timeout=True)
+    # Regions are laid out in bytes by the workspace's size, whatever the call's dtype and size.
+    region_bytes = ws.numel() // (2 * world) // REGION_ALIGNMENT * REGION_ALIGNMENT
+    shape = LAUNCH_SHAPES[ctx.device.type]
+    front = ctx.frontend
+    grid = (max(1, min(ctx.ccl.programs, triton.cdiv(n, shape["BLOCK"]))),)
+    return front.launch(
+        sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
+        ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs,
+        failures=ctx.wait_failures, n=n, capacity=region_bytes // size, max_spins=ctx.max_spins,
+        CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, SITE=site_code("all_reduce"), SIZE=size,
+        **shape)
+
+
+ALL_REDUCE_SENTINEL = Algorithm(
+    name="sentinel", collective="all_reduce", run=_all_reduce,
+    description="one-shot into a workspace that holds a NaN sentinel until data lands: no fence, no flag, "
+                "the bytes of a one-shot; floating-point tensors")
