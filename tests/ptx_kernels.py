@@ -373,7 +373,7 @@ def _announcing_all_reduce_specs(frontend) -> dict:
         shape = {k: v for k, v in shapes["cuda"].items() if k not in OPTIONS}
         for dtype, size, workspace in cases:
             types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": workspace, "sync": "*i32", "failures": "*i32"}
-            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", SITE=2, SIZE=size, **shape)
+            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", SIZE=size, **shape)
             out[f"{prefix}{name}_{dtype}"] = _spec(
                 frontend.kernel(kernel), constexprs, types,
                 divisible=("context", "inp", "out", "ws", "sync", "failures", count, "capacity"))

@@ -33,12 +33,14 @@ import triton.language as tl
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call
-from iris_triton.reductions import combine, widen
+from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.waits import read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "MAX_BYTES", "low_latency_kernel"]
 
 _PAYLOAD_MASK: tl.constexpr = tl.constexpr(0xFFFFFFFF)
+#: What a wait of this kernel that gives up records (:mod:`iris_triton.waits`).
+_SITE: tl.constexpr = tl.constexpr(site_code("all_reduce"))
 
 
 @triton.jit
@@ -94,9 +96,23 @@ def _received(dctx, buffer, e, mask, flag, failures, peer, max_spins, SIZE: tl.c
     return bits.to(DTYPE, bitcast=True)
 
 
+@triton.jit
+def _own_elements(args):
+    dctx, inp, slot, capacity, e, mask, flag, failures, max_spins = args
+    return tl.load(inp + e, mask=mask)
+
+
+@triton.jit
+def _peer_elements(q, args):
+    dctx, inp, slot, capacity, e, mask, flag, failures, max_spins = args
+    SIZE: tl.constexpr = inp.dtype.element_ty.primitive_bitwidth // 8
+    return _received(dctx, slot + q * capacity, e, mask, flag, failures, q, max_spins, SIZE, inp.dtype.element_ty,
+                     _SITE)
+
+
 def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words, capacity, max_spins,
                        CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
-                       SITE: tl.constexpr, SIZE: tl.constexpr, BLOCK: tl.constexpr):
+                       SIZE: tl.constexpr, BLOCK: tl.constexpr):
     """All-reduce ``n`` elements of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``):
     push this rank's ``words`` payload words, flagged, into every peer's slot region ``RANK``
     (regions of ``capacity`` words in ``ws``, int64), then reduce what every peer pushed here.
@@ -116,16 +132,8 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words
     for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):
         e = dctx.block_offsets(inp, start, ELEMENTS)
         mask = e < n
-        for q in tl.static_range(WORLD):
-            if q == RANK:
-                x = widen(tl.load(inp + e, mask=mask))
-            else:
-                x = widen(_received(dctx, slot + q * capacity, e, mask, flag, failures, q, max_spins, SIZE,
-                                    inp.dtype.element_ty, SITE))
-            if q == 0:
-                acc = x
-            else:
-                acc = combine(acc, x, OP)
+        args = (dctx, inp, slot, capacity, e, mask, flag, failures, max_spins)
+        acc = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
         tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
 
@@ -159,7 +167,7 @@ def _all_reduce(call: CollectiveCall):
         low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
         sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures, n=n, words=words,
         capacity=capacity, max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=world,
-        OP=call.op, SITE=site_code("all_reduce"), SIZE=size, **shape)
+        OP=call.op, SIZE=size, **shape)
 
 
 ALL_REDUCE_LOW_LATENCY = Algorithm(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["combine", "widen"]
+__all__ = ["combine", "reduce_in_rank_order", "widen"]
 
 
 @triton.jit
@@ -26,4 +26,23 @@ def combine(acc, x, OP: tl.constexpr):
     else:
         tl.static_assert(OP == "min", "OP must be 'sum', 'max' or 'min'")
         acc = tl.minimum(acc, x)
+    return acc
+
+
+@triton.jit
+def reduce_in_rank_order(OWN: tl.constexpr, PEER: tl.constexpr, args, RANK: tl.constexpr, WORLD: tl.constexpr,
+                         OP: tl.constexpr):
+    """Every rank's block, widened and combined by ``OP`` in rank order, so that every rank
+    computing it gets the same bits: this rank's is ``OWN(args)``, peer q's ``PEER(q, args)``.
+    ``args`` is a tuple of run-time values (a tuple does not carry constexprs), which each
+    algorithm's two functions unpack to fetch a block their own way."""
+    for q in tl.static_range(WORLD):
+        if q == RANK:
+            x = widen(OWN(args))
+        else:
+            x = widen(PEER(q, args))
+        if q == 0:
+            acc = x
+        else:
+            acc = combine(acc, x, OP)
     return acc

@@ -36,13 +36,15 @@ import triton.language as tl
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call
-from iris_triton.reductions import combine, widen
+from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.waits import read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_SENTINEL", "LAUNCH_SHAPES", "MAX_BYTES", "SENTINEL_BYTE", "sentinel_kernel"]
 
 #: The value of every byte of the workspace where no data is.
 SENTINEL_BYTE = 0xFF
+#: What a wait of this kernel that gives up records (:mod:`iris_triton.waits`).
+_SITE: tl.constexpr = tl.constexpr(site_code("all_reduce"))
 
 
 @triton.jit
@@ -63,9 +65,29 @@ def _first_word(buffer, e):
     return (buffer + tl.min(e, axis=0)).to(tl.pointer_type(tl.int32))
 
 
+@triton.jit
+def _own_elements(args):
+    """This rank's elements, with the replacement its peers see."""
+    dctx, inp, slot, capacity, e, mask, failures, max_spins = args
+    SIZE: tl.constexpr = inp.dtype.element_ty.primitive_bitwidth // 8
+    bits = _without_sentinel(tl.load(inp + e, mask=mask).to(slot.dtype.element_ty, bitcast=True), SIZE)
+    return bits.to(inp.dtype.element_ty, bitcast=True)
+
+
+@triton.jit
+def _peer_elements(q, args):
+    """Peer q's elements once they all landed; the sentinel goes back, for the slot's next call."""
+    dctx, inp, slot, capacity, e, mask, failures, max_spins = args
+    region = slot + q * capacity
+    bits = read_when_arrived(dctx, region, e, mask, -1, failures, q, max_spins, _is_sentinel, _first_word, "ne",
+                             _SITE)
+    tl.store(region + e, bits | -1, mask=mask)
+    return bits.to(inp.dtype.element_ty, bitcast=True)
+
+
 def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity, max_spins, CTX: tl.constexpr,
-                    RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, SITE: tl.constexpr,
-                    SIZE: tl.constexpr, BLOCK: tl.constexpr):
+                    RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, SIZE: tl.constexpr,
+                    BLOCK: tl.constexpr):
     """All-reduce ``n`` floats of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``): push
     this rank's elements into every peer's slot region ``RANK`` (regions of ``capacity``
     elements of ``ws``, seen as integers of ``SIZE`` bytes), then reduce what every peer pushed
@@ -83,21 +105,9 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity
                 dctx.store(slot + RANK * capacity + e, bits, q, mask=e < n)
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         e = dctx.block_offsets(inp, start, BLOCK)
-        mask = e < n
-        for q in tl.static_range(WORLD):
-            if q == RANK:
-                bits = _without_sentinel(tl.load(inp + e, mask=mask).to(BITS, bitcast=True), SIZE)
-            else:
-                region = slot + q * capacity
-                bits = read_when_arrived(dctx, region, e, mask, -1, failures, q, max_spins, _is_sentinel, _first_word,
-                                         "ne", SITE)
-                tl.store(region + e, bits | -1, mask=mask)  # the sentinel back, for the slot's next call
-            x = widen(bits.to(inp.dtype.element_ty, bitcast=True))
-            if q == 0:
-                acc = x
-            else:
-                acc = combine(acc, x, OP)
-        tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
+        args = (dctx, inp, slot, capacity, e, e < n, failures, max_spins)
+        acc = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
+        tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
 
 
@@ -133,8 +143,7 @@ def _all_reduce(call: CollectiveCall):
         sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs,
         failures=ctx.wait_failures, n=n, capacity=region_bytes // size, max_spins=ctx.max_spins,
-        CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, SITE=site_code("all_reduce"), SIZE=size,
-        **shape)
+        CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, SIZE=size, **shape)
 
 
 ALL_REDUCE_SENTINEL = Algorithm(
