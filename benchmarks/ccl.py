@@ -36,7 +36,7 @@ def _implementations(ctx, collective: str, n: int, world: int):
     if collective == "all_reduce":
         limits = {"low_latency": low_latency.MAX_BYTES, "sentinel": sentinel.MAX_BYTES}
         for algorithm in ("low_latency", "sentinel", "one_shot", "two_shot"):
-            if n * 2 > limits.get(algorithm, n * 2):
+            if algorithm in limits and n * 2 > limits[algorithm]:
                 continue
             buf = ctx.empty(n, dtype=bf16)
             impls[f"iris_{algorithm}"] = _in_place(buf, x, lambda b=buf, a=algorithm: ctx.ccl.all_reduce(b, algorithm=a))

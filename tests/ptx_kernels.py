@@ -363,17 +363,17 @@ def _announcing_all_reduce_specs(frontend) -> dict:
     elements in flagged 64-bit words; sentinel: 2- and 4-byte floats), with their GPU launch
     shapes; Gluon's keys get a ``gluon:`` prefix."""
     prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
-    kernels = {
+    kernels = {  # the low-latency kernel takes the element size; the sentinel kernel reads it off its pointers
         "low_latency": (low_latency.low_latency_kernel, low_latency.LAUNCH_SHAPES, "words",
-                        (("bf16", 2, "*i64"), ("fp32", 4, "*i64"), ("i64", 8, "*i64"))),
-        "sentinel": (sentinel.sentinel_kernel, sentinel.LAUNCH_SHAPES, "n", (("bf16", 2, "*i16"), ("fp32", 4, "*i32"))),
+                        (("bf16", {"SIZE": 2}, "*i64"), ("fp32", {"SIZE": 4}, "*i64"), ("i64", {"SIZE": 8}, "*i64"))),
+        "sentinel": (sentinel.sentinel_kernel, sentinel.LAUNCH_SHAPES, "n", (("bf16", {}, "*i16"), ("fp32", {}, "*i32"))),
     }
     out = {}
     for name, (kernel, shapes, count, cases) in kernels.items():
         shape = {k: v for k, v in shapes["cuda"].items() if k not in OPTIONS}
-        for dtype, size, workspace in cases:
+        for dtype, element_size, workspace in cases:
             types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": workspace, "sync": "*i32", "failures": "*i32"}
-            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", SIZE=size, **shape)
+            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", **element_size, **shape)
             out[f"{prefix}{name}_{dtype}"] = _spec(
                 frontend.kernel(kernel), constexprs, types,
                 divisible=("context", "inp", "out", "ws", "sync", "failures", count, "capacity"))

@@ -312,6 +312,11 @@ def test_sentinel_all_reduce_refuses_integers_and_large_calls(ctx):
     ctx.free(big)
 
 
+def test_a_workspace_refilled_after_a_timeout_needs_its_fill_byte(ctx):
+    with pytest.raises(ValueError, match="refill_after_timeout needs the byte to refill with; pass fill="):
+        ctx.ccl.workspace(16, name="test_refill", refill_after_timeout=True)
+
+
 def test_single_rank_collectives_are_identities(ctx):
     x = torch.randn(1000, device=ctx.device)
     t = x.clone()

@@ -96,6 +96,8 @@ class Collectives:
         rank by the barrier after a device-side wait gave up anywhere (:meth:`refill_after_timeout`),
         for protocols whose state a late peer's writes would corrupt. Grows collectively, with a
         host barrier, the first time a call needs more than before; otherwise allocates nothing."""
+        if refill_after_timeout and fill is None:
+            raise ValueError(f"workspace {name!r}: refill_after_timeout needs the byte to refill with; pass fill=...")
         current = self._workspaces.get(name)
         if current is None or current.numel() < nbytes:
             ctx = self._context
@@ -113,7 +115,7 @@ class Collectives:
         return self._workspaces[name]
 
     @property
-    def refills_after_timeout(self) -> bool:
+    def has_workspaces_to_refill(self) -> bool:
         """Whether a workspace asks to be filled again after a device-side wait gave up (the same
         on every rank: workspaces are created collectively)."""
         return bool(self._refills)

@@ -110,7 +110,7 @@ class TritonDeviceOps(DeviceOps):
             if report:
                 raise IrisTimeoutError(report) from host_error
             raise
-        if self.ccl.refills_after_timeout:
+        if self.ccl.has_workspaces_to_refill:
             self._refill_if_any_wait_gave_up()
         report = self._wait_failure_report()
         if report:

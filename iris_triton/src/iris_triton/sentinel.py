@@ -48,10 +48,11 @@ _SITE: tl.constexpr = tl.constexpr(site_code("all_reduce"))
 
 
 @triton.jit
-def _without_sentinel(bits, SIZE: tl.constexpr):
-    """``bits`` (float elements of ``SIZE`` bytes seen as integers) with the all-ones pattern,
-    the sentinel, replaced by the same NaN with its sign bit clear."""
-    return tl.where(bits == -1, bits & ((1 << (8 * SIZE - 1)) - 1), bits)
+def _sendable(inp, e, mask, BITS: tl.constexpr):
+    """This rank's elements ``e`` of ``inp`` as ``BITS`` integers, the all-ones pattern (the
+    sentinel) replaced by the same NaN with its sign bit clear: what its peers receive."""
+    bits = tl.load(inp + e, mask=mask).to(BITS, bitcast=True)
+    return tl.where(bits == -1, bits & ((1 << (BITS.primitive_bitwidth - 1)) - 1), bits)
 
 
 @triton.jit
@@ -69,9 +70,7 @@ def _first_word(buffer, e):
 def _own_elements(args):
     """This rank's elements, with the replacement its peers see."""
     dctx, inp, slot, capacity, e, mask, failures, max_spins = args
-    SIZE: tl.constexpr = inp.dtype.element_ty.primitive_bitwidth // 8
-    bits = _without_sentinel(tl.load(inp + e, mask=mask).to(slot.dtype.element_ty, bitcast=True), SIZE)
-    return bits.to(inp.dtype.element_ty, bitcast=True)
+    return _sendable(inp, e, mask, slot.dtype.element_ty).to(inp.dtype.element_ty, bitcast=True)
 
 
 @triton.jit
@@ -86,11 +85,10 @@ def _peer_elements(q, args):
 
 
 def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity, max_spins, CTX: tl.constexpr,
-                    RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, SIZE: tl.constexpr,
-                    BLOCK: tl.constexpr):
-    """All-reduce ``n`` floats of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``): push
-    this rank's elements into every peer's slot region ``RANK`` (regions of ``capacity``
-    elements of ``ws``, seen as integers of ``SIZE`` bytes), then reduce what every peer pushed
+                    RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr):
+    """All-reduce ``n`` floats from ``inp`` into ``out`` (may be ``inp``): push this rank's
+    elements into every peer's slot region ``RANK`` (regions of ``capacity`` elements of ``ws``,
+    integers of the floats' size), then reduce what every peer pushed
     here. Program ``p`` pushes blocks ``p, p + P, ...`` and then reduces those same blocks, so an
     in-place call reads no element after it was written."""
     dctx = CTX.initialize(context, RANK, WORLD)
@@ -99,7 +97,7 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity
     BITS: tl.constexpr = ws.dtype.element_ty
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         e = dctx.block_offsets(inp, start, BLOCK)
-        bits = _without_sentinel(tl.load(inp + e, mask=e < n).to(BITS, bitcast=True), SIZE)
+        bits = _sendable(inp, e, e < n, BITS)
         for q in tl.static_range(WORLD):
             if q != RANK:
                 dctx.store(slot + RANK * capacity + e, bits, q, mask=e < n)
@@ -143,7 +141,7 @@ def _all_reduce(call: CollectiveCall):
         sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs,
         failures=ctx.wait_failures, n=n, capacity=region_bytes // size, max_spins=ctx.max_spins,
-        CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, SIZE=size, **shape)
+        CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
 
 
 ALL_REDUCE_SENTINEL = Algorithm(
