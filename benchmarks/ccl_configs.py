@@ -6,12 +6,13 @@ checked against torch (all_reduce against NCCL's), then timed (an in-place all_r
 buffer as is, no copy per call): ``--calls`` calls captured in one
 graph, the median of 5 replays, the slowest rank's. Results go to
 ``benchmarks/results/ccl_configs-<date>.json`` (or ``--out``); ``benchmarks/NOTES.md`` says
-which shapes ``CONFIGS`` keeps. With ``--low-latency`` the shapes (words per block, warps) of the
-low-latency all_reduce (``iris_triton.low_latency.LAUNCH_SHAPES``) are compared instead, against
-one-shot.
+which shapes ``CONFIGS`` keeps. With ``--all-reduce low_latency`` the shapes (words per block,
+warps) of the low-latency all_reduce (``iris_triton.low_latency.LAUNCH_SHAPES``) are compared
+instead, against one-shot; with ``--all-reduce sentinel`` those of the sentinel all_reduce
+(elements per block, warps, blocks pushed ahead: ``iris_triton.sentinel.LAUNCH_SHAPES``).
 
     python -m benchmarks.ccl_configs [--sizes 8KiB,512KiB,4MiB,32MiB,256MiB] [--shapes 4096x4x8x8,...]
-                                     [--low-latency] [--out DIR]
+                                     [--all-reduce low_latency|sentinel] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,16 +25,24 @@ import torch.distributed as dist
 import iris
 from benchmarks.common import per_call_us
 from iris.config import parse_size
-from iris_triton import ccl, low_latency
+from iris_triton import ccl, low_latency, sentinel
 
 SHAPES = [(4096, 4, 8, 8), (4096, 2, 8, 8), (4096, 1, 8, 8), (4096, 4, 16, 8), (4096, 4, 4, 8), (8192, 2, 8, 8),
           (8192, 4, 8, 16), (2048, 4, 8, 4), (4096, 4, 8, 16), (4096, 2, 16, 8), (2048, 8, 8, 8), (4096, 1, 32, 8)]
-LOW_LATENCY_SHAPES = [(128, 2), (256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)]
+#: Per all_reduce algorithm with its own launch shapes: its shape table, the names of a shape's
+#: values, and the shapes compared by default.
+ALL_REDUCE_SHAPES = {
+    "low_latency": (low_latency.LAUNCH_SHAPES, ("BLOCK", "num_warps"),
+                    [(128, 2), (256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)]),
+    "sentinel": (sentinel.LAUNCH_SHAPES, ("BLOCK", "num_warps", "LAG"),
+                 [(2048, 8, 1 << 20), (1024, 4, 1 << 20), (4096, 8, 1 << 20), (4096, 16, 1 << 20), (1024, 4, 1),
+                  (1024, 4, 2), (2048, 8, 1), (2048, 8, 2), (512, 4, 2), (4096, 8, 1)]),
+}
 
 
-def _collectives(ctx, x, low_latency_only: bool = False):
+def _collectives(ctx, x, all_reduce: str | None = None):
     """``{name: (timed call, checked call, output, expected)}`` for every collective of ``x``
-    (bf16, heap), or only the low-latency and one-shot all_reduce. An in-place all_reduce is
+    (bf16, heap), or only the ``all_reduce`` algorithm and one-shot. An in-place all_reduce is
     checked from a copy of ``x`` and timed on its buffer as is (as ``benchmarks.ccl`` does)."""
     world, n = ctx.world_size, x.numel()
     summed = x.clone()
@@ -47,8 +56,8 @@ def _collectives(ctx, x, low_latency_only: bool = False):
 
         return call, lambda: (buf.copy_(x), call()), buf, summed
 
-    if low_latency_only:
-        return {"all_reduce_low_latency": in_place("low_latency"), "all_reduce_one_shot": in_place("one_shot")}
+    if all_reduce:
+        return {f"all_reduce_{all_reduce}": in_place(all_reduce), "all_reduce_one_shot": in_place("one_shot")}
     gathered = torch.empty(world * n, dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(gathered, x)
     scattered = torch.empty(n // world, dtype=x.dtype, device=x.device)
@@ -65,29 +74,29 @@ def _collectives(ctx, x, low_latency_only: bool = False):
             **{name: (call, call, out, expected) for name, (call, out, expected) in out_of_place.items()}}
 
 
-def _apply(shape: tuple, low_latency_only: bool) -> None:
+def _apply(shape: tuple, all_reduce: str | None) -> None:
     """Force ``shape`` for every call from now on."""
-    if low_latency_only:
-        block, warps = shape
-        low_latency.LAUNCH_SHAPES["cuda"] = dict(BLOCK=block, num_warps=warps)
+    if all_reduce:
+        table, names, _ = ALL_REDUCE_SHAPES[all_reduce]
+        table["cuda"] = dict(zip(names, shape, strict=True))
     else:
         block, group, syncs, warps = shape
         ccl.CONFIGS["cuda"] = ((None, dict(BLOCK=block, ROUND=group, SYNCS=syncs, num_warps=warps)),)
 
 
-def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int, low_latency_only: bool,
+def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int, all_reduce: str | None,
          passes: int) -> list[dict]:
     ctx = iris.create("triton", heap_size=12 * max(sizes) + (256 << 20))
     rows = []
     for sweep in range(passes):
         for shape in shapes:
-            _apply(shape, low_latency_only)
+            _apply(shape, all_reduce)
             ctx.ccl._repeats.clear()  # they hold kernels compiled for the previous shape
             for size in sizes:
                 x = ctx.randn(size // 2, dtype=torch.bfloat16, generator=torch.Generator(ctx.device).manual_seed(rank))
                 row = {"pass": sweep, "shape": list(shape), "bytes": size, "correct": {}, "us": {}}
                 tensors = [x]
-                for name, (timed, checked, out, expected) in _collectives(ctx, x, low_latency_only).items():
+                for name, (timed, checked, out, expected) in _collectives(ctx, x, all_reduce).items():
                     checked()
                     torch.cuda.synchronize()
                     row["correct"][name] = bool(torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2))
@@ -106,8 +115,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="8KiB,512KiB,4MiB,32MiB,256MiB")
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--shapes", default=None,
-                        help="shapes to compare instead of the built-in list, e.g. 4096x1x8x8 (low-latency: 256x4)")
-    parser.add_argument("--low-latency", action="store_true", help="compare the low-latency all_reduce's shapes")
+                        help="shapes to compare instead of the built-in list, e.g. 4096x1x8x8 (low_latency: 256x4, "
+                             "sentinel: 2048x8x1)")
+    parser.add_argument("--all-reduce", choices=sorted(ALL_REDUCE_SHAPES), default=None,
+                        help="compare the launch shapes of this all_reduce algorithm instead")
     parser.add_argument("--passes", type=int, default=1, help="sweeps over every shape, one after another")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -116,14 +127,14 @@ def main() -> None:
     from benchmarks.common import write_results
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    shapes = LOW_LATENCY_SHAPES if args.low_latency else SHAPES
+    shapes = ALL_REDUCE_SHAPES[args.all_reduce][2] if args.all_reduce else SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
-    rows = iris.spawn(_run, 2, sizes, shapes, args.calls, args.low_latency, args.passes, device="cuda")[0]
+    rows = iris.spawn(_run, 2, sizes, shapes, args.calls, args.all_reduce, args.passes, device="cuda")[0]
     for row in rows:
         print(f"{str(row['shape']):>20} {row['bytes']:>10} " + " ".join(f"{k} {v:7.1f}" for k, v in row["us"].items())
               + f"  correct {all(row['correct'].values())}")
-    name = "ccl_configs_low_latency" if args.low_latency else "ccl_configs"
+    name = f"ccl_configs_{args.all_reduce}" if args.all_reduce else "ccl_configs"
     print(f"wrote {write_results(name, {'unit': 'us per call, graph, slowest rank', 'rows': rows}, args.out)}")
 
 

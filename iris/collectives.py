@@ -14,6 +14,7 @@ import functools
 from typing import Any, Callable
 
 import attrs
+import torch
 
 from iris.errors import IrisError
 from iris.registry import PluginRegistry
@@ -84,21 +85,28 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
 
 
 #: Automatic choice for all_reduce, by bytes per rank: low-latency (one-shot with a flag in every
-#: word: no fence, twice the bytes on the link) up to the first limit, one-shot (every rank
-#: receives every input: one exchange) up to the second, two-shot (reduce-scatter then
-#: all-gather: two exchanges, each rank reducing only its share) above. Measured on 2 x H200
-#: (benchmarks/NOTES.md); other world sizes are not measured yet.
+#: word: no fence, twice the bytes on the link) up to the first limit; for floating-point tensors,
+#: sentinel (one-shot into a workspace whose NaN sentinel marks missing data: no fence, no flag,
+#: the bytes of a one-shot) up to the second; one-shot (every rank receives every input: one
+#: exchange) up to the third; two-shot (reduce-scatter then all-gather: two exchanges, each rank
+#: reducing only its share) above. Measured on 2 x H200 (benchmarks/NOTES.md); other world sizes
+#: are not measured yet, and take no sentinel.
 LOW_LATENCY_MAX_BYTES = {2: 256 << 10}
 LOW_LATENCY_MAX_BYTES_DEFAULT = 64 << 10
+SENTINEL_MAX_BYTES = {2: 8 << 20}
 ONE_SHOT_MAX_BYTES = {2: 8 << 20, 3: 1 << 20}
 ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10
+#: The dtypes the sentinel all_reduce takes (an all-ones element is a NaN in each).
+SENTINEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def choose(collective: str, nbytes: int, world_size: int) -> str:
+def choose(collective: str, nbytes: int, world_size: int, dtype: torch.dtype) -> str:
     """The algorithm ``ctx.ccl`` runs when none is named: a function of the collective, the
-    bytes per rank and the world size only, hence the same on every rank."""
+    bytes per rank, the world size and the dtype only, hence the same on every rank."""
     if collective == "all_reduce":
         if nbytes <= LOW_LATENCY_MAX_BYTES.get(world_size, LOW_LATENCY_MAX_BYTES_DEFAULT):
             return "low_latency"
+        if dtype in SENTINEL_DTYPES and nbytes <= SENTINEL_MAX_BYTES.get(world_size, 0):
+            return "sentinel"
         return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES.get(world_size, ONE_SHOT_MAX_BYTES_DEFAULT) else "two_shot"
     return "direct"

@@ -139,7 +139,7 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
     for i in range(calls):
         n = BACK_TO_BACK_SIZES[device.type][i % 2]
         results.append(base[n][rank] + i)
-        algorithm = ("low_latency", "one_shot", "two_shot")[i // 2 % 3]
+        algorithm = ("low_latency", "sentinel", "one_shot", "two_shot")[i // 2 % 4]
         if algorithm == "low_latency" and n * 4 > low_latency.MAX_BYTES:
             algorithm = None  # too large for it: the automatic choice
         ctx.ccl.all_reduce(results[i], algorithm=algorithm)
@@ -236,14 +236,18 @@ def test_algorithms_are_registered_for_every_collective(ctx):
         ctx.ccl.algorithms("all_scatter")
 
 
-def test_automatic_choice_depends_only_on_size_and_world():
-    assert choose("all_reduce", 8 << 10, 2) == "low_latency"
-    assert choose("all_reduce", 256 << 10, 2) == "low_latency"
-    assert choose("all_reduce", 1 << 20, 2) == "one_shot"
-    assert choose("all_reduce", 4 << 20, 2) == "one_shot"
-    assert choose("all_reduce", 256 << 20, 2) == "two_shot"
-    assert choose("all_reduce", 256 << 20, 4) == "two_shot"
-    assert choose("all_gather", 1, 8) == "direct"
+def test_automatic_choice_depends_only_on_size_world_and_dtype():
+    bf16, i32 = torch.bfloat16, torch.int32
+    assert choose("all_reduce", 8 << 10, 2, bf16) == "low_latency"
+    assert choose("all_reduce", 256 << 10, 2, i32) == "low_latency"
+    assert choose("all_reduce", (256 << 10) + 2, 2, bf16) == "sentinel"
+    assert choose("all_reduce", 4 << 20, 2, torch.float32) == "sentinel"
+    assert choose("all_reduce", 8 << 20, 2, torch.float16) == "sentinel"
+    assert choose("all_reduce", 1 << 20, 2, i32) == "one_shot"  # the sentinel takes floats only
+    assert choose("all_reduce", 1 << 20, 3, bf16) == "one_shot"  # not measured on 3 ranks
+    assert choose("all_reduce", (8 << 20) + 2, 2, bf16) == "two_shot"
+    assert choose("all_reduce", 256 << 20, 4, bf16) == "two_shot"
+    assert choose("all_gather", 1, 8, bf16) == "direct"
 
 
 def test_unknown_algorithm_lists_the_registered_ones(ctx):

@@ -132,8 +132,8 @@ class Collectives:
         """Names of the algorithms registered for ``collective``."""
         return algorithm_registry(collective).names()
 
-    def _algorithm(self, collective: str, name: str | None, nbytes: int) -> Algorithm:
-        name = name or choose(collective, nbytes, self._context.world_size)
+    def _algorithm(self, collective: str, name: str | None, input: torch.Tensor) -> Algorithm:
+        name = name or choose(collective, input.numel() * input.element_size(), self._context.world_size, input.dtype)
         registry = algorithm_registry(collective)
         algorithm = registry.get(name)
         frontend = getattr(self._context, "frontend", None)
@@ -193,7 +193,7 @@ class Collectives:
         if debug:
             self._check_same_call_on_every_rank(collective, algorithm, op, src, output, input)
         validate()
-        chosen = self._algorithm(collective, algorithm, input.numel() * input.element_size())
+        chosen = self._algorithm(collective, algorithm, input)
         if input.numel() == 0:
             return
         repeat = chosen.run(CollectiveCall(context=self._context, collective=collective, output=output, input=input,

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.collectives import Algorithm, CollectiveCall
+from iris.collectives import SENTINEL_DTYPES, Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.reductions import reduce_in_rank_order
@@ -85,33 +85,42 @@ def _peer_elements(q, args):
 
 
 def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity, max_spins, CTX: tl.constexpr,
-                    RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr):
+                    RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
+                    LAG: tl.constexpr):
     """All-reduce ``n`` floats from ``inp`` into ``out`` (may be ``inp``): push this rank's
     elements into every peer's slot region ``RANK`` (regions of ``capacity`` elements of ``ws``,
-    integers of the floats' size), then reduce what every peer pushed
-    here. Program ``p`` pushes blocks ``p, p + P, ...`` and then reduces those same blocks, so an
-    in-place call reads no element after it was written."""
+    integers of the floats' size), then reduce what every peer pushed here.
+
+    Program ``p`` owns blocks ``p, p + P, ...``. Step ``i`` pushes its block ``i`` and reduces
+    its block ``i - LAG``, so the reduction of blocks that landed runs while later blocks cross
+    the link; a block is reduced only after it was pushed, so an in-place call reads no element
+    after it was written."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call = call_number(sync)
     slot = ws + (call & 1) * WORLD * capacity
     BITS: tl.constexpr = ws.dtype.element_ty
-    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        e = dctx.block_offsets(inp, start, BLOCK)
-        bits = _sendable(inp, e, e < n, BITS)
-        for q in tl.static_range(WORLD):
-            if q != RANK:
-                dctx.store(slot + RANK * capacity + e, bits, q, mask=e < n)
-    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        e = dctx.block_offsets(inp, start, BLOCK)
-        args = (dctx, inp, slot, capacity, e, e < n, failures, max_spins)
-        acc = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
-        tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
+    first, stride = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
+    blocks = tl.cdiv(n - first, stride)
+    lag = tl.minimum(blocks, LAG)
+    for step in range(0, blocks + lag):
+        if step < blocks:
+            e = dctx.block_offsets(inp, first + step * stride, BLOCK)
+            bits = _sendable(inp, e, e < n, BITS)
+            for q in tl.static_range(WORLD):
+                if q != RANK:
+                    dctx.store(slot + RANK * capacity + e, bits, q, mask=e < n)
+        if step >= lag:
+            e = dctx.block_offsets(inp, first + (step - lag) * stride, BLOCK)
+            args = (dctx, inp, slot, capacity, e, e < n, failures, max_spins)
+            acc = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
+            tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
 
 
 #: Launch shape per device type: elements per block (even, so a block's first element starts a
-#: 32-bit word) and warps. Not yet tuned on GPUs.
-LAUNCH_SHAPES = {"cuda": dict(BLOCK=2048, num_warps=8), "cpu": dict(BLOCK=64)}
+#: 32-bit word), blocks a program pushes ahead of the one it reduces, and warps. On 2 x H200 a lag
+#: of 1 beat pushing every block first at 4-8 MiB per rank (benchmarks/NOTES.md, v15).
+LAUNCH_SHAPES = {"cuda": dict(BLOCK=2048, LAG=1, num_warps=8), "cpu": dict(BLOCK=64, LAG=1)}
 #: Most bytes per rank a call may have: the workspace holds two slots of every rank's input.
 MAX_BYTES = 8 << 20
 #: Byte alignment of every region (keeps 16-byte vectors aligned).
@@ -122,7 +131,7 @@ _BITS = {2: torch.int16, 4: torch.int32}
 
 def _all_reduce(call: CollectiveCall):
     ctx, n, size, dtype = call.context, call.input.numel(), call.input.element_size(), call.input.dtype
-    if not dtype.is_floating_point or size not in _BITS:
+    if dtype not in SENTINEL_DTYPES:
         raise IrisError(f"all_reduce: the sentinel algorithm takes float16, bfloat16 or float32 tensors (an all-ones "
                         f"element marks missing data), this call has {dtype}; use algorithm='one_shot', 'two_shot' or "
                         f"'low_latency' (or the automatic choice)")
