@@ -224,8 +224,9 @@ class Collectives:
 
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None) -> torch.Tensor:
         """Reduce ``tensor`` across ranks (sum, max or min) in place; every rank gets the same
-        result. ``algorithm``: ``"low_latency"``, ``"one_shot"``, ``"two_shot"`` or any registered
-        one; by default chosen by size and world size (:func:`iris.collectives.choose`)."""
+        result. ``algorithm``: ``"low_latency"``, ``"sentinel"`` (floats), ``"one_shot"``,
+        ``"two_shot"`` or any registered one; by default chosen by size, world size and dtype
+        (:func:`iris.collectives.choose`)."""
         self._run("all_reduce", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "all_reduce", tensor),
                   op=_reduce_op_name(op))
         return tensor
