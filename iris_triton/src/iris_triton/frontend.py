@@ -15,6 +15,7 @@ from typing import Any, Callable
 import attrs
 import torch
 import triton
+from triton.runtime import driver
 
 from iris_triton.context import DeviceContext
 
@@ -48,8 +49,10 @@ class Frontend:
         The repeat skips the JIT's per-launch work (binding and specializing the arguments,
         looking the kernel up): it calls the compiled kernel directly, with tensors passed as
         their addresses, so it holds no reference to them; callers must repeat it only while
-        those tensors are alive. Under the Triton interpreter there is no compiled kernel, and
-        the result is None."""
+        those tensors are alive. It also hands the kernel the current stream of the device it
+        was first launched on, read straight from torch (a few microseconds less per launch than
+        letting the kernel look up the current device and stream). Under the Triton interpreter
+        there is no compiled kernel, and the result is None."""
         jitted = self.kernel(fn)
         compiled = jitted[grid](**arguments)
         if compiled is None or not hasattr(compiled, "run"):
@@ -57,7 +60,9 @@ class Frontend:
         ordered = [arguments[name] for name in jitted.arg_names]
         values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in ordered]
         runner = compiled[(*grid, 1, 1)[:3]]
-        return lambda: runner(*values)
+        device = driver.active.get_current_device()
+        current_stream = driver.active.get_current_stream
+        return lambda: runner(*values, stream=current_stream(device))
 
 
 TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)
