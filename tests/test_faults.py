@@ -85,7 +85,10 @@ def _refill_worker(rank: int, device: str) -> bytes:
     except IrisTimeoutError as timeout:
         error = str(timeout)
     report.check("refill/the_rank_that_waited_raises", ("all_reduce waiting for rank(s) [1]" in error) == (rank == 0))
-    report.check("refill/every_rank_has_the_sentinel_again", bool((workspace == sentinel.SENTINEL_BYTE).all()))
+    stale = (workspace != sentinel.SENTINEL_BYTE).nonzero().flatten().cpu()
+    report["refill/every_rank_has_the_sentinel_again"] = stale.numel() == 0 or (
+        f"{stale.numel()} of {workspace.numel()} bytes are not the sentinel, from byte {stale[0].item()} to "
+        f"{stale[-1].item()}, first values {workspace[stale[:8].to(workspace.device)].tolist()}")
     for call in range(4):  # both slots, each read before the peer pushes into it
         mine = [torch.randn(600, generator=torch.Generator().manual_seed(10 * call + q)).to(torch.bfloat16)
                 for q in range(ctx.world_size)]
