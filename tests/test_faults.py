@@ -89,6 +89,7 @@ def _refill_worker(rank: int, device: str) -> bytes:
     report["refill/every_rank_has_the_sentinel_again"] = stale.numel() == 0 or (
         f"{stale.numel()} of {workspace.numel()} bytes are not the sentinel, from byte {stale[0].item()} to "
         f"{stale[-1].item()}, first values {workspace[stale[:8].to(workspace.device)].tolist()}")
+    ctx.barrier()  # every rank looked before any rank's next call pushes into its peers' workspaces
     for call in range(4):  # both slots, each read before the peer pushes into it
         mine = [torch.randn(600, generator=torch.Generator().manual_seed(10 * call + q)).to(torch.bfloat16)
                 for q in range(ctx.world_size)]
