@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import iris
+import iris.mixins.ccl as ccl_mixin
 from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
@@ -319,6 +320,30 @@ def test_sentinel_all_reduce_refuses_integers_and_large_calls(ctx):
 def test_a_workspace_refilled_after_a_timeout_needs_its_fill_byte(ctx):
     with pytest.raises(ValueError, match="refill_after_timeout needs the byte to refill with; pass fill="):
         ctx.ccl.workspace(16, name="test_refill", refill_after_timeout=True)
+
+
+def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_graph(ctx, monkeypatch):
+    # A graph captured with a workspace's address replays into it after the workspace grew: the
+    # old one must not be freed and handed to another tensor. The capture is simulated (the
+    # check that reads torch's capture state is replaced), so this runs on CPU ranks too.
+    with iris.create(heap_size="1MiB", device=ctx.device.type) as c:
+        old = c.ccl.workspace(4096, name="graphed")
+        old.fill_(5)
+        x = c.ones(4)
+        c.ccl.all_reduce(x)  # the warm-up call before capturing
+        monkeypatch.setattr(ccl_mixin, "_capturing", lambda device: True)
+        c.ccl.all_reduce(x)  # the same call, captured
+        with pytest.raises(IrisError, match="cannot happen inside a CUDA graph capture; make one call of each size"):
+            c.ccl.workspace(8192, name="graphed")
+        monkeypatch.setattr(ccl_mixin, "_capturing", lambda device: False)
+        new = c.ccl.workspace(8192, name="graphed")
+        others = [c.full((4096,), 9, dtype=torch.uint8) for _ in range(3)]  # would take the freed memory
+        assert new.numel() >= 8192 and bool((old == 5).all())
+        assert all(not _overlaps(old, t) for t in [new, *others])
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() < b.data_ptr() + b.numel() * b.element_size() and b.data_ptr() < a.data_ptr() + a.numel()
 
 
 def test_single_rank_collectives_are_identities(ctx):

@@ -5,7 +5,9 @@ registered algorithm (:mod:`iris.collectives`). The namespace owns what algorith
 synchronisation words on the heap and named workspaces on the heap (one per protocol, e.g. the
 collectives' data workspace), each growing, collectively, to the largest call seen. Calls after
 the first of a given size allocate nothing and never wait on the host, so they can be captured
-in a CUDA graph (make one call of each size before capturing).
+in a CUDA graph (make one call of each size before capturing: a call that would grow a workspace
+during a capture raises). A workspace that grows after a capture stays allocated, unused by new
+calls, for the graphs captured with its address.
 
 A call identical to an earlier one (the same tensors by address, size, dtype and layout, the
 same options) skips the checks and the algorithm's preparation: the algorithm's *repeat* of the
@@ -32,6 +34,11 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, t
 CPU_PROGRAMS = 2
 #: Most repeats kept (the oldest is dropped first); each is a few addresses and a callable.
 MAX_REPEATS = 256
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether work enqueued now on ``device`` is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _identity(tensor) -> tuple | None:
@@ -77,6 +84,10 @@ class Collectives:
         self._refills: dict[str, int] = {}
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
+        #: Whether a call was captured into a CUDA graph: graphs may then hold workspace addresses.
+        self._graph_captured = False
+        #: Workspaces outgrown after a capture, by name, kept allocated for the graphs that use them.
+        self._kept_for_graphs: list[tuple[str, torch.Tensor]] = []
 
     # -- what algorithms share ----------------------------------------------------------------
 
@@ -95,17 +106,28 @@ class Collectives:
         when allocated (None: left as allocated). ``refill_after_timeout``: filled again on every
         rank by the barrier after a device-side wait gave up anywhere (:meth:`refill_after_timeout`),
         for protocols whose state a late peer's writes would corrupt. Grows collectively, with a
-        host barrier, the first time a call needs more than before; otherwise allocates nothing."""
+        host barrier, the first time a call needs more than before (an IrisError during a CUDA
+        graph capture); otherwise allocates nothing. The outgrown workspace is freed, or, once a
+        call was captured, kept for the graphs that launch with its address."""
         if refill_after_timeout and fill is None:
             raise ValueError(f"workspace {name!r}: refill_after_timeout needs the byte to refill with; pass fill=...")
         current = self._workspaces.get(name)
         if current is None or current.numel() < nbytes:
             ctx = self._context
+            if _capturing(ctx.device):
+                raise IrisError(f"workspace {name!r} must grow to {nbytes} bytes, which takes a host barrier and an "
+                                f"allocation on every rank and cannot happen inside a CUDA graph capture; make one "
+                                f"call of each size (the largest at least) before capturing")
             ctx.barrier()  # no peer is still writing into the old workspace
             if current is not None:
                 self._repeats.clear()  # they launch with the old workspace's address
                 del self._workspaces[name]
-                ctx.free(current)
+                if self._graph_captured:
+                    self._kept_for_graphs.append((name, current))
+                    ctx.info(f"workspace {name!r} grew after a CUDA graph capture; its old {current.numel()} bytes "
+                             f"stay allocated for the graphs captured with them")
+                else:
+                    ctx.free(current)
             self._workspaces[name] = ctx.empty(nbytes, dtype=torch.uint8)
             if fill is not None:
                 self._workspaces[name].fill_(fill)
@@ -121,10 +143,12 @@ class Collectives:
         return bool(self._refills)
 
     def refill_after_timeout(self) -> None:
-        """Fill again the workspaces that ask for it (:meth:`workspace`). The barrier calls it on
-        every rank once every rank's device work is done, when any rank's wait gave up."""
-        for name, fill in self._refills.items():
-            self._workspaces[name].fill_(fill)
+        """Fill again the workspaces that ask for it (:meth:`workspace`), those kept for graphs
+        included. The barrier calls it on every rank once every rank's device work is done, when
+        any rank's wait gave up."""
+        for name, workspace in [*self._workspaces.items(), *self._kept_for_graphs]:
+            if name in self._refills:
+                workspace.fill_(self._refills[name])
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -186,6 +210,8 @@ class Collectives:
         key = (collective, algorithm, op, src, output_identity,
                output_identity if input is output else _identity(input))
         debug = self._context.config.debug
+        if not self._graph_captured and _capturing(self._context.device):
+            self._graph_captured = True
         repeat = None if debug else self._repeats.get(key)
         if repeat is not None:
             repeat()
