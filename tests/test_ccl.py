@@ -180,6 +180,22 @@ def _check_cuda_graph(ctx, report: RankReport) -> None:
         reduced = sum(everyone[1:], everyone[0])
         ok &= torch.allclose(x, reduced, atol=1e-5) and torch.equal(out, reduced.expand(ctx.world_size, n))
     report.check("cuda_graph/replays_match_eager_reference", ok)
+    # Larger eager calls grow both workspaces the graph uses, and new tensors take heap memory:
+    # the graph keeps replaying into the workspaces it was captured with, untouched by them.
+    big = ctx.zeros(64 << 10)
+    ctx.ccl.all_reduce(big, algorithm="low_latency")
+    ctx.ccl.all_gather(ctx.zeros(ctx.world_size, 64 << 10), big)
+    others = [ctx.full((1 << 20,), 7.0) for _ in range(4)]
+    mine = _data(torch.float32, n, ctx.rank, "graph", "grown").to(device)
+    everyone = [_data(torch.float32, n, q, "graph", "grown").to(device) for q in range(ctx.world_size)]
+    x.copy_(mine)
+    ctx.barrier()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    reduced = sum(everyone[1:], everyone[0])
+    report.check("cuda_graph/replays_after_the_workspaces_grew",
+                 torch.allclose(x, reduced, atol=1e-5) and torch.equal(out, reduced.expand(ctx.world_size, n))
+                 and all(bool((t == 7.0).all()) for t in others))
 
 
 def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
@@ -322,17 +338,23 @@ def test_a_workspace_refilled_after_a_timeout_needs_its_fill_byte(ctx):
         ctx.ccl.workspace(16, name="test_refill", refill_after_timeout=True)
 
 
-def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_graph(ctx, monkeypatch):
+@pytest.mark.parametrize("captured", ["repeated_collective", "workspace_request"])
+def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_graph(ctx, monkeypatch, captured):
     # A graph captured with a workspace's address replays into it after the workspace grew: the
     # old one must not be freed and handed to another tensor. The capture is simulated (the
-    # check that reads torch's capture state is replaced), so this runs on CPU ranks too.
+    # check that reads torch's capture state is replaced), so this runs on CPU ranks too. It is
+    # seen in a repeated collective (which asks for no workspace) or in a workspace request (as
+    # fused operations make per call).
     with iris.create(heap_size="1MiB", device=ctx.device.type) as c:
         old = c.ccl.workspace(4096, name="graphed")
         old.fill_(5)
         x = c.ones(4)
         c.ccl.all_reduce(x)  # the warm-up call before capturing
         monkeypatch.setattr(ccl_mixin, "_capturing", lambda device: True)
-        c.ccl.all_reduce(x)  # the same call, captured
+        if captured == "repeated_collective":
+            c.ccl.all_reduce(x)
+        else:
+            c.ccl.workspace(16, name="graphed")
         with pytest.raises(IrisError, match="cannot happen inside a CUDA graph capture; make one call of each size"):
             c.ccl.workspace(8192, name="graphed")
         monkeypatch.setattr(ccl_mixin, "_capturing", lambda device: False)

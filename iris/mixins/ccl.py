@@ -111,10 +111,12 @@ class Collectives:
         call was captured, kept for the graphs that launch with its address."""
         if refill_after_timeout and fill is None:
             raise ValueError(f"workspace {name!r}: refill_after_timeout needs the byte to refill with; pass fill=...")
+        capturing = _capturing(self._context.device)
+        self._graph_captured |= capturing  # e.g. fused operations, which ask for their buffers per call
         current = self._workspaces.get(name)
         if current is None or current.numel() < nbytes:
             ctx = self._context
-            if _capturing(ctx.device):
+            if capturing:
                 raise IrisError(f"workspace {name!r} must grow to {nbytes} bytes, which takes a host barrier and an "
                                 f"allocation on every rank and cannot happen inside a CUDA graph capture; make one "
                                 f"call of each size (the largest at least) before capturing")
@@ -211,7 +213,7 @@ class Collectives:
                output_identity if input is output else _identity(input))
         debug = self._context.config.debug
         if not self._graph_captured and _capturing(self._context.device):
-            self._graph_captured = True
+            self._graph_captured = True  # a repeat asks for no workspace: noticed here
         repeat = None if debug else self._repeats.get(key)
         if repeat is not None:
             repeat()
