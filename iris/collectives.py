@@ -4,8 +4,9 @@ An :class:`Algorithm` implements one collective (``all_reduce``, ``all_gather``,
 collective has its own registry, filled from the entry-point group ``iris.ccl.<collective>``
 (the Triton backend declares its algorithms there; a plugin distribution adds its own the same
 way) and by :func:`register_algorithm` in process. ``ctx.ccl`` validates a call, then hands it
-to the algorithm that ``algorithm=`` names or that :func:`choose` picks by size; the choice
-depends only on arguments every rank passes identically, so every rank runs the same one.
+to the algorithm that ``algorithm=`` names or that :func:`choose` picks by size, world size and
+dtype; the choice depends only on arguments every rank passes identically, so every rank runs
+the same one.
 """
 
 from __future__ import annotations

@@ -153,7 +153,8 @@ def assert_rank_checks(reports: list[dict], prefix: str, minimum: int) -> None:
     checks = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items() if k.startswith(prefix)}
     assert len(checks) >= minimum, f"only {len(checks)} checks named {prefix}*"
     failed = sorted(k for k, v in checks.items() if v is not True)
-    assert not failed, f"{len(failed)} of {len(checks)} failed: {failed[:30]}"
+    assert not failed, f"{len(failed)} of {len(checks)} failed: {failed[:30]}" + "".join(
+        f"\n{k}: {checks[k]}" for k in failed[:30] if checks[k] is not False)
 
 
 # -- the marker -------------------------------------------------------------------------------------------

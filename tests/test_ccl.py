@@ -355,13 +355,37 @@ def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_grap
             c.ccl.all_reduce(x)
         else:
             c.ccl.workspace(16, name="graphed")
-        with pytest.raises(IrisError, match="cannot happen inside a CUDA graph capture; make one call of each size"):
+        with pytest.raises(IrisError, match="cannot happen inside a CUDA graph capture; before capturing, make one "
+                                            "call of each size and dtype"):
             c.ccl.workspace(8192, name="graphed")
         monkeypatch.setattr(ccl_mixin, "_capturing", lambda device: False)
         new = c.ccl.workspace(8192, name="graphed")
         others = [c.full((4096,), 9, dtype=torch.uint8) for _ in range(3)]  # would take the freed memory
         assert new.numel() >= 8192 and bool((old == 5).all())
         assert all(not _overlaps(old, t) for t in [new, *others])
+
+
+def _one_rank_captured_worker(rank: int, device: str) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create(heap_size="1MiB", device=device)
+    ctx.ccl.workspace(4096, name="graphed")
+    if rank == 0:  # only rank 0 captured a call that used it
+        ccl_mixin._capturing = lambda device: True
+        ctx.ccl.workspace(16, name="graphed")
+        ccl_mixin._capturing = lambda device: False
+    ctx.ccl.workspace(8192, name="graphed")
+    offsets = ctx.comm.all_gather_object(ctx.heap.offset_of(ctx.empty(4096, dtype=torch.uint8)))
+    report.check("captured/heaps_still_match", len(set(offsets)) == 1)
+    report.check("captured/known_on_every_rank", ctx.ccl.graph_captured)
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_a_capture_on_one_rank_keeps_outgrown_workspaces_on_every_rank():
+    # Keeping on one rank and freeing on another would leave the ranks' heaps different.
+    reports = spawn_reports(_one_rank_captured_worker, 2, "cpu", device="cpu")
+    assert_rank_checks(reports, "captured/", 2 * 2)
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

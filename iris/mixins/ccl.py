@@ -4,10 +4,10 @@
 registered algorithm (:mod:`iris.collectives`). The namespace owns what algorithms share: the
 synchronisation words on the heap and named workspaces on the heap (one per protocol, e.g. the
 collectives' data workspace), each growing, collectively, to the largest call seen. Calls after
-the first of a given size allocate nothing and never wait on the host, so they can be captured
-in a CUDA graph (make one call of each size before capturing: a call that would grow a workspace
-during a capture raises). A workspace that grows after a capture stays allocated, unused by new
-calls, for the graphs captured with its address.
+the first of a given size and dtype allocate nothing and never wait on the host, so they can be
+captured in a CUDA graph (make one call of each size and dtype before capturing: a call that
+would grow a workspace during a capture raises). A workspace that grows after a capture stays
+allocated on every rank, unused by new calls, for the graphs captured with its address.
 
 A call identical to an earlier one (the same tensors by address, size, dtype and layout, the
 same options) skips the checks and the algorithm's preparation: the algorithm's *repeat* of the
@@ -37,7 +37,8 @@ MAX_REPEATS = 256
 
 
 def _capturing(device: torch.device) -> bool:
-    """Whether work enqueued now on ``device`` is being captured into a CUDA graph."""
+    """Whether work enqueued now on ``device`` is being captured into a CUDA graph (read from the
+    current device's current stream: iris launches on the current device, the context's)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
@@ -118,12 +119,14 @@ class Collectives:
             ctx = self._context
             if capturing:
                 raise IrisError(f"workspace {name!r} must grow to {nbytes} bytes, which takes a host barrier and an "
-                                f"allocation on every rank and cannot happen inside a CUDA graph capture; make one "
-                                f"call of each size (the largest at least) before capturing")
+                                f"allocation on every rank and cannot happen inside a CUDA graph capture; before "
+                                f"capturing, make one call of each size and dtype (which can change the algorithm)")
             ctx.barrier()  # no peer is still writing into the old workspace
             if current is not None:
                 self._repeats.clear()  # they launch with the old workspace's address
                 del self._workspaces[name]
+                # Kept or freed alike on every rank, or the ranks' heaps would no longer match.
+                self._graph_captured = any(ctx.comm.all_gather_object(self._graph_captured))
                 if self._graph_captured:
                     self._kept_for_graphs.append((name, current))
                     ctx.info(f"workspace {name!r} grew after a CUDA graph capture; its old {current.numel()} bytes "
@@ -137,6 +140,12 @@ class Collectives:
                 self._refills[name] = fill
             ctx.barrier()  # every rank's new workspace is there, filled, before anyone writes into it
         return self._workspaces[name]
+
+    @property
+    def graph_captured(self) -> bool:
+        """Whether a call was captured into a CUDA graph, which may hold buffer addresses since:
+        outgrown buffers are then kept, not freed."""
+        return self._graph_captured
 
     @property
     def has_workspaces_to_refill(self) -> bool:

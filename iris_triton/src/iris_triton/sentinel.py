@@ -92,9 +92,10 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity
     integers of the floats' size), then reduce what every peer pushed here.
 
     Program ``p`` owns blocks ``p, p + P, ...``. Step ``i`` pushes its block ``i`` and reduces
-    its block ``i - LAG``, so the reduction of blocks that landed runs while later blocks cross
-    the link; a block is reduced only after it was pushed, so an in-place call reads no element
-    after it was written."""
+    its block ``i - LAG`` (a program with at most ``LAG`` blocks pushes them all, then reduces
+    them), so the reduction of blocks that landed runs while later blocks cross the link; a
+    block is reduced only after it was pushed, so an in-place call reads no element after it was
+    written."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call = call_number(sync)
     slot = ws + (call & 1) * WORLD * capacity
