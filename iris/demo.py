@@ -62,6 +62,8 @@ def _collectives(ctx, inputs) -> dict[str, Callable[[], bool]]:
     return {
         "all_reduce (sum, low-latency)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="low_latency"),
                                                        stacked.sum(0)),
+        "all_reduce (sum, sentinel)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="sentinel"),
+                                                    stacked.sum(0)),
         "all_reduce (sum, one-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="one_shot"),
                                                     stacked.sum(0)),
         "all_reduce (max, two-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), "max", algorithm="two_shot"),

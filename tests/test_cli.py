@@ -41,7 +41,7 @@ def test_demo_checks_every_step_against_torch():
     proc = iris("demo", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     for step in ("remote store into the next rank", "device-side barrier", "all_reduce (sum, low-latency)",
-                 "all_reduce (sum, one-shot)",
+                 "all_reduce (sum, sentinel)", "all_reduce (sum, one-shot)", "all_reduce (max, two-shot)",
                  "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         assert any(line.startswith(step) and " ok " in line for line in proc.stdout.splitlines()), proc.stdout
 
