@@ -363,6 +363,10 @@ def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_grap
         others = [c.full((4096,), 9, dtype=torch.uint8) for _ in range(3)]  # would take the freed memory
         assert new.numel() >= 8192 and bool((old == 5).all())
         assert all(not _overlaps(old, t) for t in [new, *others])
+        # Once no graph will replay, the kept workspace goes back to the heap.
+        used = c.heap.allocator.used_bytes
+        c.ccl.release_graph_buffers()
+        assert c.heap.allocator.used_bytes <= used - 4096 and not c.ccl.graph_captured
 
 
 def _one_rank_captured_worker(rank: int, device: str) -> bytes:

@@ -87,8 +87,9 @@ class Collectives:
         self._repeats: dict[tuple, Callable[[], None]] = {}
         #: Whether a call was captured into a CUDA graph: graphs may then hold workspace addresses.
         self._graph_captured = False
-        #: Workspaces outgrown after a capture, by name, kept allocated for the graphs that use them.
-        self._kept_for_graphs: list[tuple[str, torch.Tensor]] = []
+        #: Buffers outgrown after a capture, kept allocated for the graphs that use them: heap
+        #: workspaces by name, other buffers (:meth:`keep_for_graphs`) with the name None.
+        self._kept_for_graphs: list[tuple[str | None, torch.Tensor]] = []
 
     # -- what algorithms share ----------------------------------------------------------------
 
@@ -146,6 +147,23 @@ class Collectives:
         """Whether a call was captured into a CUDA graph, which may hold buffer addresses since:
         outgrown buffers are then kept, not freed."""
         return self._graph_captured
+
+    def keep_for_graphs(self, buffer: torch.Tensor) -> None:
+        """Keep ``buffer`` (outside the heap, outgrown after a capture) allocated for the graphs
+        that use it, until :meth:`release_graph_buffers`."""
+        self._kept_for_graphs.append((None, buffer))
+
+    def release_graph_buffers(self) -> None:
+        """Free the buffers kept for CUDA graphs captured before they were outgrown, and forget
+        those captures: outgrown buffers are freed again until the next capture. Collective;
+        call it once no graph captured so far will be replayed."""
+        ctx = self._context
+        ctx.barrier()  # no rank still replays into them
+        for name, buffer in self._kept_for_graphs:
+            if name is not None:
+                ctx.free(buffer)
+        self._kept_for_graphs.clear()
+        self._graph_captured = False
 
     @property
     def has_workspaces_to_refill(self) -> bool:

@@ -77,8 +77,6 @@ class CopyEngineOps:
         self._join = join
         self._syncs: dict[str, _Sync] = {}
         self._scratch_space: torch.Tensor | None = None
-        #: Scratch buffers outgrown after a CUDA graph capture, kept for the graphs that use them.
-        self._scratch_kept_for_graphs: list[torch.Tensor] = []
 
     def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx, rank, world = self._context, self._context.rank, self._context.world_size
@@ -141,7 +139,7 @@ class CopyEngineOps:
         nbytes = math.prod(shape) * dtype.itemsize
         if self._scratch_space is None or self._scratch_space.numel() < nbytes:
             if self._scratch_space is not None and self._context.ccl.graph_captured:
-                self._scratch_kept_for_graphs.append(self._scratch_space)
+                self._context.ccl.keep_for_graphs(self._scratch_space)
             self._scratch_space = torch.empty(nbytes, dtype=torch.uint8, device=self._context.device)
         return self._scratch_space[:nbytes].view(dtype).view(shape)
 
