@@ -34,6 +34,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, t
 CPU_PROGRAMS = 2
 #: Most repeats kept (the oldest is dropped first); each is a few addresses and a callable.
 MAX_REPEATS = 256
+#: Byte alignment of the regions of :meth:`Collectives.slot_regions`.
+REGION_ALIGNMENT = 256
 
 
 def _capturing(device: torch.device) -> bool:
@@ -141,6 +143,19 @@ class Collectives:
                 self._refills[name] = fill
             ctx.barrier()  # every rank's new workspace is there, filled, before anyone writes into it
         return self._workspaces[name]
+
+    def slot_regions(self, nbytes: int, *, name: str, fill: int, refill_after_timeout: bool = False
+                     ) -> tuple[torch.Tensor, int]:
+        """The workspace ``name`` laid out as two slots (for alternate calls) of one region per
+        rank, each region at least ``nbytes`` and a multiple of ``REGION_ALIGNMENT`` bytes (which
+        keeps every region's vectors aligned): the workspace (uint8) and its regions' bytes. The
+        layout follows the workspace's size, not the call's, so calls of any size and dtype use
+        the same slots; it changes only when the workspace grows, collectively. ``fill`` and
+        ``refill_after_timeout`` as for :meth:`workspace`."""
+        regions = 2 * self._context.world_size
+        aligned = -(-nbytes // REGION_ALIGNMENT) * REGION_ALIGNMENT
+        space = self.workspace(regions * aligned, name=name, fill=fill, refill_after_timeout=refill_after_timeout)
+        return space, space.numel() // regions // REGION_ALIGNMENT * REGION_ALIGNMENT
 
     @property
     def graph_captured(self) -> bool:

@@ -145,8 +145,6 @@ LAUNCH_SHAPES = {"cuda": dict(BLOCK=256, num_warps=4), "cpu": dict(BLOCK=64)}
 #: Most bytes per rank a call may have: the workspace holds twice the input per peer and slot,
 #: which is worth it only where latency dominates (the automatic choice stops far below).
 MAX_BYTES = 1 << 20
-#: Words per region alignment unit (256 bytes: keeps every region's vectors aligned).
-REGION_ALIGNMENT = 32
 
 
 def _all_reduce(call: CollectiveCall):
@@ -154,20 +152,16 @@ def _all_reduce(call: CollectiveCall):
     if n * size > MAX_BYTES:
         raise IrisError(f"all_reduce: the low_latency algorithm takes at most {MAX_BYTES >> 10} KiB per rank, this "
                         f"call has {n * size} bytes; use algorithm='one_shot' or 'two_shot' (or the automatic choice)")
-    world, words = ctx.world_size, triton.cdiv(n * size, 4)
-    # Regions are laid out by the workspace's size, not the call's, so calls of different sizes
-    # use the same slots; the workspace changes only by growing, collectively.
-    needed = 2 * world * triton.cdiv(words, REGION_ALIGNMENT) * REGION_ALIGNMENT
-    ws = ctx.ccl.workspace(needed * 8, name="low_latency", fill=0).view(torch.int64)
-    capacity = ws.numel() // (2 * world) // REGION_ALIGNMENT * REGION_ALIGNMENT
+    words = triton.cdiv(n * size, 4)
+    ws, region_bytes = ctx.ccl.slot_regions(words * 8, name="low_latency", fill=0)
     shape = LAUNCH_SHAPES[ctx.device.type]
     front = ctx.frontend
     grid = (max(1, min(ctx.ccl.programs, triton.cdiv(words, shape["BLOCK"]))),)
     return front.launch(
-        low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
-        sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures, n=n, words=words,
-        capacity=capacity, max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=world,
-        OP=call.op, SIZE=size, **shape)
+        low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
+        ws=ws.view(torch.int64), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures,
+        n=n, words=words, capacity=region_bytes // 8, max_spins=ctx.max_spins, CTX=front.device_context,
+        RANK=ctx.rank, WORLD=ctx.world_size, OP=call.op, SIZE=size, **shape)
 
 
 ALL_REDUCE_LOW_LATENCY = Algorithm(

@@ -124,8 +124,6 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity
 LAUNCH_SHAPES = {"cuda": dict(BLOCK=2048, LAG=1, num_warps=8), "cpu": dict(BLOCK=64, LAG=1)}
 #: Most bytes per rank a call may have: the workspace holds two slots of every rank's input.
 MAX_BYTES = 8 << 20
-#: Byte alignment of every region (keeps 16-byte vectors aligned).
-REGION_ALIGNMENT = 256
 #: The workspace seen as integers of the elements' size.
 _BITS = {2: torch.int16, 4: torch.int32}
 
@@ -140,10 +138,7 @@ def _all_reduce(call: CollectiveCall):
         raise IrisError(f"all_reduce: the sentinel algorithm takes at most {MAX_BYTES >> 20} MiB per rank, this call "
                         f"has {n * size} bytes; use algorithm='one_shot' or 'two_shot' (or the automatic choice)")
     world = ctx.world_size
-    region_bytes = triton.cdiv(n * size, REGION_ALIGNMENT) * REGION_ALIGNMENT
-    ws = ctx.ccl.workspace(2 * world * region_bytes, name="sentinel", fill=SENTINEL_BYTE, refill_after_timeout=True)
-    # Regions are laid out in bytes by the workspace's size, whatever the call's dtype and size.
-    region_bytes = ws.numel() // (2 * world) // REGION_ALIGNMENT * REGION_ALIGNMENT
+    ws, region_bytes = ctx.ccl.slot_regions(n * size, name="sentinel", fill=SENTINEL_BYTE, refill_after_timeout=True)
     shape = LAUNCH_SHAPES[ctx.device.type]
     front = ctx.frontend
     grid = (max(1, min(ctx.ccl.programs, triton.cdiv(n, shape["BLOCK"]))),)

@@ -46,9 +46,10 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, failures, peer, max_sp
     While some lane is missing, it waits until ``FIRST_WORD(buffer, offs)`` (a pointer to an
     int32 word of the block that changes when the block lands) compares ``CMP`` against
     ``expected``, as every bounded wait of iris does (one acquire read per spin, the rate the
-    context's spin bound was measured at, so the timeout holds), then reads the block until no lane is missing (the block's stores land
-    within moments of each other), at most an eighth of ``max_spins`` times (whole-block reads
-    are slower than the single reads the bound was measured with). On a timeout it records
+    context's spin bound was measured at, so the timeout holds), then reads the block until no
+    lane is missing (the block's stores land within moments of each other), at most an eighth
+    of ``max_spins`` times (whole-block reads are slower than the single reads the bound was
+    measured with). On a timeout it records
     ``SITE`` for ``peer`` in ``failures``; a peer already recorded is not waited for."""
     values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
     missing = tl.sum(MISSING(values, expected) & mask, axis=0)
