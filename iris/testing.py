@@ -40,6 +40,7 @@ __all__ = [
     "assert_rank_checks",
     "backend_rank_device",
     "free_loopback_port",
+    "interpreted_device",
     "interpreter_runs_kernel_loops",
     "rank_device",
     "run_on_ranks",
@@ -69,6 +70,12 @@ def rank_device(nprocs: int) -> str:
     the test when this interpreter cannot run iris's kernels."""
     if torch.cuda.device_count() >= nprocs:
         return "cuda"
+    return interpreted_device()
+
+
+def interpreted_device() -> str:
+    """``"cpu"`` for ranks whose kernels run in Triton's interpreter; skips the test when this
+    interpreter cannot run iris's kernels (as on a GPU machine with a newer numpy)."""
     if not interpreter_runs_kernel_loops():
         pytest.skip("this Triton's interpreter cannot run runtime-bounded loops with this numpy; pin numpy<2.4")
     return "cpu"

@@ -16,7 +16,14 @@ import pytest
 import torch
 
 import iris
-from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
+from iris.testing import (
+    RankReport,
+    assert_rank_checks,
+    backend_rank_device,
+    interpreted_device,
+    seeded_generator,
+    spawn_reports,
+)
 from iris.errors import IrisError
 from iris_triton.ops import COPY_ENGINE_MIN_SHARE, METHODS, communication_share
 
@@ -188,7 +195,7 @@ def _slow_peer_worker(rank: int, kind: str, method: str) -> list[bool]:
 @pytest.mark.parametrize("method", ["fused", "copy_engine"])
 @pytest.mark.parametrize("kind", list(SHRINKING))
 def test_a_smaller_call_never_overwrites_what_a_slow_peer_still_reads(kind, method):
-    assert iris.spawn(_slow_peer_worker, 2, kind, method, device="cpu") == [[True, True]] * 2
+    assert iris.spawn(_slow_peer_worker, 2, kind, method, device=interpreted_device()) == [[True, True]] * 2
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")
