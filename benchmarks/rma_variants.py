@@ -6,7 +6,11 @@ Three forms of the same copy between this rank's heap and the peer's heap:
   at launch geometries from 32 programs (fewer writers than multiprocessors) to one per block;
 - ``unroll2``: two blocks per iteration, both loads issued before either store;
 - ``tma``: the bulk tensor copy engine (``tl.make_tensor_descriptor`` on the translated
-  pointer: rows of ``C`` elements, ``R`` rows per copy).
+  pointer: rows of ``C`` elements, ``R`` rows per copy);
+- ``chunked``: each program copies one contiguous chunk instead of striding over the grid;
+- ``generated`` (stores only, not a copy): values made in registers are stored, so no local
+  read shares the program's time: the ceiling of the stores alone. Checked against the same
+  values made by torch.
 
 Every variant is checked against torch first; then each repeat times every variant once, in turn,
 so clock drift hits all alike. Torch's peer copy is measured the same way. Results go to
@@ -63,6 +67,28 @@ def unrolled_kernel(src, dst, n, heap_bases, peer, RANK: tl.constexpr, BLOCK: tl
             tl.store(dst + second, b, mask=second < n)
 
 
+@triton.jit
+def chunked_kernel(src, dst, n, chunk, heap_bases, peer, RANK: tl.constexpr, BLOCK: tl.constexpr,
+                   STORE: tl.constexpr):
+    """Copy ``n`` float32, program ``p`` taking the contiguous elements ``[p * chunk, (p + 1) * chunk)``."""
+    first = tl.program_id(0) * chunk
+    for start in range(first, tl.minimum(first + chunk, n), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        if STORE:
+            device.store(dst + offs, tl.load(src + offs, mask=mask), RANK, peer, heap_bases, mask=mask)
+        else:
+            tl.store(dst + offs, device.load(src + offs, RANK, peer, heap_bases, mask=mask), mask=mask)
+
+
+@triton.jit
+def generated_store_kernel(dst, n, heap_bases, peer, RANK: tl.constexpr, BLOCK: tl.constexpr):
+    """Store ``float(i % 4096)`` at element ``i`` of the peer's ``dst``, grid-stride, reading nothing."""
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        device.store(dst + offs, (offs % 4096).to(tl.float32), RANK, peer, heap_bases, mask=offs < n)
+
+
 def _variants(ctx, src, dst, n) -> dict:
     """``{name: launch}`` for every variant; names start with the mode."""
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -72,7 +98,7 @@ def _variants(ctx, src, dst, n) -> dict:
     for mode in ("store", "load"):
         store = mode == "store"
         for block, warps, grid in ((4096, 16, None), (2048, 16, None), (4096, 8, sms), (8192, 8, 2 * sms),
-                                   (4096, 16, 32), (4096, 16, 64), (8192, 16, 96)):
+                                   (4096, 16, 32), (4096, 16, 64), (8192, 16, 96), (1024, 4, None), (2048, 8, None)):
             programs = triton.cdiv(n, block) if grid is None else grid
             variants[f"{mode}_iris_b{block}_w{warps}_g{grid}"] = (
                 lambda p=programs, m=mode, b=block, w=warps: grid_stride[(p,)](
@@ -87,6 +113,16 @@ def _variants(ctx, src, dst, n) -> dict:
             variants[f"{mode}_tma_r{rows}_c{cols}_g{grid}"] = (
                 lambda g=grid, s=store, r=rows, c=cols: tma_kernel[(g,)](
                     src, dst, n // c, bases, 1, RANK=0, R=r, C=c, STORE=s, num_warps=4))
+        for block, warps, programs in ((4096, 16, sms), (4096, 16, 2 * sms), (2048, 8, 4 * sms)):
+            chunk = triton.cdiv(triton.cdiv(n, programs), block) * block
+            variants[f"{mode}_chunked_b{block}_w{warps}_g{programs}"] = (
+                lambda p=programs, c=chunk, s=store, b=block, w=warps: chunked_kernel[(p,)](
+                    src, dst, n, c, bases, 1, RANK=0, BLOCK=b, STORE=s, num_warps=w))
+    for block, warps, grid in ((4096, 16, None), (4096, 16, 2 * sms), (2048, 8, 4 * sms)):
+        programs = triton.cdiv(n, block) if grid is None else grid
+        variants[f"generated_store_b{block}_w{warps}_g{grid}"] = (
+            lambda p=programs, b=block, w=warps: generated_store_kernel[(p,)](
+                dst, n, bases, 1, RANK=0, BLOCK=b, num_warps=w))
     peer_buffer = torch.empty(n, device="cuda:1")
     variants["peer_copy"] = lambda: peer_buffer.copy_(src, non_blocking=True)
     return variants
@@ -105,10 +141,12 @@ def _run(rank: int, size: int, repeats: int) -> dict:
         variants = _variants(ctx, src, dst, n)
         peer_dst, peer_src = ctx.heap.peer_view(dst, 1), ctx.heap.peer_view(src, 1)
         correct = {}
+        generated = (torch.arange(n, device=ctx.device) % 4096).float()
         for name, launch in variants.items():
             if name == "peer_copy":
                 continue
-            written, expected = (peer_dst, src) if name.startswith("store") else (dst, peer_src)
+            written, expected = {"store": (peer_dst, src), "load": (dst, peer_src),
+                                 "generated": (peer_dst, generated)}[name.split("_")[0]]
             written.zero_()
             torch.cuda.synchronize()
             launch()
