@@ -15,7 +15,6 @@ from typing import Any, Callable
 import attrs
 import torch
 import triton
-from triton import knobs
 from triton.runtime import driver
 
 from iris_triton.context import DeviceContext
@@ -48,30 +47,22 @@ class Frontend:
         with the same arguments on the then-current stream.
 
         The repeat skips the JIT's per-launch work (binding and specializing the arguments,
-        looking the kernel up): it calls the compiled kernel's launcher directly, with tensors
-        passed as their addresses, so it holds no reference to them; callers must repeat it only
-        while those tensors are alive. It hands the launcher the current stream of the device it
-        was first launched on, read straight from torch, and no launch metadata: together a few
-        microseconds less per launch than the JIT, 1-2 of them from skipping the compiled
-        kernel's own runner, which looks up Triton's launch hooks on every call. When a launch
-        hook is installed (a profiler) at the first launch, or the compiled kernel lacks the
-        launcher this relies on, the repeat goes through that runner instead, so hooks see it.
-        Under the Triton interpreter there is no compiled kernel, and the result is None."""
+        looking the kernel up): it calls the compiled kernel directly, with tensors passed as
+        their addresses, so it holds no reference to them; callers must repeat it only while
+        those tensors are alive. It also hands the kernel the current stream of the device it
+        was first launched on, read straight from torch (a few microseconds less per launch than
+        letting the kernel look up the current device and stream). Under the Triton interpreter
+        there is no compiled kernel, and the result is None."""
         jitted = self.kernel(fn)
         compiled = jitted[grid](**arguments)
         if compiled is None or not hasattr(compiled, "run"):
             return None
         ordered = [arguments[name] for name in jitted.arg_names]
         values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in ordered]
-        x, y, z = (*grid, 1, 1)[:3]
-        runner = compiled[(x, y, z)]  # also loads the kernel, so compiled.run is its launcher
+        runner = compiled[(*grid, 1, 1)[:3]]
         device = driver.active.get_current_device()
         current_stream = driver.active.get_current_stream
-        hooked = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
-        if hooked or not hasattr(compiled, "packed_metadata"):
-            return lambda: runner(*values, stream=current_stream(device))
-        launcher, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-        return lambda: launcher(x, y, z, current_stream(device), function, metadata, None, None, None, *values)
+        return lambda: runner(*values, stream=current_stream(device))
 
 
 TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)
