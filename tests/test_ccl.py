@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import iris
+import iris.collectives as collectives
 import iris.mixins.ccl as ccl_mixin
 from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
@@ -265,6 +266,19 @@ def test_automatic_choice_depends_only_on_size_world_and_dtype():
     assert choose("all_reduce", (8 << 20) + 2, 2, bf16) == "two_shot"
     assert choose("all_reduce", 256 << 20, 4, bf16) == "two_shot"
     assert choose("all_gather", 1, 8, bf16) == "direct"
+
+
+def test_the_automatic_choice_stays_within_each_algorithms_own_limit():
+    # The tables say where an algorithm is fastest; the algorithms refuse calls above their limit.
+    low_latency_tables = [*collectives.LOW_LATENCY_MAX_BYTES.values(), collectives.LOW_LATENCY_MAX_BYTES_DEFAULT]
+    assert max(low_latency_tables) <= low_latency.MAX_BYTES
+    assert max(collectives.SENTINEL_MAX_BYTES.values()) <= sentinel.MAX_BYTES
+    for world in (2, 3, 4, 8):
+        for nbytes in (1, 8 << 10, 1 << 20, 8 << 20, (8 << 20) + 2, 64 << 20):
+            for dtype in (torch.bfloat16, torch.float32, torch.int32):
+                algorithm = choose("all_reduce", nbytes, world, dtype)
+                limit = {"low_latency": low_latency.MAX_BYTES, "sentinel": sentinel.MAX_BYTES}.get(algorithm)
+                assert limit is None or nbytes <= limit, (world, nbytes, dtype, algorithm)
 
 
 def test_unknown_algorithm_lists_the_registered_ones(ctx):
