@@ -14,6 +14,11 @@ class DeviceOps:
     ``_setup``/``_teardown`` hooks run last/first. It may use everything the other mixins add.
     """
 
+    def _recorded_failure(self) -> str | None:
+        """What a device-side wait of this rank recorded when it gave up, as a message for
+        IrisTimeoutError, or None; read without waiting for the device (FailStopMixin)."""
+        return None
+
     @classmethod
     def check_environment(cls, device) -> None:
         """Raise IrisError if this process cannot run the backend's kernels on ``device``;

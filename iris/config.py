@@ -88,6 +88,18 @@ def _log_level(value: int | str | None) -> int | None:
     return level
 
 
+#: What a device-side wait that gives up does besides recording the failure: ``"raise"`` (the call
+#: or the next iris call raises) or ``"trap"`` (the kernel traps, which ends the process).
+ON_TIMEOUT = ("raise", "trap")
+
+
+def _on_timeout(value: str) -> str:
+    choice = str(value).strip().lower()
+    if choice not in ON_TIMEOUT:
+        raise ValueError(f"on_timeout (IRIS_ON_TIMEOUT) must be one of {', '.join(ON_TIMEOUT)}, got {value!r}")
+    return choice
+
+
 @attrs.frozen(kw_only=True)
 class ContextConfig:
     """Everything that shapes a context, resolved before the context is built."""
@@ -105,7 +117,11 @@ class ContextConfig:
     log_level: int | None = attrs.field(default=None, converter=_log_level)
     """Level of the context's logger; None leaves it to the logging configuration."""
     timeout: float = attrs.field(default=300.0, converter=_timeout)
-    """Seconds a host-side wait on peers may take before it fails (``IRIS_TIMEOUT``)."""
+    """Seconds of wall-clock time any wait on peers, device-side or host-side, may take before it
+    gives up (``IRIS_TIMEOUT``)."""
+    on_timeout: str = attrs.field(default="raise", converter=_on_timeout)
+    """``"raise"``: a device-side wait that gives up fails the call (``IrisTimeoutError``, outputs
+    filled with NaN); ``"trap"``: the kernel also traps, ending the process (``IRIS_ON_TIMEOUT``)."""
 
     @heap_size.default
     def _default_heap_size(self) -> int:
@@ -119,6 +135,7 @@ class ContextConfig:
             "heap_size": os.environ.get("IRIS_HEAP_SIZE"),
             "log_level": os.environ.get("IRIS_LOG_LEVEL"),
             "timeout": os.environ.get("IRIS_TIMEOUT"),
+            "on_timeout": os.environ.get("IRIS_ON_TIMEOUT"),
             "debug": True if _env_flag("IRIS_DEBUG") else None,
         }
         values = {k: v for k, v in env.items() if v not in (None, "")}

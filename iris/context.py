@@ -2,7 +2,7 @@
 
 The class of a context for backend ``b`` is, left to right (most specific first)::
 
-    b.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase
+    b.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, FailStopMixin, ContextBase
 
 ContextBase is terminal and owns the state. Set-up hooks (``_setup``) call ``super()`` first, so
 they run right to left: ContextBase's identity, then the heap, then the backend's DeviceOps
@@ -21,7 +21,7 @@ from iris.backend import Backend
 from iris.bootstrap import Communicator, default_device_type, ensure_process_group, local_rank
 from iris.config import ContextConfig
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
+from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin
 from iris.registry import get_backend
 
 __all__ = ["ContextBase", "context_class", "create", "iris"]
@@ -142,7 +142,7 @@ def _destroyed_class(cls: type) -> type:
 def context_class(backend: Backend) -> type:
     """The context class of ``backend``, assembled once and cached."""
     name = backend.name.replace("-", "_").title().replace("_", "") + "Context"
-    bases = (backend.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase)
+    bases = (backend.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, FailStopMixin, ContextBase)
     return type(name, bases, {"__module__": "iris.context", "__doc__": f"iris context of the {backend.name!r} backend."})
 
 
@@ -169,7 +169,8 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
     the argument, else ``IRIS_BACKEND``, else ``"triton"``; the device is the argument, else a
     GPU when one is visible (one per rank), else ``"cpu"``. ``heap_size`` is bytes or a string
     such as ``"1GiB"`` (default ``IRIS_HEAP_SIZE``, else 1 GiB on GPUs and 128 MiB on CPU ranks).
-    Options: ``heap_provider``, ``debug``, ``log_level``, ``timeout``.
+    Options: ``heap_provider``, ``debug``, ``log_level``, ``timeout`` (seconds any wait on peers
+    may take, wall-clock), ``on_timeout`` (``"raise"`` or ``"trap"``).
     """
     resolved_device = _resolve_device(device)
     config = ContextConfig.from_env(backend=backend, heap_size=heap_size, device=resolved_device.type, **options)
@@ -186,7 +187,9 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
         )
     spec.device_ops.check_environment(resolved_device)
     ensure_process_group(resolved_device.type, config.timeout)
-    return context_class(spec)(config, spec, resolved_device)
+    context = context_class(spec)(config, spec, resolved_device)
+    context.heap.check_symmetric("iris.create()")  # set-up allocated alike on every rank
+    return context
 
 
 def iris(heap_size: int | str | None = None):

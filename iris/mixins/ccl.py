@@ -83,8 +83,6 @@ class Collectives:
         self.programs = context.get_cu_count() if device.type == "cuda" else CPU_PROGRAMS
         self._sync: torch.Tensor | None = None
         self._workspaces: dict[str, torch.Tensor] = {}
-        #: Workspaces filled again after a device-side wait gave up: name -> byte value.
-        self._refills: dict[str, int] = {}
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
         #: Whether a call was captured into a CUDA graph: graphs may then hold workspace addresses.
@@ -103,18 +101,13 @@ class Collectives:
             self._context.barrier()  # every peer's flags exist and are zero before anyone signals
         return self._sync
 
-    def workspace(self, nbytes: int, *, name: str = "data", fill: int | None = None,
-                  refill_after_timeout: bool = False) -> torch.Tensor:
+    def workspace(self, nbytes: int, *, name: str = "data", fill: int | None = None) -> torch.Tensor:
         """At least ``nbytes`` of heap (uint8), the same on every rank: the workspace ``name``
         (algorithms with their own protocol keep their own). ``fill``: the value of every byte
-        when allocated (None: left as allocated). ``refill_after_timeout``: filled again on every
-        rank by the barrier after a device-side wait gave up anywhere (:meth:`refill_after_timeout`),
-        for protocols whose state a late peer's writes would corrupt. Grows collectively, with a
-        host barrier, the first time a call needs more than before (an IrisError during a CUDA
-        graph capture); otherwise allocates nothing. The outgrown workspace is freed, or, once a
-        call was captured, kept for the graphs that launch with its address."""
-        if refill_after_timeout and fill is None:
-            raise ValueError(f"workspace {name!r}: refill_after_timeout needs the byte to refill with; pass fill=...")
+        when allocated (None: left as allocated). Grows collectively, with a host barrier, the
+        first time a call needs more than before (an IrisError during a CUDA graph capture);
+        otherwise allocates nothing. The outgrown workspace is freed, or, once a call was
+        captured, kept for the graphs that launch with its address."""
         capturing = _capturing(self._context.device)
         self._graph_captured |= capturing  # e.g. fused operations, which ask for their buffers per call
         current = self._workspaces.get(name)
@@ -139,22 +132,19 @@ class Collectives:
             self._workspaces[name] = ctx.empty(nbytes, dtype=torch.uint8)
             if fill is not None:
                 self._workspaces[name].fill_(fill)
-            if refill_after_timeout:
-                self._refills[name] = fill
             ctx.barrier()  # every rank's new workspace is there, filled, before anyone writes into it
         return self._workspaces[name]
 
-    def slot_regions(self, nbytes: int, *, name: str, fill: int, refill_after_timeout: bool = False
-                     ) -> tuple[torch.Tensor, int]:
+    def slot_regions(self, nbytes: int, *, name: str, fill: int) -> tuple[torch.Tensor, int]:
         """The workspace ``name`` laid out as two slots (for alternate calls) of one region per
         rank, each region at least ``nbytes`` and a multiple of ``REGION_ALIGNMENT`` bytes (which
         keeps every region's vectors aligned): the workspace (uint8) and its regions' bytes. The
         layout follows the workspace's size, not the call's, so calls of any size and dtype use
-        the same slots; it changes only when the workspace grows, collectively. ``fill`` and
-        ``refill_after_timeout`` as for :meth:`workspace`."""
+        the same slots; it changes only when the workspace grows, collectively. ``fill`` as for
+        :meth:`workspace`."""
         regions = 2 * self._context.world_size
         aligned = -(-nbytes // REGION_ALIGNMENT) * REGION_ALIGNMENT
-        space = self.workspace(regions * aligned, name=name, fill=fill, refill_after_timeout=refill_after_timeout)
+        space = self.workspace(regions * aligned, name=name, fill=fill)
         return space, space.numel() // regions // REGION_ALIGNMENT * REGION_ALIGNMENT
 
     @property
@@ -179,20 +169,6 @@ class Collectives:
                 ctx.free(buffer)
         self._kept_for_graphs.clear()
         self._graph_captured = False
-
-    @property
-    def has_workspaces_to_refill(self) -> bool:
-        """Whether a workspace asks to be filled again after a device-side wait gave up (the same
-        on every rank: workspaces are created collectively)."""
-        return bool(self._refills)
-
-    def refill_after_timeout(self) -> None:
-        """Fill again the workspaces that ask for it (:meth:`workspace`), those kept for graphs
-        included. The barrier calls it on every rank once every rank's device work is done, when
-        any rank's wait gave up."""
-        for name, workspace in [*self._workspaces.items(), *self._kept_for_graphs]:
-            if name in self._refills:
-                workspace.fill_(self._refills[name])
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -250,6 +226,11 @@ class Collectives:
         hand it to its algorithm (keeping the launch's repeat)."""
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
+        with self._context._call(f"ccl.{collective}"):
+            self._dispatch(collective, algorithm, output, input, validate, op, src)
+
+    def _dispatch(self, collective: str, algorithm: str | None, output, input, validate: Callable[[], None], op: str,
+                  src: int) -> None:
         output_identity = _identity(output)
         key = (collective, algorithm, op, src, output_identity,
                output_identity if input is output else _identity(input))

@@ -1,9 +1,10 @@
 """Device-side barrier across ranks, launched from the host and capturable in a CUDA graph.
 
 State lives on the symmetric heap, one int32 block per rank: ``arrivals[W]`` (how many barriers
-each peer has entered, counted on the receiving rank), ``missing[W]`` (set when a wait for that
-peer timed out) and ``epoch`` (barriers this rank has entered). The epoch is advanced by the
-kernel itself, so a captured launch stays correct on every replay without host involvement.
+each peer has entered, counted on the receiving rank) and ``epoch`` (barriers this rank has
+entered). The epoch is advanced by the kernel itself, so a captured launch stays correct on every
+replay without host involvement. A wait that gives up records the failure in the context's fault
+words (:mod:`iris_triton.waits`).
 """
 
 import triton
@@ -19,17 +20,17 @@ DEVICE_BARRIER_SITE: tl.constexpr = tl.constexpr(site_code("device_barrier"))
 
 def state_words(world_size: int) -> int:
     """int32 words of barrier state per rank."""
-    return 2 * world_size + 1
+    return world_size + 1
 
 
 @triton.jit
-def device_barrier_kernel(state_ptr, heap_bases, rank, world_size, max_spins):
+def device_barrier_kernel(state_ptr, heap_bases, faults, host_faults, rank, world_size, timeout_ns):
     arrivals = state_ptr
-    missing = state_ptr + world_size
-    epoch_ptr = state_ptr + 2 * world_size
+    epoch_ptr = state_ptr + world_size
     epoch = tl.load(epoch_ptr) + 1
     tl.store(epoch_ptr, epoch)
     for peer in range(world_size):
         device.atomic_add(arrivals + rank, 1, rank, peer, heap_bases, sem="release", scope="sys")
     for peer in range(world_size):
-        wait_or_record(arrivals + peer, epoch, rank, heap_bases, max_spins, missing, peer, DEVICE_BARRIER_SITE)
+        wait_or_record(arrivals + peer, epoch, rank, heap_bases, timeout_ns, faults, host_faults, world_size, peer,
+                       DEVICE_BARRIER_SITE)

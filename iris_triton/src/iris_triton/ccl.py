@@ -28,8 +28,9 @@ exchange of signals), passed as constexpr functions. It is compiled by the conte
   data is never overwritten before it was read. The counts live on the heap and
   are advanced by the kernels, so calls need no host work and can be captured in CUDA graphs.
 
-A wait that times out records the peer in the context's ``wait_failures`` (reported by the next
-``ctx.barrier()``) and the call goes on rather than hang.
+A wait that gives up (after the context's timeout, wall-clock) records the failure in the
+context's fault words and the program fills the call's output with NaN (:mod:`iris_triton.waits`);
+the host raises at the call (CPU ranks) or at the next iris call (GPUs).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.reductions import combine, widen
-from iris_triton.waits import site_code, wait_or_record
+from iris_triton.waits import poison, site_code, wait_or_record
 
 __all__ = [
     "ALL_GATHER_DIRECT",
@@ -79,14 +80,17 @@ def _signal_peers(dctx, flags, count, RANK: tl.constexpr, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _wait_peers(dctx, flags, count, failures, max_spins, RANK: tl.constexpr, WORLD: tl.constexpr,
+def _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
                 SITE: tl.constexpr):
-    """Wait until every peer's flag [p, peer] here reaches ``count``; a wait that gives up
-    records ``SITE`` (the collective's code, :mod:`iris_triton.waits`)."""
+    """Whether every peer's flag [p, peer] here reached ``count`` within the timeout; a wait
+    that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.waits`)."""
     row = flags + tl.program_id(0) * WORLD
+    ok = True
     for q in tl.static_range(WORLD):
         if q != RANK:
-            wait_or_record(row + q, count, RANK, dctx.heap_bases, max_spins, failures, q, SITE)
+            ok = ok & wait_or_record(row + q, count, RANK, dctx.heap_bases, timeout_ns, faults, host_faults, WORLD,
+                                     q, SITE)
+    return ok
 
 
 @triton.jit
@@ -252,7 +256,8 @@ def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, 
 # -- the kernel source ---------------------------------------------------------------------------------
 
 
-def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, stride, max_spins, CTX: tl.constexpr,
+def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, m, out_numel, stride, timeout_ns,
+                      CTX: tl.constexpr,
                       RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
                       CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, SITE: tl.constexpr,
                       BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
@@ -262,18 +267,20 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
     says.
     Blocks cover segments of ``m`` elements; ``n`` is the input's element count; ``stride`` is
     the distance between the workspace's two slots (elements); ``programs`` is the number of
-    programs the sync words are laid out for (the grid may be smaller); ``failures`` (int32 per
-    peer) records waits that timed out."""
+    programs the sync words are laid out for (the grid may be smaller); ``faults``, ``host_faults``
+    and ``timeout_ns`` bound the waits and record a give-up (:mod:`iris_triton.waits`), after
+    which the program fills ``out`` (``out_numel`` elements) with NaN (integers: -1)."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, programs)
     region = ws + (call & 1) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
     lag: tl.constexpr = 1 if MIDDLE is None else 2  # steps between a round's push and its consume
+    ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
     for i in range(rounds + lag):
         if i < rounds:
             _each_block(PUSH, dctx, i, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
         if i > 0:  # the peers' count of step i - 1 covers their pushes up to round i - 1
-            _wait_peers(dctx, flags, count, failures, max_spins, RANK, WORLD, SITE)
+            ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
             if MIDDLE is not None:
                 if i <= rounds:
                     _each_block(MIDDLE, dctx, i - 1, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC,
@@ -285,6 +292,8 @@ def collective_kernel(context, inp, out, ws, sync, programs, failures, n, m, str
             count += 1
             _signal_peers(dctx, flags, count, RANK, WORLD)
     _finish(dctx, sync, programs, call, count)
+    if not ok:
+        poison(dctx, out, out_numel, BLOCK)
 
 
 # -- launching -----------------------------------------------------------------------------------------
@@ -332,8 +341,8 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
     grid = (max(1, min(ctx.ccl.programs, triton.cdiv(m, shape["BLOCK"]))),)
     return front.launch(
         collective_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
-        sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures, n=n, m=m, stride=stride,
-        max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
+        sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, faults=ctx.faults, host_faults=ctx.host_faults, n=n, m=m,
+        out_numel=call.output.numel(), stride=stride, timeout_ns=ctx.timeout_ns, CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
         MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, SITE=site_code(call.collective), **shape)
 
 

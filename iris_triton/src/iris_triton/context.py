@@ -124,9 +124,9 @@ class DeviceMethods:
         return device.signal(ptr, value, self.rank, to_rank, self.heap_bases, sem, scope)
 
     @_method
-    def wait_until(self, ptr, value, rank, max_spins, CMP: tl.constexpr = tl.constexpr("ge"),
+    def wait_until(self, ptr, value, rank, timeout_ns, CMP: tl.constexpr = tl.constexpr("ge"),
                    sem: tl.constexpr = None, scope: tl.constexpr = None):
-        return device.wait_until(ptr, value, self.rank, rank, self.heap_bases, max_spins, CMP, sem, scope)
+        return device.wait_until(ptr, value, self.rank, rank, self.heap_bases, timeout_ns, CMP, sem, scope)
 
 
 class DeviceContext(DeviceMethods):

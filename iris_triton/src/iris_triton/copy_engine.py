@@ -19,7 +19,8 @@ and ``calls`` (this rank's count of copies and of products: each stream advances
 (set by peer ``q`` when it no longer needs what this rank sent it). A rank copies into a peer
 only after the peer freed the previous call's data, so one buffer serves every call; the counts
 live on the device, so calls need no host work and can be captured in CUDA graphs. Every wait is
-bounded and records the peer in ``ctx.wait_failures`` when it gives up.
+bounded and records a give-up in the context's fault words; the last kernel of a call fills its
+output with NaN when a failure is recorded (:mod:`iris_triton.waits`).
 """
 
 from __future__ import annotations
@@ -31,19 +32,28 @@ import triton
 import triton.language as tl
 
 from iris_triton import device
-from iris_triton.waits import site_code, wait_or_record
+from iris_triton.context import DeviceContext
+from iris_triton.waits import failed, poison, site_code, wait_or_record
 
 __all__ = ["CopyEngineOps"]
 
 
 @triton.jit
-def wait_for_peers_kernel(counter, flags, heap_bases, failures, max_spins, AHEAD: tl.constexpr, RANK: tl.constexpr,
-                          WORLD: tl.constexpr, SITE: tl.constexpr):
+def wait_for_peers_kernel(counter, flags, heap_bases, faults, host_faults, timeout_ns, AHEAD: tl.constexpr,
+                          RANK: tl.constexpr, WORLD: tl.constexpr, SITE: tl.constexpr):
     """Wait until every peer's ``flags[q]`` here reaches this rank's ``counter`` plus ``AHEAD``."""
     target = tl.load(counter) + AHEAD
     for q in tl.static_range(WORLD):
         if q != RANK:
-            wait_or_record(flags + q, target, RANK, heap_bases, max_spins, failures, q, SITE)
+            wait_or_record(flags + q, target, RANK, heap_bases, timeout_ns, faults, host_faults, WORLD, q, SITE)
+
+
+@triton.jit
+def poison_if_failed_kernel(out, numel, faults, heap_bases, RANK: tl.constexpr, WORLD: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """Fill ``out`` with NaN if a failure is recorded on this rank (a wait of the call gave up)."""
+    if failed(faults):
+        poison(DeviceContext(RANK, WORLD, heap_bases), out, numel, BLOCK)
 
 
 @triton.jit
@@ -94,6 +104,7 @@ class CopyEngineOps:
             torch.matmul(gathered[q * m:(q + 1) * m], b, out=out[q * m:(q + 1) * m])
         self._signal(sync.calls, sync.freed)
         self._join()
+        self._poison_if_failed(out)
         return out
 
     def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -116,6 +127,7 @@ class CopyEngineOps:
             out.add_(received[q])
         self._signal(sync.calls, sync.freed)
         self._join()
+        self._poison_if_failed(out)
         return out
 
     # -- pieces ---------------------------------------------------------------------------------
@@ -150,9 +162,14 @@ class CopyEngineOps:
 
     def _wait(self, counter, flags, ahead: int, site: str) -> None:
         ctx = self._context
-        wait_for_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), ctx.wait_failures, ctx.max_spins,
+        wait_for_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), ctx.faults, ctx.host_faults, ctx.timeout_ns,
                                     AHEAD=ahead, RANK=ctx.rank, WORLD=ctx.world_size, SITE=site_code(site),
                                     num_warps=1)
+
+    def _poison_if_failed(self, out: torch.Tensor) -> None:
+        ctx = self._context
+        poison_if_failed_kernel[(1,)](out, out.numel(), ctx.faults, ctx.get_heap_bases(), RANK=ctx.rank,
+                                      WORLD=ctx.world_size, BLOCK=1024)
 
     def _signal(self, counter, flags) -> None:
         ctx = self._context

@@ -20,6 +20,7 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from iris.config import debug_from_environment
+from iris_triton.clock import now_ns
 
 __all__ = [
     "translate",
@@ -244,17 +245,20 @@ def _compare(flag, value, CMP: tl.constexpr):
 
 
 @triton.jit
-def wait_until(ptr, value, cur_rank, rank, heap_bases, max_spins, CMP: tl.constexpr = tl.constexpr("ge"),
+def wait_until(ptr, value, cur_rank, rank, heap_bases, timeout_ns, CMP: tl.constexpr = tl.constexpr("ge"),
                sem: tl.constexpr = None, scope: tl.constexpr = None):
     """Spin until the integer flag at ``ptr``'s offset on ``rank`` compares true against ``value``
     (``flag CMP value``), reading it with acquire semantics at system scope, so that what was
-    written before the matching ``signal`` is visible after. Gives up after ``max_spins`` reads
-    instead of hanging: returns True when the condition held, False on timeout. ``ptr`` is one
-    flag (a scalar pointer) in the caller's (``cur_rank``) heap."""
+    written before the matching ``signal`` is visible after. Gives up once ``timeout_ns``
+    nanoseconds of wall-clock time have passed (the GPU's global timer; the host's clock on CPU
+    ranks) instead of hanging: returns True when the condition held, False on timeout. ``ptr`` is
+    one flag (a scalar pointer) in the caller's (``cur_rank``) heap."""
     flag_ptr = translate(ptr, cur_rank, rank, heap_bases)
     flag = tl.atomic_add(flag_ptr, 0, sem=_sem(sem, "acquire"), scope=_scope(scope))
-    spins = 0
-    while (not _compare(flag, value, CMP)) and spins < max_spins:
-        flag = tl.atomic_add(flag_ptr, 0, sem=_sem(sem, "acquire"), scope=_scope(scope))
-        spins += 1
+    if not _compare(flag, value, CMP):
+        start = now_ns()
+        waited = start - start
+        while (not _compare(flag, value, CMP)) and waited < timeout_ns:
+            flag = tl.atomic_add(flag_ptr, 0, sem=_sem(sem, "acquire"), scope=_scope(scope))
+            waited = now_ns() - start
     return _compare(flag, value, CMP)

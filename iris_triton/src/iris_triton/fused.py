@@ -15,8 +15,9 @@ Data lands in one of two slots by call parity, placed by the buffer's size (not 
 shape, so calls of different shapes never overlap slots); flags and call counts are per program
 (:mod:`iris_triton.calls`) and only grow, so calls need no host work and no resetting. A rank's
 call ``k + 2`` reuses the slot of call ``k`` only after it exchanged call ``k + 1``'s data with
-every peer, which the peers sent after finishing call ``k``. Every wait is bounded and records
-the peer in ``failures`` instead of hanging.
+every peer, which the peers sent after finishing call ``k``. Every wait is bounded in wall-clock
+time; one that gives up records the failure and the kernel fills its output with NaN
+(:mod:`iris_triton.waits`) instead of hanging.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import triton.language as tl
 
 from iris_triton import device
 from iris_triton.calls import LANES, call_number, count_call
+from iris_triton.context import DeviceContext
 from iris_triton.gemm import tile_coordinates, tile_product
-from iris_triton.waits import site_code, wait_or_record
+from iris_triton.waits import poison, site_code, wait_or_record
 
 __all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
 
@@ -62,13 +64,16 @@ def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, 
 
 
 @triton.jit
-def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failures, capacity, m, N, K, stride_bk,
-                             stride_bn, stride_om, stride_on, flag_stride, slot_stride, max_spins, RANK: tl.constexpr,
+def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, faults, host_faults, capacity, m, N, K,
+                             stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride, timeout_ns,
+                             RANK: tl.constexpr,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     """``out`` (``WORLD * m x N``) := the call's slot of ``gathered`` times ``b`` (``K x N``),
-    source rank by source rank from this one on; a tile waits for the flag of its row tile."""
+    source rank by source rank from this one on; a tile waits for the flag of its row tile. A wait
+    that gives up fills ``out`` (contiguous) with NaN (:mod:`iris_triton.waits`)."""
     call = call_number(calls)
+    ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
     slot = gathered + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
@@ -76,27 +81,31 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, failure
     for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
         source = (RANK + t // per_source) % WORLD
         tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
-        wait_or_record(flags + source * flag_stride + tile_row, call + 1, RANK, heap_bases, max_spins, failures,
-                       source, ALL_GATHER_MATMUL_SITE)
+        ok = ok & wait_or_record(flags + source * flag_stride + tile_row, call + 1, RANK, heap_bases, timeout_ns,
+                                 faults, host_faults, WORLD, source, ALL_GATHER_MATMUL_SITE)
         acc, offs_m, offs_n = tile_product(slot + source * m * K, b, m, N, K, K, 1, stride_bk, stride_bn, tile_row,
                                            tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         rows = source * m + offs_m
         tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
     count_call(calls, capacity, call, tl.arange(0, LANES))
+    if not ok:
+        poison(DeviceContext(RANK, WORLD, heap_bases), out, WORLD * m * N, BLOCK_M * BLOCK_N)
 
 
 @triton.jit
-def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, failures, capacity, m, N, K, stride_am,
-                                 stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride,
-                                 max_spins, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
+def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faults, host_faults, capacity, m, N, K,
+                                 stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride,
+                                 slot_stride, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                  EVEN_K: tl.constexpr):
     """``out`` (``m x N``) := row block ``RANK`` (rows ``[RANK * m, (RANK + 1) * m)``) of
     ``a @ b`` summed over ranks. Row block q's tiles go to rank q's ``recv`` (heap; two slots
     ``slot_stride`` elements apart, each ``[WORLD, m, N]``), slot of the call, part ``RANK``, each
-    followed by flag ``[RANK, tile]`` there."""
+    followed by flag ``[RANK, tile]`` there. A wait that gives up fills ``out`` (contiguous) with
+    NaN (:mod:`iris_triton.waits`)."""
     call = call_number(calls)
+    ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
     slot = recv + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
@@ -119,10 +128,12 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, fail
         mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
         for source in tl.static_range(WORLD):
             if source != RANK:
-                wait_or_record(flags + source * flag_stride + t, call + 1, RANK, heap_bases, max_spins, failures,
-                               source, MATMUL_REDUCE_SCATTER_SITE)
+                ok = ok & wait_or_record(flags + source * flag_stride + t, call + 1, RANK, heap_bases, timeout_ns,
+                                         faults, host_faults, WORLD, source, MATMUL_REDUCE_SCATTER_SITE)
                 part = slot + source * m * N + offs_m[:, None] * N + offs_n[None, :]
                 acc += tl.load(part, mask=mask).to(tl.float32)
         tl.store(out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=mask)
     count_call(calls, capacity, call, tl.arange(0, LANES))
+    if not ok:
+        poison(DeviceContext(RANK, WORLD, heap_bases), out, m * N, BLOCK_M * BLOCK_N)

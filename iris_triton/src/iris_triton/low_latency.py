@@ -34,7 +34,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.reductions import reduce_in_rank_order
-from iris_triton.waits import read_when_arrived, site_code
+from iris_triton.waits import poison, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "MAX_BYTES", "low_latency_kernel"]
 
@@ -72,52 +72,57 @@ def _first_flag(buffer, w):
 
 
 @triton.jit
-def _arrived(dctx, buffer, w, mask, flag, failures, peer, max_spins, SITE: tl.constexpr):
-    """The payload of words ``w`` of ``buffer`` once all of them carry ``flag`` in their high
-    half (:func:`iris_triton.waits.read_when_arrived`, waiting meanwhile on the first word's)."""
-    words = read_when_arrived(dctx, buffer, w, mask, flag, failures, peer, max_spins, _flag_differs, _first_flag,
-                              "eq", SITE)
-    return words & _PAYLOAD_MASK
+def _arrived(dctx, buffer, w, mask, flag, faults, host_faults, peer, timeout_ns, SITE: tl.constexpr):
+    """``(payload, arrived)`` of words ``w`` of ``buffer`` once all of them carry ``flag`` in
+    their high half (:func:`iris_triton.waits.read_when_arrived`, waiting meanwhile on the first
+    word's)."""
+    words, arrived = read_when_arrived(dctx, buffer, w, mask, flag, faults, host_faults, peer, timeout_ns,
+                                       _flag_differs, _first_flag, "eq", SITE)
+    return words & _PAYLOAD_MASK, arrived
 
 
 @triton.jit
-def _received(dctx, buffer, e, mask, flag, failures, peer, max_spins, SIZE: tl.constexpr, DTYPE: tl.constexpr,
-              SITE: tl.constexpr):
-    """Elements ``e`` (of ``DTYPE``, ``SIZE`` bytes) that ``peer`` pushed into ``buffer``."""
+def _received(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns, SIZE: tl.constexpr,
+              DTYPE: tl.constexpr, SITE: tl.constexpr):
+    """``(elements, arrived)``: elements ``e`` (of ``DTYPE``, ``SIZE`` bytes) that ``peer``
+    pushed into ``buffer``."""
     if SIZE == 2:
-        words = _arrived(dctx, buffer, e // 2, mask, flag, failures, peer, max_spins, SITE)
+        words, arrived = _arrived(dctx, buffer, e // 2, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
         bits = ((words >> (16 * (e % 2))) & 0xFFFF).to(tl.int16)
     elif SIZE == 4:
-        bits = _arrived(dctx, buffer, e, mask, flag, failures, peer, max_spins, SITE).to(tl.int32)
+        words, arrived = _arrived(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
+        bits = words.to(tl.int32)
     else:
-        low = _arrived(dctx, buffer, 2 * e, mask, flag, failures, peer, max_spins, SITE)
-        high = _arrived(dctx, buffer, 2 * e + 1, mask, flag, failures, peer, max_spins, SITE)
+        low, low_arrived = _arrived(dctx, buffer, 2 * e, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
+        high, arrived = _arrived(dctx, buffer, 2 * e + 1, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
         bits = low | (high << 32)
-    return bits.to(DTYPE, bitcast=True)
+        arrived = arrived & low_arrived
+    return bits.to(DTYPE, bitcast=True), arrived
 
 
 @triton.jit
 def _own_elements(args):
-    dctx, inp, slot, capacity, e, mask, flag, failures, max_spins = args
+    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns = args
     return tl.load(inp + e, mask=mask)
 
 
 @triton.jit
 def _peer_elements(q, args):
-    dctx, inp, slot, capacity, e, mask, flag, failures, max_spins = args
+    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns = args
     SIZE: tl.constexpr = inp.dtype.element_ty.primitive_bitwidth // 8
-    return _received(dctx, slot + q * capacity, e, mask, flag, failures, q, max_spins, SIZE, inp.dtype.element_ty,
-                     _SITE)
+    return _received(dctx, slot + q * capacity, e, mask, flag, faults, host_faults, q, timeout_ns, SIZE,
+                     inp.dtype.element_ty, _SITE)
 
 
-def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words, capacity, max_spins,
+def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, words, capacity, timeout_ns,
                        CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
                        SIZE: tl.constexpr, BLOCK: tl.constexpr):
     """All-reduce ``n`` elements of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``):
     push this rank's ``words`` payload words, flagged, into every peer's slot region ``RANK``
     (regions of ``capacity`` words in ``ws``, int64), then reduce what every peer pushed here.
     Program ``p`` pushes word blocks ``p, p + P, ...`` of ``BLOCK`` words and then reduces the
-    elements of those same blocks, so an in-place call reads no element after it was written."""
+    elements of those same blocks, so an in-place call reads no element after it was written. A
+    wait that gives up fills ``out`` with NaN (integers: -1; :mod:`iris_triton.waits`)."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call = call_number(sync)
     flag = call + 1
@@ -129,13 +134,17 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, failures, n, words
             if q != RANK:
                 dctx.store(slot + RANK * capacity + w, packed, q, mask=w < words)
     ELEMENTS: tl.constexpr = BLOCK * 4 // SIZE
+    ok = tl.program_id(0) >= 0  # a run-time boolean: every block so far arrived
     for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):
         e = dctx.block_offsets(inp, start, ELEMENTS)
         mask = e < n
-        args = (dctx, inp, slot, capacity, e, mask, flag, failures, max_spins)
-        acc = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
+        args = (dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns)
+        acc, arrived = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
         tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
+        ok = ok & arrived
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
+    if not ok:
+        poison(dctx, out, n, ELEMENTS)
 
 
 #: Launch shape per device type: 64-bit words per block (a power of two, at least 4) and warps.
@@ -159,8 +168,9 @@ def _all_reduce(call: CollectiveCall):
     grid = (max(1, min(ctx.ccl.programs, triton.cdiv(words, shape["BLOCK"]))),)
     return front.launch(
         low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
-        ws=ws.view(torch.int64), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, failures=ctx.wait_failures,
-        n=n, words=words, capacity=region_bytes // 8, max_spins=ctx.max_spins, CTX=front.device_context,
+        ws=ws.view(torch.int64), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, faults=ctx.faults,
+        host_faults=ctx.host_faults, n=n, words=words, capacity=region_bytes // 8, timeout_ns=ctx.timeout_ns,
+        CTX=front.device_context,
         RANK=ctx.rank, WORLD=ctx.world_size, OP=call.op, SIZE=size, **shape)
 
 

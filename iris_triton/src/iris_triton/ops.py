@@ -141,9 +141,9 @@ class FusedOps:
                 a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
                 stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.device.type], **common)
         all_gather_matmul_kernel[(gemm_programs,)](
-            buffers.data, b, out, calls=buffers.gemm_calls, failures=ctx.wait_failures, m=m, N=N, K=K,
-            stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
-            max_spins=ctx.max_spins, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
+            buffers.data, b, out, calls=buffers.gemm_calls, faults=ctx.faults, host_faults=ctx.host_faults, m=m, N=N,
+            K=K, stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
+            timeout_ns=ctx.timeout_ns, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
         self._join()
         return out
 
@@ -172,9 +172,9 @@ class FusedOps:
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
         buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
         matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
-            a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, ctx.get_heap_bases(), ctx.wait_failures,
-            buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            out.stride(1), buffers.flag_stride, buffers.slot_stride, ctx.max_spins, RANK=ctx.rank, WORLD=ctx.world_size,
+            a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, ctx.get_heap_bases(), ctx.faults,
+            ctx.host_faults, buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            out.stride(0), out.stride(1), buffers.flag_stride, buffers.slot_stride, ctx.timeout_ns, RANK=ctx.rank, WORLD=ctx.world_size,
             EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 

@@ -32,17 +32,21 @@ def combine(acc, x, OP: tl.constexpr):
 @triton.jit
 def reduce_in_rank_order(OWN: tl.constexpr, PEER: tl.constexpr, args, RANK: tl.constexpr, WORLD: tl.constexpr,
                          OP: tl.constexpr):
-    """Every rank's block, widened and combined by ``OP`` in rank order, so that every rank
-    computing it gets the same bits: this rank's is ``OWN(args)``, peer q's ``PEER(q, args)``.
+    """``(acc, arrived)``: every rank's block, widened and combined by ``OP`` in rank order, so
+    that every rank computing it gets the same bits, and whether every peer's block arrived. This
+    rank's block is ``OWN(args)``; peer q's and whether it arrived are ``PEER(q, args)``.
     ``args`` is a tuple of run-time values (a tuple does not carry constexprs), which each
     algorithm's two functions unpack to fetch a block their own way."""
+    arrived = True
     for q in tl.static_range(WORLD):
         if q == RANK:
             x = widen(OWN(args))
         else:
-            x = widen(PEER(q, args))
+            x, ok = PEER(q, args)
+            x = widen(x)
+            arrived = arrived & ok
         if q == 0:
             acc = x
         else:
             acc = combine(acc, x, OP)
-    return acc
+    return acc, arrived

@@ -20,9 +20,8 @@ the bytes on the link. Here the receiving workspace holds a *sentinel* wherever 
   it starts only after its call ``k + 1`` received every peer's call ``k + 1`` data, which each
   peer pushed after finishing its call ``k``, reset of the slot included. Regions are laid out in
   bytes by the workspace's size, so calls of any dtype and size use the same slots.
-- A wait that gives up leaves its region to a late peer's data, which the slot's next call would
-  take for its own: the barrier that reports the timeout fills the workspace with the sentinel
-  again on every rank (:meth:`iris.mixins.ccl.Collectives.workspace`).
+- A wait that gives up fails the context (:mod:`iris_triton.waits`): nothing reads the workspace
+  again, so a late peer's data that lands afterwards is never taken for a later call's.
 
 It moves the bytes of a one-shot with one link crossing of latency, for 16- and 32-bit floats.
 """
@@ -37,7 +36,7 @@ from iris.collectives import SENTINEL_DTYPES, Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.reductions import reduce_in_rank_order
-from iris_triton.waits import read_when_arrived, site_code
+from iris_triton.waits import poison, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_SENTINEL", "LAUNCH_SHAPES", "MAX_BYTES", "SENTINEL_BYTE", "sentinel_kernel"]
 
@@ -69,22 +68,24 @@ def _first_word(buffer, e):
 @triton.jit
 def _own_elements(args):
     """This rank's elements, with the replacement its peers see."""
-    dctx, inp, slot, capacity, e, mask, failures, max_spins = args
+    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns = args
     return _sendable(inp, e, mask, slot.dtype.element_ty).to(inp.dtype.element_ty, bitcast=True)
 
 
 @triton.jit
 def _peer_elements(q, args):
-    """Peer q's elements once they all landed; the sentinel goes back, for the slot's next call."""
-    dctx, inp, slot, capacity, e, mask, failures, max_spins = args
+    """``(elements, arrived)``: peer q's elements once they all landed; the sentinel goes back,
+    for the slot's next call."""
+    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns = args
     region = slot + q * capacity
-    bits = read_when_arrived(dctx, region, e, mask, -1, failures, q, max_spins, _is_sentinel, _first_word, "ne",
-                             _SITE)
+    bits, arrived = read_when_arrived(dctx, region, e, mask, -1, faults, host_faults, q, timeout_ns, _is_sentinel,
+                                      _first_word, "ne", _SITE)
     tl.store(region + e, bits | -1, mask=mask)
-    return bits.to(inp.dtype.element_ty, bitcast=True)
+    return bits.to(inp.dtype.element_ty, bitcast=True), arrived
 
 
-def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity, max_spins, CTX: tl.constexpr,
+def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, capacity, timeout_ns,
+                    CTX: tl.constexpr,
                     RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                     LAG: tl.constexpr):
     """All-reduce ``n`` floats from ``inp`` into ``out`` (may be ``inp``): push this rank's
@@ -103,6 +104,7 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity
     first, stride = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
     blocks = tl.cdiv(n - first, stride)
     lag = tl.minimum(blocks, LAG)
+    ok = tl.program_id(0) >= 0  # a run-time boolean: every block so far arrived
     for step in range(0, blocks + lag):
         if step < blocks:
             e = dctx.block_offsets(inp, first + step * stride, BLOCK)
@@ -112,10 +114,13 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, failures, n, capacity
                     dctx.store(slot + RANK * capacity + e, bits, q, mask=e < n)
         if step >= lag:
             e = dctx.block_offsets(inp, first + (step - lag) * stride, BLOCK)
-            args = (dctx, inp, slot, capacity, e, e < n, failures, max_spins)
-            acc = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
+            args = (dctx, inp, slot, capacity, e, e < n, faults, host_faults, timeout_ns)
+            acc, arrived = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
             tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
+            ok = ok & arrived
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
+    if not ok:
+        poison(dctx, out, n, BLOCK)
 
 
 #: Launch shape per device type: elements per block (even, so a block's first element starts a
@@ -138,14 +143,14 @@ def _all_reduce(call: CollectiveCall):
         raise IrisError(f"all_reduce: the sentinel algorithm takes at most {MAX_BYTES >> 20} MiB per rank, this call "
                         f"has {n * size} bytes; use algorithm='one_shot' or 'two_shot' (or the automatic choice)")
     world = ctx.world_size
-    ws, region_bytes = ctx.ccl.slot_regions(n * size, name="sentinel", fill=SENTINEL_BYTE, refill_after_timeout=True)
+    ws, region_bytes = ctx.ccl.slot_regions(n * size, name="sentinel", fill=SENTINEL_BYTE)
     shape = LAUNCH_SHAPES[ctx.device.type]
     front = ctx.frontend
     grid = (max(1, min(ctx.ccl.programs, triton.cdiv(n, shape["BLOCK"]))),)
     return front.launch(
         sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs,
-        failures=ctx.wait_failures, n=n, capacity=region_bytes // size, max_spins=ctx.max_spins,
+        faults=ctx.faults, host_faults=ctx.host_faults, n=n, capacity=region_bytes // size, timeout_ns=ctx.timeout_ns,
         CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
 
 

@@ -1,80 +1,146 @@
-"""Device-side waits of iris's kernels: bounded, recorded, and named when they give up.
+"""Device-side waits of iris's kernels: bounded in wall-clock time, recorded when they give up.
 
-A wait that gives up on a peer stores the code of its operation into the context's
-``wait_failures`` word for that peer; ``ctx.barrier()`` turns the codes back into names. Until
-then, later waits of this rank for that peer give up at once, so a dead peer costs one timeout,
-not one per wait (programs of the interpreter and rounds of a kernel wait one after another).
+Every kernel of iris that waits on peers receives the context's *fault words* (``ctx.faults``, int32
+on the device: word 0 holds the code of the first failure on this rank, word ``1 + q`` the code of
+a failure while waiting for peer ``q``, word ``1 + world`` asks for a trap), a host-visible copy of
+them (``ctx.host_faults``: pinned host memory on GPUs, which the host reads without a
+synchronisation; the same words on CPU ranks) and the timeout in nanoseconds.
+
+A wait that gives up writes its code (:func:`failure_code`: the operation and the kind of failure)
+into both, and the kernel then fills the call's output with all-ones bits (NaN for floating-point
+types, -1 for integers: :func:`poison`), so that nothing queued behind it can pass for a correct
+result; the host raises :class:`iris.errors.IrisTimeoutError` at the next iris call. Once a failure
+is recorded, every later wait of this rank gives up at once: the context is failed, and a dead peer
+costs one timeout, not one per wait.
 """
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+from triton.runtime.jit import constexpr_function
 
 from iris_triton import device
+from iris_triton.clock import INTERPRETING, now_ns
 
-__all__ = ["WAIT_SITES", "read_when_arrived", "site_code", "site_name", "spin_probe_kernel", "wait_or_record"]
+__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "poison", "read_when_arrived", "record_failure",
+           "site_code", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-              "all_gather_matmul", "matmul_reduce_scatter")
+              "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+#: Kinds of failure, by code: a peer did not deliver within the timeout, or it delivered a
+#: different call (another collective, size, dtype or op).
+KINDS = {1: "timeout", 2: "mismatch"}
+TIMEOUT: tl.constexpr = tl.constexpr(1)
+MISMATCH: tl.constexpr = tl.constexpr(2)
 
 
 def site_code(name: str) -> int:
     return WAIT_SITES.index(name) + 1
 
 
-def site_name(code: int) -> str:
-    return WAIT_SITES[code - 1] if 1 <= code <= len(WAIT_SITES) else f"operation #{code}"
+def failure_code(site: str, kind: str = "timeout") -> int:
+    """The int32 a kernel records: the operation in the low byte, the kind above it."""
+    return site_code(site) | {v: k for k, v in KINDS.items()}[kind] << 8
+
+
+def describe_failure(code: int) -> tuple[str, str]:
+    """``(operation, kind)`` of a recorded code."""
+    site, kind = code & 0xFF, code >> 8
+    name = WAIT_SITES[site - 1] if 1 <= site <= len(WAIT_SITES) else f"operation #{site}"
+    return name, KINDS.get(kind, f"failure #{kind}")
+
+
+if INTERPRETING:
+
+    def _trap():
+        """Triton's interpreter has no trap instruction: end the process as a trapped kernel would."""
+        print("iris: a device-side wait gave up and the context asks for a trap (on_timeout='trap')", flush=True)
+        os.abort()
+
+else:
+
+    @triton.jit
+    def _trap():
+        tl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def wait_or_record(flag, value, rank, heap_bases, max_spins, failures, peer, SITE: tl.constexpr):
-    """Wait until this rank's ``flag`` >= ``value`` (acquire, system scope), unless a wait of this
-    rank already gave up on ``peer``; on a timeout record ``SITE`` for ``peer`` in ``failures``."""
-    if tl.load(failures + peer, volatile=True) == 0:
-        if not device.wait_until(flag, value, rank, rank, heap_bases, max_spins):
-            tl.store(failures + peer, SITE)
+def record_failure(faults, host_faults, world, peer, CODE: tl.constexpr):
+    """Record ``CODE`` for ``peer`` in the fault words and their host-visible copy; trap if asked."""
+    tl.store(faults + 1 + peer, CODE)
+    tl.store(faults, CODE)
+    tl.store(host_faults + 1 + peer, CODE, cache_modifier=".wt")
+    tl.store(host_faults, CODE, cache_modifier=".wt")
+    if tl.load(faults + 1 + world, volatile=True) != 0:
+        _trap()
 
 
 @triton.jit
-def read_when_arrived(dctx, buffer, offs, mask, expected, failures, peer, max_spins, MISSING: tl.constexpr,
+def failed(faults):
+    """Whether a failure is recorded on this rank (the context is failed)."""
+    return tl.load(faults, volatile=True) != 0
+
+
+@triton.jit
+def wait_or_record(flag, value, rank, heap_bases, timeout_ns, faults, host_faults, world, peer, SITE: tl.constexpr):
+    """Wait until this rank's ``flag`` >= ``value`` (acquire, system scope) and return True; give
+    up (False) after ``timeout_ns`` or at once when the context has failed, recording a timeout of
+    ``SITE`` for ``peer``."""
+    ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
+    if not ok:
+        if not failed(faults):
+            ok = device.wait_until(flag, value, rank, rank, heap_bases, timeout_ns)
+        if not ok:
+            record_failure(faults, host_faults, world, peer, SITE | TIMEOUT << 8)
+    return ok
+
+
+@triton.jit
+def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, peer, timeout_ns, MISSING: tl.constexpr,
                       FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
-    """``buffer[offs]`` (volatile reads of this rank's memory) once no lane of ``mask`` is
-    ``MISSING(values, expected)``: for protocols whose data announces itself, without a flag.
+    """``(buffer[offs], ok)``: volatile reads of this rank's memory, once no lane of ``mask`` is
+    ``MISSING(values, expected)``, for protocols whose data announces itself, without a flag.
 
-    While some lane is missing, it waits until ``FIRST_WORD(buffer, offs)`` (a pointer to an
-    int32 word of the block that changes when the block lands) compares ``CMP`` against
-    ``expected``, as every bounded wait of iris does (one acquire read per spin, the rate the
-    context's spin bound was measured at, so the timeout holds), then reads the block until no
-    lane is missing (the block's stores land within moments of each other), at most an eighth
-    of ``max_spins`` times (whole-block reads are slower than the single reads the bound was
-    measured with). On a timeout it records
-    ``SITE`` for ``peer`` in ``failures``; a peer already recorded is not waited for."""
+    While some lane is missing, it waits until ``FIRST_WORD(buffer, offs)`` (a pointer to an int32
+    word of the block that changes when the block lands) compares ``CMP`` against ``expected``,
+    then reads the block until no lane is missing, all within ``timeout_ns`` of wall-clock time
+    (a block's stores land one after another, and a peer's process may be descheduled between
+    them). It gives up at once when the context has failed; a give-up records a timeout of
+    ``SITE`` for ``peer``."""
     values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
     missing = tl.sum(MISSING(values, expected) & mask, axis=0)
-    if missing > 0:
-        rereads = max_spins // 8 + 1
-        spins = 0
-        if tl.load(failures + peer, volatile=True) != 0:
-            spins = rereads
-        elif dctx.wait_until(FIRST_WORD(buffer, offs), expected, dctx.rank, max_spins, CMP=CMP) == 0:
-            spins = rereads
-        while (missing > 0) & (spins < rereads):
-            values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
-            missing = tl.sum(MISSING(values, expected) & mask, axis=0)
-            spins += 1
-        if missing > 0:
-            tl.store(failures + peer, SITE)
-    return values
+    ok = missing == 0
+    if not ok:
+        if not failed(faults):
+            start = now_ns()
+            if dctx.wait_until(FIRST_WORD(buffer, offs), expected, dctx.rank, timeout_ns, CMP=CMP):
+                values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
+                missing = tl.sum(MISSING(values, expected) & mask, axis=0)
+                while (missing > 0) & (now_ns() - start < timeout_ns):
+                    values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
+                    missing = tl.sum(MISSING(values, expected) & mask, axis=0)
+                ok = missing == 0
+        if not ok:
+            record_failure(faults, host_faults, dctx.world_size, peer, SITE | TIMEOUT << 8)
+    return values, ok
 
 
-@triton.jit(do_not_specialize=["spins"])
-def spin_probe_kernel(flag, heap_bases, rank, spins):
-    """Read this rank's ``flag`` (never 1) ``spins`` times as a wait does: timing it tells how
-    many reads a wait makes per second here, which turns the context's timeout into a bound.
-    ``spins`` is not specialised, so the warm-up launch compiles the very kernel that is timed
-    (otherwise a count divisible by 16 selects a second kernel, compiled inside the timing; with
-    an empty compile cache that made the measured rate, hence every wait's bound, many times too
-    small)."""
-    device.wait_until(flag, 1, rank, rank, heap_bases, spins)
+@constexpr_function
+def _signed_int(bitwidth):
+    """The signed integer type of ``bitwidth`` bits."""
+    return {8: tl.int8, 16: tl.int16, 32: tl.int32, 64: tl.int64}[bitwidth]
+
+
+@triton.jit
+def poison(dctx, out, numel, BLOCK: tl.constexpr):
+    """Fill ``out``'s ``numel`` elements with all-ones bits (NaN for floats, -1 for integers):
+    the output of a call whose wait gave up, so that no result computed from it looks valid."""
+    BITS: tl.constexpr = _signed_int(out.dtype.element_ty.primitive_bitwidth)
+    bits = out.to(tl.pointer_type(BITS))
+    for start in range(0, numel, BLOCK):
+        offs = dctx.block_offsets(bits, start, BLOCK)
+        tl.store(bits + offs, (offs * 0 - 1).to(BITS), mask=offs < numel)
