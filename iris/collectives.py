@@ -12,6 +12,7 @@ the same one.
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Any, Callable
 
 import attrs
@@ -36,7 +37,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 REDUCE_OPS = ("sum", "max", "min")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=False)
 class CollectiveCall:
     """One validated call, as an algorithm receives it."""
 
@@ -50,6 +51,15 @@ class CollectiveCall:
     """``"sum"``, ``"max"`` or ``"min"`` (reductions only)."""
     src: int = 0
     """The source rank (``broadcast`` only)."""
+
+    @functools.cached_property
+    def signature(self) -> int:
+        """16 bits that every rank's identical call shares and a different call (another
+        collective, size, dtype, op or source) almost surely does not; never 0. Kernels announce
+        it to their peers with the call's number, so a peer that made a different call is caught
+        on the device instead of exchanging mismatched data."""
+        what = (self.collective, self.input.numel(), self.output.numel(), str(self.input.dtype), self.op, self.src)
+        return zlib.crc32(repr(what).encode()) & 0xFFFF | 1
 
 
 @attrs.frozen(kw_only=True)

@@ -2,7 +2,7 @@
 
 The class of a context for backend ``b`` is, left to right (most specific first)::
 
-    b.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, FailStopMixin, ContextBase
+    b.device_ops, LoggingMixin, FailStopMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase
 
 ContextBase is terminal and owns the state. Set-up hooks (``_setup``) call ``super()`` first, so
 they run right to left: ContextBase's identity, then the heap, then the backend's DeviceOps
@@ -142,7 +142,7 @@ def _destroyed_class(cls: type) -> type:
 def context_class(backend: Backend) -> type:
     """The context class of ``backend``, assembled once and cached."""
     name = backend.name.replace("-", "_").title().replace("_", "") + "Context"
-    bases = (backend.device_ops, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, FailStopMixin, ContextBase)
+    bases = (backend.device_ops, LoggingMixin, FailStopMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase)
     return type(name, bases, {"__module__": "iris.context", "__doc__": f"iris context of the {backend.name!r} backend."})
 
 

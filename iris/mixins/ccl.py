@@ -95,9 +95,12 @@ class Collectives:
 
     def sync_state(self) -> torch.Tensor:
         """int32 words on the heap: per program, its call count and its signal count, then one
-        flag per program and peer (written by that peer). Zeroed once, never reset."""
+        flag per program and peer (written by that peer), then two slots (by call parity) of one
+        header per program and peer, where that peer announces its call (its number and
+        signature). Zeroed once, never reset."""
         if self._sync is None:
-            self._sync = self._context.zeros(self.programs * (2 + self._context.world_size), dtype=torch.int32)
+            words = self.programs * (2 + 3 * self._context.world_size)
+            self._sync = self._context.zeros(words, dtype=torch.int32)
             self._context.barrier()  # every peer's flags exist and are zero before anyone signals
         return self._sync
 

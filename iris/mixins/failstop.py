@@ -84,8 +84,9 @@ class FailStopMixin:
                 torch.cuda.synchronize(self.device)
 
     def barrier(self) -> None:
-        """Host barrier: waits for this rank's queued device work, then for every rank; raises a
-        failure recorded on this rank. This is a collective operation."""
+        """Host barrier: waits for this rank's queued device work, then for every rank, and
+        checks the heaps' symmetry; raises a failure recorded on this rank. This is a collective
+        operation."""
         with self._call("barrier"):
             super().barrier()
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from iris.config import debug_from_environment
 from iris.errors import IrisError, NotOnHeapError, format_bytes
 from iris.heap import SymmetricHeap
 from iris.registry import heap_providers
@@ -19,8 +20,8 @@ DEFAULT_HEAP_PROVIDERS = {"cpu": "shm", "cuda": "cuda-ipc"}
 
 class HeapMixin:
     """Adds the symmetric heap: ``heap_size``, ``get_heap_bases()``, ``is_symmetric(t)``,
-    ``free(t)``, ``get_device_context()`` and, for other mixins, ``heap`` (a
-    :class:`iris.heap.SymmetricHeap`).
+    ``free(t)``, ``get_device_context()``, the heap's symmetry check in ``barrier()`` and, for
+    other mixins, ``heap`` (a :class:`iris.heap.SymmetricHeap`).
 
     Set up by the ``_setup`` hook; requires ``config``, ``comm``, ``rank``, ``world_size`` and
     ``device``.
@@ -39,7 +40,9 @@ class HeapMixin:
             )
         start = time.perf_counter()
         mapping = provider.create(self.config.heap_size, self.comm, self.device)
-        self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug)
+        # The allocation map also when IRIS_DEBUG=1 asks kernels to check writes against it.
+        self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug,
+                                  allocation_map=self.config.debug or debug_from_environment())
         self.heap_creation_seconds = time.perf_counter() - start
         # Both tensors keep the heap size just before the bases (``heap_bases[-1]`` in a kernel),
         # where debug mode's pointer checks find it.
@@ -53,13 +56,22 @@ class HeapMixin:
         )
 
     def _teardown(self) -> None:
-        # Peers may still be reading this rank's heap until they arrive here.
-        self.comm.barrier()
+        # Peers may still be reading this rank's heap until they arrive here; a failed context
+        # does not wait for peers, which may be gone.
+        if not self.failed:
+            self.comm.barrier()
         del self.heap, self._heap_bases, self._device_context
         super()._teardown()
 
     def _summary(self) -> dict[str, Any]:
         return {**super()._summary(), "heap_size": format_bytes(self.heap.size)}
+
+    def barrier(self) -> None:
+        """Host barrier, then the check that every rank made the same allocations and frees
+        (:class:`iris.errors.AsymmetricHeapError` on every rank otherwise): after it, peers
+        may write into every tensor allocated before it. Collective."""
+        super().barrier()
+        self.heap.check_symmetric()
 
     @property
     def heap_size(self) -> int:
@@ -92,6 +104,10 @@ class HeapMixin:
     def free(self, tensor: torch.Tensor) -> None:
         """Return ``tensor``'s block to the heap for reuse. This is a collective operation:
         every rank frees the same tensors in the same order. The tensor must not be used after."""
+        with self._call("free"):
+            self._free(tensor)
+
+    def _free(self, tensor: torch.Tensor) -> None:
         offset = self._heap_offset(tensor)
         signature = (tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
         if self.heap.allocator.block_size(offset) is None or self.heap.allocated_as.get(offset) != signature:

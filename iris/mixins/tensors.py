@@ -55,7 +55,8 @@ class TensorMixin:
         itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
         span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
         nbytes = span * itemsize
-        offset = self.heap.allocate(nbytes, detail=f"{tuple(shape)} {dtype}")
+        with self._call("allocate"):
+            offset = self.heap.allocate(nbytes, detail=f"{tuple(shape)} {dtype}")
         self.heap.allocated_as[offset] = (tuple(shape), tuple(stride), dtype)
         return self.heap.view(offset, nbytes).view(dtype).as_strided(shape, stride)
 

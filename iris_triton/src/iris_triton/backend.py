@@ -51,9 +51,6 @@ class TritonDeviceOps(DeviceOps):
 
     def _setup(self) -> None:
         super()._setup()
-        from iris_triton.barrier import state_words
-
-        self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
         #: Nanoseconds a device-side wait may last (wall-clock) before it gives up.
         self.timeout_ns = int(self.config.timeout * 1e9)
         words = self.world_size + 2  # first failure, one per peer, trap on failure
@@ -68,6 +65,9 @@ class TritonDeviceOps(DeviceOps):
         else:
             self.host_faults = self.faults
             self._host_fault_words = self.faults.numpy()
+        from iris_triton.barrier import state_words
+
+        self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
 
     def _recorded_failure(self) -> str | None:
         """A give-up recorded by this rank's kernels, as a message (None when there is none)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["LANES", "call_number", "count_call"]
+__all__ = ["LANES", "announce", "call_number", "count_call", "headers_of", "header_value"]
 
 #: Indices one vector store of :func:`count_call` advances (the length of its ``lanes``).
 LANES = tl.constexpr(128)
@@ -35,3 +35,31 @@ def count_call(calls, capacity, call, lanes):
     for first in range(0, capacity, LANES):  # the k-th index of this program is p + k * grid
         index = tl.program_id(0) + (first + lanes) * tl.num_programs(0)
         tl.store(calls + index, call + 1, mask=index < capacity)
+
+
+# -- announcing a call ---------------------------------------------------------------------------------
+# A call announces itself to its peers: program ``p`` writes ``header_value(call, SIGNATURE)`` into
+# every peer's header ``[call & 1, p, RANK]``, and a receiver compares what a peer announced with its
+# own before it takes that peer's data. The call's number tells this call from one two calls back
+# (the same slot); the signature (:attr:`iris.collectives.CollectiveCall.signature`) tells a
+# different call of the same number. The headers follow the flags in the collectives' sync words.
+
+
+@triton.jit
+def headers_of(sync, programs, call, WORLD: tl.constexpr):
+    """This program's row of headers (one per source rank) for call ``call``."""
+    return sync + programs * (2 + WORLD) + ((call & 1) * programs + tl.program_id(0)) * WORLD
+
+
+@triton.jit
+def header_value(call, signature):
+    """What call ``call`` of signature ``signature`` (16 bits, never 0) announces: never 0."""
+    return ((call + 1) << 16) | signature
+
+
+@triton.jit
+def announce(dctx, headers, value, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Write ``value`` into every peer's header ``RANK`` of ``headers`` (this program's row)."""
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            dctx.store(headers + RANK, value, q)

@@ -40,9 +40,9 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
-from iris_triton.calls import LANES, call_number, count_call
+from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import combine, widen
-from iris_triton.waits import poison, site_code, wait_or_record
+from iris_triton.waits import peers_announced, poison, site_code, wait_or_record
 
 __all__ = [
     "ALL_GATHER_DIRECT",
@@ -257,7 +257,7 @@ def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, 
 
 
 def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, m, out_numel, stride, timeout_ns,
-                      CTX: tl.constexpr,
+                      signature, CTX: tl.constexpr,
                       RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
                       CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, SITE: tl.constexpr,
                       BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
@@ -269,9 +269,15 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
     the distance between the workspace's two slots (elements); ``programs`` is the number of
     programs the sync words are laid out for (the grid may be smaller); ``faults``, ``host_faults``
     and ``timeout_ns`` bound the waits and record a give-up (:mod:`iris_triton.waits`), after
-    which the program fills ``out`` (``out_numel`` elements) with NaN (integers: -1)."""
+    which the program fills ``out`` (``out_numel`` elements) with NaN (integers: -1). Before its
+    first signal a program announces the call (its number and ``signature``) to its peers, and
+    after its first wait it checks what they announced: a peer in a different call is a failure,
+    not data (:func:`iris_triton.calls.announce`)."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call, count, flags = _program_state(sync, programs)
+    headers = headers_of(sync, programs, call, WORLD)
+    announced = header_value(call, signature)
+    announce(dctx, headers, announced, RANK, WORLD)
     region = ws + (call & 1) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
     lag: tl.constexpr = 1 if MIDDLE is None else 2  # steps between a round's push and its consume
@@ -281,6 +287,9 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
             _each_block(PUSH, dctx, i, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
         if i > 0:  # the peers' count of step i - 1 covers their pushes up to round i - 1
             ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+            if i == 1:
+                ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE,
+                                          False)
             if MIDDLE is not None:
                 if i <= rounds:
                     _each_block(MIDDLE, dctx, i - 1, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC,
@@ -342,7 +351,8 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
     return front.launch(
         collective_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
         sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, faults=ctx.faults, host_faults=ctx.host_faults, n=n, m=m,
-        out_numel=call.output.numel(), stride=stride, timeout_ns=ctx.timeout_ns, CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
+        out_numel=call.output.numel(), stride=stride, timeout_ns=ctx.timeout_ns, signature=call.signature,
+        CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
         MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, SITE=site_code(call.collective), **shape)
 
 

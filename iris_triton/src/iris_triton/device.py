@@ -20,6 +20,8 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from iris.config import debug_from_environment
+from iris.errors import IrisError
+from iris.heap.symmetric import MAP_GRANULE
 from iris_triton.clock import now_ns
 
 __all__ = [
@@ -49,6 +51,10 @@ HEAP_BASE_ALIGNMENT: tl.constexpr = tl.constexpr(256)
 CHECK_POINTERS: tl.constexpr = tl.constexpr(debug_from_environment())
 if CHECK_POINTERS:
     triton.knobs.runtime.debug = True
+#: log2 of the bytes of heap per byte of a rank's allocation map (debug mode's write checks).
+MAP_SHIFT: tl.constexpr = tl.constexpr(MAP_GRANULE.bit_length() - 1)
+#: Whether kernels run in Triton's interpreter (CPU ranks), which ignores device assertions.
+_INTERPRETING = bool(triton.knobs.runtime.interpret)
 
 
 @constexpr_function
@@ -77,22 +83,88 @@ def _like(value, ptr):
     return value
 
 
+def _outside_message(rank, peer, offset, lanes, heap_size) -> str:
+    return (f"iris (IRIS_DEBUG): rank {rank} addressed rank {peer}'s heap at byte offset {offset}, outside the "
+            f"heap of {heap_size} bytes ({lanes} address(es) outside, the lowest shown); pass pointers into "
+            f"tensors on the symmetric heap (ctx.empty/zeros/...) and mask off the lanes past their end")
+
+
+def _unallocated_message(rank, peer, offset, lanes) -> str:
+    return (f"iris (IRIS_DEBUG): rank {rank} wrote to rank {peer}'s heap at byte offset {offset}, which rank "
+            f"{peer} has not allocated ({lanes} address(es), the lowest shown); allocate on every rank and "
+            f"call ctx.barrier() before peers write, free only after a barrier, and keep writes inside the tensor")
+
+
+if _INTERPRETING:
+
+    def _stop_outside(rank, peer, offset, lanes, heap_size):
+        """Raise before the access: the interpreter runs device code as Python and ignores
+        device assertions, so the exception is what stops the kernel (at the launching call)."""
+        raise IrisError(_outside_message(int(rank), int(peer), int(offset), int(lanes), int(heap_size)))
+
+    def _stop_unallocated(rank, peer, offset, lanes):
+        """As :func:`_stop_outside`, for a write into a block the target has not allocated."""
+        raise IrisError(_unallocated_message(int(rank), int(peer), int(offset), int(lanes)))
+
+else:
+
+    @triton.jit
+    def _stop_outside(rank, peer, offset, lanes, heap_size):
+        """Print the finding; the device assertion that follows stops the kernel."""
+        tl.device_print("iris (IRIS_DEBUG): address outside the heap; rank, peer, lowest byte offset, lanes, heap "
+                        "size", rank, peer, offset, lanes, heap_size)
+
+    @triton.jit
+    def _stop_unallocated(rank, peer, offset, lanes):
+        """Print the finding; the device assertion that follows stops the kernel."""
+        tl.device_print("iris (IRIS_DEBUG): write into a block the peer has not allocated; rank, peer, lowest byte "
+                        "offset, lanes", rank, peer, offset, lanes)
+
+
+@triton.jit
+def _lanes(bad, offset):
+    """How many addresses ``bad`` selects, and the lowest of their ``offset``s."""
+    if bad.type.is_block():
+        count = tl.sum(bad.to(tl.int32))
+        lowest = tl.min(tl.where(bad, offset, 9223372036854775807))
+    else:
+        count = bad.to(tl.int32)
+        lowest = offset
+    return count, lowest
+
+
 @triton.jit
 def _check_inside_heap(ptr, from_rank, to_rank, heap_bases, mask):
-    """Debug mode: every (unmasked) address of ``ptr`` lies in ``from_rank``'s heap; otherwise
-    print the rank, the peer and the offsets, and stop the kernel."""
+    """Debug mode: every (unmasked) address of ``ptr`` lies in ``from_rank``'s heap, from its base
+    up to its last byte; otherwise report the rank, the peer and the offset, and stop the kernel
+    before any access (an exception in the interpreter, a device assertion on GPUs)."""
     offset = ptr.to(tl.int64) - tl.load(heap_bases + from_rank)
-    outside = (offset < 0) | (offset >= tl.load(heap_bases - 1))  # the heap size precedes the bases
+    heap_size = tl.load(heap_bases - 1)  # the heap size precedes the bases
+    outside = (offset < 0) | (offset >= heap_size)
     if mask is not None:
         outside = outside & mask
-    if ptr.type.is_block():
-        count = tl.sum(outside.to(tl.int32))
-    else:
-        count = outside.to(tl.int32)
+    count, lowest = _lanes(outside, offset)
     if count > 0:
-        tl.device_print("iris (IRIS_DEBUG): address outside the heap; rank, peer, byte offset", from_rank, to_rank,
-                        offset)
+        _stop_outside(from_rank, to_rank, lowest, count, heap_size)
     tl.device_assert(outside == 0, "iris (IRIS_DEBUG): a pointer translated between ranks is outside the heap")
+
+
+@triton.jit
+def _check_allocated(ptr, from_rank, to_rank, heap_bases, mask):
+    """Debug mode, before a write: every (unmasked) address of ``ptr``, already checked to lie in
+    the heap, is in a block that ``to_rank`` has allocated, per ``to_rank``'s allocation map (one
+    byte per granule at the start of its heap, 1 where allocated: iris.heap.SymmetricHeap);
+    otherwise report and stop the kernel as :func:`_check_inside_heap` does."""
+    offset = ptr.to(tl.int64) - tl.load(heap_bases + from_rank)
+    granule = tl.load(heap_bases + to_rank).to(tl.pointer_type(tl.uint8)) + (offset >> MAP_SHIFT)
+    if mask is None:
+        unallocated = tl.load(granule) == 0
+    else:
+        unallocated = tl.load(granule, mask=mask, other=1) == 0
+    count, lowest = _lanes(unallocated, offset)
+    if count > 0:
+        _stop_unallocated(from_rank, to_rank, lowest, count)
+    tl.device_assert(unallocated == 0, "iris (IRIS_DEBUG): a write into a block the peer has not allocated")
 
 
 @triton.jit
@@ -112,6 +184,16 @@ def translate(ptr, from_rank, to_rank, heap_bases, mask=None):
 
 
 @triton.jit
+def _translate_write(ptr, from_rank, to_rank, heap_bases, mask=None):
+    """:func:`translate` for an access that writes: with ``IRIS_DEBUG=1`` the addresses must
+    also lie in blocks that ``to_rank`` has allocated."""
+    remote = translate(ptr, from_rank, to_rank, heap_bases, mask)
+    if CHECK_POINTERS:
+        _check_allocated(ptr, from_rank, to_rank, heap_bases, mask)
+    return remote
+
+
+@triton.jit
 def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""),
          volatile: tl.constexpr = False):
     """Load from ``from_rank``'s heap at ``ptr``'s offset into the caller (``to_rank``)."""
@@ -122,7 +204,7 @@ def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modif
 @triton.jit
 def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):
     """Store ``value`` from the caller (``from_rank``) into ``to_rank``'s heap at ``ptr``'s offset."""
-    tl.store(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(value, ptr), mask=mask,
+    tl.store(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(value, ptr), mask=mask,
              cache_modifier=cache_modifier)
 
 
@@ -137,7 +219,7 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None)
 def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None):
     """Copy the caller's (``from_rank``) data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``'s offset."""
     data = tl.load(from_ptr, mask=mask, other=other)
-    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases, mask), data, mask=mask)
+    tl.store(_translate_write(to_ptr, from_rank, to_rank, heap_bases, mask), data, mask=mask)
 
 
 @triton.jit
@@ -145,63 +227,63 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
     """Copy from ``from_rank``'s heap at ``src_ptr``'s offset to ``to_rank``'s heap at
     ``dst_ptr``'s offset; both pointers are given in the caller's (``cur_rank``) heap."""
     data = tl.load(translate(src_ptr, cur_rank, from_rank, heap_bases, mask), mask=mask, other=other)
-    tl.store(translate(dst_ptr, cur_rank, to_rank, heap_bases, mask), data, mask=mask)
+    tl.store(_translate_write(dst_ptr, cur_rank, to_rank, heap_bases, mask), data, mask=mask)
 
 
 @triton.jit
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases, mask), -_like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), -_like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                 scope: tl.constexpr = None):
     """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xchg(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise and with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_and(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
               scope: tl.constexpr = None):
     """Atomic bitwise or with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_or(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise xor with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xor(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic minimum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_min(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic maximum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_max(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
@@ -210,7 +292,7 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     """Atomic compare-and-swap at ``ptr``'s offset on ``to_rank``: where the value equals
     ``cmp`` it becomes ``val``; returns the old values. ``cmp`` and ``val`` are converted to
     the pointer's element type (Triton's own atomic_cas requires them to match it exactly)."""
-    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), _like(cmp, ptr), _like(val, ptr),
+    return tl.atomic_cas(_translate_write(ptr, from_rank, to_rank, heap_bases), _like(cmp, ptr), _like(val, ptr),
                          sem=_sem(sem), scope=_scope(scope))
 
 

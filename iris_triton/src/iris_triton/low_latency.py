@@ -7,16 +7,20 @@ link round trips per call, which dominate small calls. Here the data signals its
 
 - The input is sent as 32-bit *payload* words (two 16-bit elements, one 32-bit element, or
   half of a 64-bit one), each pushed into the peer's workspace as one 64-bit word whose high
-  half is the call's number plus one. A 64-bit aligned store reaches the peer whole, so a word
-  whose flag holds this call's number holds this call's payload. No fence, no separate flag.
+  half is the call's flag: its number plus one and its signature (16 bits each:
+  :func:`iris_triton.calls.header_value`). A 64-bit aligned store reaches the peer whole, so a
+  word that holds this call's flag holds this call's payload. No fence, no separate flag; a peer
+  that made a different call (another size, dtype or op) never sends this flag, so the wait
+  gives up instead of taking its data.
 - The receiver reads its local workspace (volatile loads) until every word it needs carries the
   call's flag (waiting on one word's flag meanwhile, as iris's bounded waits do), then reduces in
   rank order (every rank gets the same bits).
 - The workspace has two slots, used by alternate calls. A rank's call ``k + 2`` writes into the
   slot of call ``k``; it starts only after its call ``k + 1`` read every peer's call ``k + 1``
   words, which each peer pushed after finishing its call ``k``: nothing is overwritten before it
-  was read. Flags are call numbers, which only grow, and the workspace is zeroed when allocated,
-  so no word left from an earlier call carries a later call's flag.
+  was read. Flags carry call numbers, which differ between the calls that share a slot, and the
+  workspace is zeroed when allocated (no flag is 0), so no word left from an earlier call carries
+  a later call's flag.
 - Call numbers are the per-program call counts of the collectives (:mod:`iris_triton.calls`),
   so these calls interleave with the other collectives'.
 
@@ -32,9 +36,9 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
-from iris_triton.calls import LANES, call_number, count_call
+from iris_triton.calls import LANES, call_number, count_call, header_value
 from iris_triton.reductions import reduce_in_rank_order
-from iris_triton.waits import poison, read_when_arrived, site_code
+from iris_triton.waits import poison, publish, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "MAX_BYTES", "low_latency_kernel"]
 
@@ -115,7 +119,7 @@ def _peer_elements(q, args):
 
 
 def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, words, capacity, timeout_ns,
-                       CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
+                       signature, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
                        SIZE: tl.constexpr, BLOCK: tl.constexpr):
     """All-reduce ``n`` elements of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``):
     push this rank's ``words`` payload words, flagged, into every peer's slot region ``RANK``
@@ -125,14 +129,14 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     wait that gives up fills ``out`` with NaN (integers: -1; :mod:`iris_triton.waits`)."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call = call_number(sync)
-    flag = call + 1
+    flag = header_value(call, signature)
     slot = ws + (call & 1) * WORLD * capacity
     for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
         w = dctx.block_offsets(ws, start, BLOCK)
         packed = (flag.to(tl.int64) << 32) | _payload(inp, w, n, SIZE)
         for q in tl.static_range(WORLD):
             if q != RANK:
-                dctx.store(slot + RANK * capacity + w, packed, q, mask=w < words)
+                publish(dctx, slot + RANK * capacity + w, packed, q, w < words)
     ELEMENTS: tl.constexpr = BLOCK * 4 // SIZE
     ok = tl.program_id(0) >= 0  # a run-time boolean: every block so far arrived
     for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):
@@ -170,7 +174,7 @@ def _all_reduce(call: CollectiveCall):
         low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws.view(torch.int64), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, faults=ctx.faults,
         host_faults=ctx.host_faults, n=n, words=words, capacity=region_bytes // 8, timeout_ns=ctx.timeout_ns,
-        CTX=front.device_context,
+        signature=call.signature, CTX=front.device_context,
         RANK=ctx.rank, WORLD=ctx.world_size, OP=call.op, SIZE=size, **shape)
 
 

@@ -25,6 +25,7 @@ captured in CUDA graphs.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import attrs
 import torch
@@ -97,6 +98,18 @@ class _Buffers:
                    gemm_calls=state[:programs], push_calls=state[programs:2 * programs], flags=state[2 * programs:])
 
 
+def _guarded(operation):
+    """Run ``operation`` as one iris call of its context (:class:`iris.mixins.FailStopMixin`):
+    refused on a failed context or from a second thread, and raising a failure it records."""
+
+    @functools.wraps(operation)
+    def call(self, *args, **kwargs):
+        with self._context._call(f"ops.{operation.__name__}"):
+            return operation(self, *args, **kwargs)
+
+    return call
+
+
 class FusedOps:
     """Fused matmul + communication of one context (``ctx.ops``). Every method is collective:
     all ranks call it in the same order with tensors of the same shapes."""
@@ -108,6 +121,7 @@ class FusedOps:
 
     # -- the operations -------------------------------------------------------------------------
 
+    @_guarded
     def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:
         """``out`` (``world_size * m x N``) := ``all_gather(a_shard) @ b``: ``a_shard`` (``m x K``)
@@ -147,6 +161,7 @@ class FusedOps:
         self._join()
         return out
 
+    @_guarded
     def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                               method: str | None = None) -> torch.Tensor:
         """``out`` (``M / world_size x N``) := this rank's block of rows of ``a @ b`` (``a``:
@@ -178,6 +193,7 @@ class FusedOps:
             EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
+    @_guarded
     def matmul_all_reduce(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:
         """``out`` (``M x N``) := ``a @ b`` summed over ranks (``all_reduce(a @ b)``). Other than

@@ -34,9 +34,9 @@ import triton.language as tl
 
 from iris.collectives import SENTINEL_DTYPES, Algorithm, CollectiveCall
 from iris.errors import IrisError
-from iris_triton.calls import LANES, call_number, count_call
+from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import reduce_in_rank_order
-from iris_triton.waits import poison, read_when_arrived, site_code
+from iris_triton.waits import peers_announced, poison, publish, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_SENTINEL", "LAUNCH_SHAPES", "MAX_BYTES", "SENTINEL_BYTE", "sentinel_kernel"]
 
@@ -84,7 +84,7 @@ def _peer_elements(q, args):
     return bits.to(inp.dtype.element_ty, bitcast=True), arrived
 
 
-def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, capacity, timeout_ns,
+def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, capacity, timeout_ns, signature,
                     CTX: tl.constexpr,
                     RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                     LAG: tl.constexpr):
@@ -96,9 +96,14 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     its block ``i - LAG`` (a program with at most ``LAG`` blocks pushes them all, then reduces
     them), so the reduction of blocks that landed runs while later blocks cross the link; a
     block is reduced only after it was pushed, so an in-place call reads no element after it was
-    written."""
+    written. A program announces the call (its number and ``signature``) to its peers first, and
+    checks what they announced last: the data carry no call number, so a peer that made a
+    different call fails the call instead of passing its data off as this call's."""
     dctx = CTX.initialize(context, RANK, WORLD)
     call = call_number(sync)
+    headers = headers_of(sync, programs, call, WORLD)
+    announced = header_value(call, signature)
+    announce(dctx, headers, announced, RANK, WORLD)
     slot = ws + (call & 1) * WORLD * capacity
     BITS: tl.constexpr = ws.dtype.element_ty
     first, stride = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
@@ -111,13 +116,14 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
             bits = _sendable(inp, e, e < n, BITS)
             for q in tl.static_range(WORLD):
                 if q != RANK:
-                    dctx.store(slot + RANK * capacity + e, bits, q, mask=e < n)
+                    publish(dctx, slot + RANK * capacity + e, bits, q, e < n)
         if step >= lag:
             e = dctx.block_offsets(inp, first + (step - lag) * stride, BLOCK)
             args = (dctx, inp, slot, capacity, e, e < n, faults, host_faults, timeout_ns)
             acc, arrived = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
             tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
             ok = ok & arrived
+    ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, _SITE, True)
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
     if not ok:
         poison(dctx, out, n, BLOCK)
@@ -151,7 +157,7 @@ def _all_reduce(call: CollectiveCall):
         sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs,
         faults=ctx.faults, host_faults=ctx.host_faults, n=n, capacity=region_bytes // size, timeout_ns=ctx.timeout_ns,
-        CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
+        signature=call.signature, CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
 
 
 ALL_REDUCE_SENTINEL = Algorithm(

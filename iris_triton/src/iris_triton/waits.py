@@ -25,8 +25,8 @@ from triton.runtime.jit import constexpr_function
 from iris_triton import device
 from iris_triton.clock import INTERPRETING, now_ns
 
-__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "poison", "read_when_arrived", "record_failure",
-           "site_code", "wait_or_record"]
+__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "peers_announced", "poison", "publish",
+           "read_published", "read_when_arrived", "record_failure", "site_code", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -69,12 +69,15 @@ else:
 
 
 @triton.jit
-def record_failure(faults, host_faults, world, peer, CODE: tl.constexpr):
-    """Record ``CODE`` for ``peer`` in the fault words and their host-visible copy; trap if asked."""
-    tl.store(faults + 1 + peer, CODE)
-    tl.store(faults, CODE)
-    tl.store(host_faults + 1 + peer, CODE, cache_modifier=".wt")
-    tl.store(host_faults, CODE, cache_modifier=".wt")
+def record_failure(faults, host_faults, world, peer, code):
+    """Record ``code`` for ``peer`` in the fault words and their host-visible copy, unless a
+    failure is recorded for that peer already (the first says what happened: later waits give up
+    because of it); trap if asked."""
+    if tl.load(faults + 1 + peer, volatile=True) == 0:
+        tl.store(faults + 1 + peer, code)
+        tl.store(host_faults + 1 + peer, code, cache_modifier=".wt")
+    tl.store(faults, code)
+    tl.store(host_faults, code, cache_modifier=".wt")
     if tl.load(faults + 1 + world, volatile=True) != 0:
         _trap()
 
@@ -95,15 +98,59 @@ def wait_or_record(flag, value, rank, heap_bases, timeout_ns, faults, host_fault
         if not failed(faults):
             ok = device.wait_until(flag, value, rank, rank, heap_bases, timeout_ns)
         if not ok:
-            record_failure(faults, host_faults, world, peer, SITE | TIMEOUT << 8)
+            record_failure(faults, host_faults, world, peer, TIMEOUT * 256 + SITE)
     return ok
+
+
+if INTERPRETING:
+
+    def _halfword(ptr):
+        """The 32-bit words holding the 16-bit elements at ``ptr``, and each element's bit shift."""
+        address = ptr.to(tl.int64)
+        return (address & ~3).to(tl.pointer_type(tl.int32)), ((address & 2) * 8).to(tl.int32)
+
+    def publish(dctx, ptr, value, to_rank, mask):
+        """``value`` into ``to_rank``'s heap at ``ptr``, each element written whole: the
+        interpreter copies an element byte by byte, so a reader could see half of a plain store.
+        A 16-bit element is and-ed into its 32-bit word, whose half holds all-ones (the sentinel)
+        until then; a wider one is exchanged."""
+        if value.dtype.primitive_bitwidth == 16:
+            words, shift = _halfword(ptr)
+            keep = ~((~value.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << shift)
+            dctx.atomic_and(words, keep, to_rank, mask=mask, sem="relaxed")
+        else:
+            dctx.atomic_xchg(ptr, value, to_rank, mask=mask, sem="relaxed")
+
+    def read_published(ptr, mask):
+        """This rank's elements at ``ptr`` (0 where not ``mask``), each read whole (atomically)."""
+        if ptr.dtype.element_ty.primitive_bitwidth == 16:
+            words, shift = _halfword(ptr)
+            bits = (tl.atomic_add(words, shift * 0, mask=mask, sem="relaxed") >> shift) & 0xFFFF
+            values = bits.to(tl.int16).to(ptr.dtype.element_ty, bitcast=True)
+        else:
+            values = tl.atomic_add(ptr, tl.zeros(ptr.shape, ptr.dtype.element_ty), mask=mask, sem="relaxed")
+        return tl.where(mask, values, 0)
+
+else:
+
+    @triton.jit
+    def publish(dctx, ptr, value, to_rank, mask):
+        """``value`` into ``to_rank``'s heap at ``ptr``: plain (vector) stores, which a GPU makes
+        whole per aligned element."""
+        dctx.store(ptr, value, to_rank, mask=mask)
+
+    @triton.jit
+    def read_published(ptr, mask):
+        """This rank's elements at ``ptr`` (0 where not ``mask``): volatile loads."""
+        return tl.load(ptr, mask=mask, other=0, volatile=True)
 
 
 @triton.jit
 def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, peer, timeout_ns, MISSING: tl.constexpr,
                       FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
-    """``(buffer[offs], ok)``: volatile reads of this rank's memory, once no lane of ``mask`` is
-    ``MISSING(values, expected)``, for protocols whose data announces itself, without a flag.
+    """``(buffer[offs], ok)``: reads of this rank's memory (:func:`read_published`), once no lane
+    of ``mask`` is ``MISSING(values, expected)``, for protocols whose data announces itself,
+    without a flag; the data must be written by :func:`publish`.
 
     While some lane is missing, it waits until ``FIRST_WORD(buffer, offs)`` (a pointer to an int32
     word of the block that changes when the block lands) compares ``CMP`` against ``expected``,
@@ -111,21 +158,21 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, p
     (a block's stores land one after another, and a peer's process may be descheduled between
     them). It gives up at once when the context has failed; a give-up records a timeout of
     ``SITE`` for ``peer``."""
-    values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
+    values = read_published(buffer + offs, mask)
     missing = tl.sum(MISSING(values, expected) & mask, axis=0)
     ok = missing == 0
     if not ok:
         if not failed(faults):
             start = now_ns()
             if dctx.wait_until(FIRST_WORD(buffer, offs), expected, dctx.rank, timeout_ns, CMP=CMP):
-                values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
+                values = read_published(buffer + offs, mask)
                 missing = tl.sum(MISSING(values, expected) & mask, axis=0)
                 while (missing > 0) & (now_ns() - start < timeout_ns):
-                    values = tl.load(buffer + offs, mask=mask, other=0, volatile=True)
+                    values = read_published(buffer + offs, mask)
                     missing = tl.sum(MISSING(values, expected) & mask, axis=0)
                 ok = missing == 0
         if not ok:
-            record_failure(faults, host_faults, dctx.world_size, peer, SITE | TIMEOUT << 8)
+            record_failure(faults, host_faults, dctx.world_size, peer, TIMEOUT * 256 + SITE)
     return values, ok
 
 
@@ -133,6 +180,35 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, p
 def _signed_int(bitwidth):
     """The signed integer type of ``bitwidth`` bits."""
     return {8: tl.int8, 16: tl.int16, 32: tl.int32, 64: tl.int64}[bitwidth]
+
+
+@triton.jit
+def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    SITE: tl.constexpr, WAIT: tl.constexpr):
+    """Whether every peer announced ``value`` in ``headers`` (this program's row, one header per
+    source rank: :func:`iris_triton.calls.announce`). A peer that announced another call of the
+    same number made a different call: recorded as a mismatch. With ``WAIT`` (protocols without
+    a fence, whose header may land after the data), a header of an earlier call is waited on
+    within ``timeout_ns``; without it the header was released before the flag already waited
+    for, and any other value is a mismatch."""
+    ok = tl.program_id(0) >= 0
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            seen = tl.load(headers + q, volatile=True)
+            if WAIT:
+                if (seen != value) & ((seen >> 16) != (value >> 16)) & (not failed(faults)):
+                    start = now_ns()
+                    while ((seen >> 16) != (value >> 16)) & (now_ns() - start < timeout_ns):
+                        seen = tl.load(headers + q, volatile=True)
+            same = seen == value
+            if not same:
+                if WAIT:  # an earlier call's header: the peer never got to this call
+                    kind = tl.where((seen >> 16) == (value >> 16), MISMATCH, TIMEOUT)
+                else:
+                    kind = MISMATCH + seen * 0
+                record_failure(faults, host_faults, WORLD, q, kind * 256 + SITE)
+            ok = ok & same
+    return ok
 
 
 @triton.jit
