@@ -2,47 +2,82 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import attrs
 import torch
+import torch.distributed as dist
 
 from iris.bootstrap import Communicator
 from iris.errors import AsymmetricHeapError, IrisError
 from iris.heap.allocator import HeapAllocator
 from iris.heap.mapping import HeapMapping
 
-__all__ = ["SymmetricHeap", "HeapCall"]
+__all__ = ["MAP_GRANULE", "HeapCall", "SymmetricHeap"]
+
+#: Bytes of heap per byte of the debug allocation map (one byte per granule, 1 = allocated).
+#: The Triton backend's write checks read the map with the same granule.
+MAP_GRANULE = 256
+
+_FIX = "allocate and free the same sizes in the same order on every rank"
 
 
 @attrs.frozen
 class HeapCall:
-    """One allocation or free, as compared across ranks in debug mode."""
+    """One allocation or free: compared across ranks per call in debug mode, kept in the
+    history that the symmetry check at each barrier names the first difference from. ``offset``
+    is None until the allocator placed the block."""
 
     index: int
     op: str
     nbytes: int
     detail: str
+    offset: int | None = None
+
+    @property
+    def key(self) -> tuple:
+        """What the digest covers: the layout, not the shape and dtype detail."""
+        return self.op, self.offset, self.nbytes
 
     def __str__(self) -> str:
-        return f"call #{self.index}: {self.op}({self.nbytes} bytes{', ' + self.detail if self.detail else ''})"
+        where = "" if self.offset is None else f" at offset {self.offset}"
+        return f"call #{self.index}: {self.op}({self.nbytes} bytes{where}{', ' + self.detail if self.detail else ''})"
 
 
 class SymmetricHeap:
     """Allocates and frees blocks at offsets identical on every rank.
 
     Allocation and free are collective in the sense that every rank must make the same calls in
-    the same order; they communicate only in debug mode, where each call is compared across
-    ranks and the first mismatch raises :class:`AsymmetricHeapError` on every rank.
+    the same order. Each rank keeps a running digest of its calls (op, offset, bytes) and the
+    calls since the last check; :meth:`check_symmetric` (run by every host barrier) compares the
+    digests with one small collective and raises :class:`AsymmetricHeapError` on every rank when
+    they differ. In debug mode each call is also compared across ranks as it is made, and the
+    heap keeps an allocation map at its start (one byte per :data:`MAP_GRANULE` bytes, 1 where a
+    block is allocated, up to the bytes asked for) that device code reads to refuse writes into
+    blocks the target rank has not allocated.
     """
 
-    def __init__(self, mapping: HeapMapping, comm: Communicator, *, debug: bool = False):
+    def __init__(self, mapping: HeapMapping, comm: Communicator, *, debug: bool = False,
+                 allocation_map: bool | None = None):
         self.mapping = mapping
         self.comm = comm
         self.debug = debug
         self.allocator = HeapAllocator(mapping.size)
         self._calls = 0
+        #: Running digest of every call so far, chained: equal on two ranks iff their histories are.
+        self._digest = bytes(8)
+        #: The calls since the last check that found every rank's digest equal.
+        self._unchecked: list[HeapCall] = []
         #: (shape, stride, dtype) of the tensor each live block was allocated as, by offset:
         #: ``free`` accepts that tensor only, never a view of it.
         self.allocated_as: dict[int, tuple] = {}
+        #: The allocation map (by default in debug mode): the heap's first block, offset 0 on every rank.
+        self.allocation_map: torch.Tensor | None = None
+        if debug if allocation_map is None else allocation_map:
+            map_bytes = -(-mapping.size // MAP_GRANULE)
+            offset = self.allocator.allocate(map_bytes)  # the first block: offset 0, where device code looks
+            self.allocation_map = self.view(offset, map_bytes).zero_()
 
     @property
     def size(self) -> int:
@@ -53,27 +88,61 @@ class SymmetricHeap:
         """This rank's heap as a flat uint8 tensor."""
         return self.mapping.peers[self.comm.rank]
 
-    def _check_symmetric(self, op: str, nbytes: int, detail: str) -> None:
+    # -- symmetry -------------------------------------------------------------------------------
+
+    def _begin(self, op: str, nbytes: int, detail: str) -> HeapCall:
+        """The next call; in debug mode first compared with every rank's, before it changes anything."""
         call = HeapCall(self._calls, op, nbytes, detail)
+        if self.debug:
+            calls = self.comm.all_gather_object(call)
+            if any(c != call for c in calls):
+                listing = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
+                raise AsymmetricHeapError(
+                    f"ranks made different heap calls at call #{call.index} ({listing}); every rank "
+                    f"must allocate and free the same sizes in the same order"
+                )
+        return call
+
+    def _log(self, call: HeapCall, offset: int) -> None:
+        """Add the call, made at ``offset``, to the history and to the running digest."""
         self._calls += 1
-        if not self.debug:
+        self._unchecked.append(attrs.evolve(call, offset=offset))
+        entry = struct.pack("<cqq", call.op[0].encode(), offset, call.nbytes)
+        self._digest = hashlib.blake2b(self._digest + entry, digest_size=8).digest()
+
+    def check_symmetric(self, where: str = "ctx.barrier()") -> None:
+        """Raise :class:`AsymmetricHeapError` on every rank unless every rank made the same
+        allocations and frees. Collective: one all-reduce of four int64 when the ranks agree;
+        the histories since the last check are exchanged only when they do not."""
+        digest = int.from_bytes(self._digest, "little", signed=True)
+        extremes = torch.tensor([self._calls, -self._calls, digest, -digest], dtype=torch.int64)
+        # The host group: gloo on every device, as for the host barrier.
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self.comm._barrier_group)
+        if extremes[0] == -extremes[1] and extremes[2] == -extremes[3]:  # maximum == minimum
+            self._unchecked.clear()
             return
-        calls = self.comm.all_gather_object(call)
-        if any(c != call for c in calls):
-            listing = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
-            raise AsymmetricHeapError(
-                f"ranks made different heap calls at call #{call.index} ({listing}); every rank "
-                f"must allocate and free the same sizes in the same order"
-            )
+        histories = self.comm.all_gather_object(self._unchecked)
+        raise AsymmetricHeapError(_first_difference(histories, where))
+
+    # -- blocks ---------------------------------------------------------------------------------
+
+    def _mark(self, offset: int, nbytes: int, value: int) -> None:
+        """Debug mode: set the allocation map over the granules of ``nbytes`` from ``offset``."""
+        if self.allocation_map is not None:
+            self.allocation_map[offset // MAP_GRANULE : -(-(offset + nbytes) // MAP_GRANULE)] = value
 
     def allocate(self, nbytes: int, detail: str = "") -> int:
         """Offset of a new block of ``nbytes``; identical on every rank."""
-        self._check_symmetric("allocate", nbytes, detail)
-        return self.allocator.allocate(nbytes)
+        call = self._begin("allocate", nbytes, detail)
+        offset = self.allocator.allocate(nbytes)
+        self._log(call, offset)
+        self._mark(offset, nbytes, 1)
+        return offset
 
     def free_offset(self, offset: int, detail: str = "") -> None:
-        self._check_symmetric("free", self.allocator.block_size(offset) or 0, detail)
-        self.allocator.free(offset)
+        call = self._begin("free", self.allocator.block_size(offset) or 0, detail)
+        self._mark(offset, self.allocator.free(offset), 0)
+        self._log(call, offset)
         self.allocated_as.pop(offset, None)
 
     def view(self, offset: int, nbytes: int, rank: int | None = None) -> torch.Tensor:
@@ -94,7 +163,8 @@ class SymmetricHeap:
         return offset if 0 <= offset < self.size else None
 
     def contains(self, tensor: torch.Tensor) -> bool:
-        """Whether every element of ``tensor`` lies on this rank's heap."""
+        """Whether every element of ``tensor`` lies on this rank's heap: from its base up to and
+        including a last element that ends exactly at the heap's end."""
         offset = self.offset_of(tensor)
         if offset is None:
             return False
@@ -111,3 +181,18 @@ class SymmetricHeap:
         usable = (self.size - offset) // tensor.element_size() * tensor.element_size()
         raw = self.mapping.peers[rank][offset : offset + usable]
         return raw.view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
+
+
+def _first_difference(histories: list[list[HeapCall]], where: str) -> str:
+    """The message naming the first call that differs between ranks, given each rank's calls
+    since the last check that found them equal (the same index on every rank)."""
+    length = max(len(h) for h in histories)
+    for i in range(length):
+        calls = [h[i] if i < len(h) else None for h in histories]
+        if len({c.key if c else None for c in calls}) > 1:
+            break
+    first = next(c for c in calls if c is not None)
+    listing = "; ".join(f"rank {r}: {c if c else 'no call #' + str(first.index)}" for r, c in enumerate(calls))
+    return (f"the ranks' symmetric heaps differ (found at {where}): the first call that differs is {listing}. "
+            f"From there on a tensor's offset differs between ranks, so remote accesses land in other "
+            f"tensors; {_FIX} (IRIS_DEBUG=1 compares every call as it is made)")
