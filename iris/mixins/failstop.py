@@ -16,8 +16,6 @@ possible is ``destroy()``, which then releases this rank's resources without wai
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
@@ -45,25 +43,11 @@ class FailStopMixin:
         differ across ranks): every call but ``destroy()`` raises from then on."""
         return self._failure is not None or self._recorded_failure() is not None
 
-    @contextmanager
-    def _call(self, name: str) -> Iterator[None]:
-        """Run one iris call: raise if another thread is inside a call on this context, or if the
-        context failed before or during it; a failing error raised inside fails the context."""
-        if not self._in_use.acquire(blocking=False):
-            raise IrisError(f"ctx.{name} on rank {self.rank}: another thread is inside a call on this context; a "
-                            f"context is not thread-safe (its calls are collective and ordered): use it from one "
-                            f"thread at a time, e.g. behind a lock")
-        try:
-            self._raise_if_failed(name)
-            try:
-                yield
-            except FAILING_ERRORS as error:
-                if self._failure is None:
-                    self._failure = error
-                raise
-            self._raise_if_failed(name)
-        finally:
-            self._in_use.release()
+    def _call(self, name: str) -> "_Call":
+        """The guard of one iris call (``with ctx._call("ccl.all_reduce"): ...``): it raises if
+        another thread is inside a call on this context, or if the context failed before or
+        during the call; a failing error raised inside fails the context."""
+        return _Call(self, name)
 
     def _raise_if_failed(self, name: str) -> None:
         if self._failure is not None:
@@ -105,3 +89,35 @@ class FailStopMixin:
         super().destroy()
         if unreported is not None:
             raise unreported
+
+
+class _Call:
+    """The guard of one call (a class rather than a generator: it runs on every call's path)."""
+
+    __slots__ = ("context", "name")
+
+    def __init__(self, context: FailStopMixin, name: str):
+        self.context = context
+        self.name = name
+
+    def __enter__(self) -> None:
+        context = self.context
+        if not context._in_use.acquire(blocking=False):
+            raise IrisError(f"ctx.{self.name} on rank {context.rank}: another thread is inside a call on this context; "
+                            f"a context is not thread-safe (its calls are collective and ordered): use it from one "
+                            f"thread at a time, e.g. behind a lock")
+        try:
+            context._raise_if_failed(self.name)
+        except BaseException:
+            context._in_use.release()
+            raise
+
+    def __exit__(self, kind, error, trace) -> None:
+        context = self.context
+        try:
+            if error is None:
+                context._raise_if_failed(self.name)
+            elif isinstance(error, FAILING_ERRORS) and context._failure is None:
+                context._failure = error
+        finally:
+            context._in_use.release()
