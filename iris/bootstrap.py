@@ -40,19 +40,15 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
 
 
-def ensure_process_group(device_type: str, timeout: float, rendezvous_file: str | None = None) -> None:
-    """Initialize the default process group unless the caller already did: through
-    ``rendezvous_file`` (a local launch, with ``RANK`` and ``WORLD_SIZE`` set), else torchrun's
-    environment, else a world of one."""
+def ensure_process_group(device_type: str, timeout: float) -> None:
+    """Initialize the default process group unless the caller already did: from torchrun's
+    environment (which ``iris.spawn`` and ``iris run`` also set), else a world of one."""
     if dist.is_initialized():
         return
     backend = process_group_backend(device_type)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
-    if rendezvous_file is not None:
-        dist.init_process_group(backend, init_method=f"file://{rendezvous_file}", rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=timeout))
-    elif all(v in os.environ for v in _TORCHRUN_VARS):
+    if all(v in os.environ for v in _TORCHRUN_VARS):
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
     else:
         dist.init_process_group(

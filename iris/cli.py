@@ -7,6 +7,7 @@ end in one line ``iris: error: ...`` and exit status 2, not a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import os
 import shutil
@@ -139,22 +140,73 @@ def bench(args: argparse.Namespace) -> int:
 # -- iris run ------------------------------------------------------------------------------------------
 
 
+def torchrun_command(args: argparse.Namespace) -> list[str]:
+    """The torchrun command of a multi-machine run: this machine's ranks meet the other machines'
+    at the rendezvous ``--rdzv-endpoint``."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nnodes}",
+            f"--nproc-per-node={args.nprocs}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
+            args.script, *args.script_args]
+
+
+def _first_failure(procs: list[subprocess.Popen]) -> int | None:
+    """Wait until every rank exited with status 0 (None) or one did not (its rank)."""
+    while True:
+        codes = [proc.poll() for proc in procs]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed or all(code == 0 for code in codes):
+            return failed[0] if failed else None
+        time.sleep(0.1)
+
+
+def run_local(command: list[str], nprocs: int, device: str) -> int:
+    """Run ``command`` as ``nprocs`` ranks of one machine, torchrun's way (the ranks join as
+    clients a store this process hosts), but listening on 127.0.0.1 only. Each rank dies with
+    this process; when one fails, the others are stopped and its exit status is returned."""
+    from iris.spawn import (
+        describe_exit,
+        die_with_parent,
+        end_processes,
+        loopback_store,
+        rank_environment,
+    )
+
+    def start_ranks(port: int) -> list[subprocess.Popen]:
+        env = dict(os.environ, **rank_environment(nprocs, device, port))
+        return [subprocess.Popen(command, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                                 # Safe here: no other thread runs yet (the store starts after the ranks).
+                                 preexec_fn=functools.partial(die_with_parent, os.getpid()))  # noqa: PLW1509
+                for rank in range(nprocs)]
+
+    with loopback_store(start_ranks) as procs:
+        by_pid = {proc.pid: proc for proc in procs}
+        try:
+            failed = _first_failure(procs)
+        finally:
+            end_processes(list(by_pid), lambda pid: by_pid[pid].poll() is None)
+    if failed is None:
+        return 0
+    code = procs[failed].returncode
+    print(f"iris: rank {failed} of {nprocs} {describe_exit(code)}; the other ranks were stopped", file=sys.stderr)
+    return code if code > 0 else 128 - code
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    script = Path(args.script)
-    if not script.is_file():
+    if not Path(args.script).is_file():
         raise UsageError(f"no such script: {args.script}")
     if args.nprocs < 1:
         raise UsageError(f"-n must be at least 1, got {args.nprocs}")
-    env = dict(os.environ)
+    if args.nnodes != 1 and args.rdzv_endpoint is None:
+        raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, where the machines meet")
     cpu = args.cpu or torch.cuda.device_count() == 0
+    if args.rdzv_endpoint is None:
+        return run_local([sys.executable, args.script, *args.script_args], args.nprocs, "cpu" if cpu else "cuda")
+    env = dict(os.environ)
     if cpu:
         # CPU ranks: Triton's interpreter, which reads this before Triton is imported.
         env.update(TRITON_INTERPRET="1", IRIS_DEVICE="cpu")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nprocs}",
-               str(script), *args.script_args]
-    return subprocess.run(command, env=env).returncode
+    return subprocess.run(torchrun_command(args), check=False, env=env).returncode
 
 
 # -- entry point ---------------------------------------------------------------------------------------
@@ -174,9 +226,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     p.add_argument("--out", default=None, help="directory for JSON and PNG files (default benchmarks/results)")
     p.set_defaults(handler=bench)
-    p = commands.add_parser("run", help="run a script on N ranks (torchrun; CPU ranks when no GPU is visible)")
-    p.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    p = commands.add_parser(
+        "run", help="run a script on N ranks (CPU ranks when no GPU is visible)",
+        description="Run a script on N ranks with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). "
+                    "By default the run is on this machine only and listens on the loopback interface only: the "
+                    "ranks meet at a store this command hosts on 127.0.0.1, and gloo and NCCL keep their sockets "
+                    "on 'lo'. --rdzv-endpoint makes it a multi-machine run through torchrun instead.")
+    p.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks (on each machine)")
     p.add_argument("--cpu", action="store_true", help="CPU ranks even when GPUs are visible")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", default=None,
+                   help="run across machines with torchrun: every machine runs this command with the same HOST:PORT, "
+                        "and the machine HOST names hosts the rendezvous. This listens on the network: torchrun's "
+                        "TCP store (no authentication: whoever reaches it can join or disturb the run) on PORT and "
+                        "on a second, free port of that machine, on every interface; and every rank's gloo and "
+                        "NCCL sockets on the interface GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name (else the one "
+                        "the host name resolves to). Use it on a trusted network only")
+    p.add_argument("--nnodes", type=int, default=1, help="machines of a --rdzv-endpoint run (default 1)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(handler=run)

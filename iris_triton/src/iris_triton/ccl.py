@@ -42,7 +42,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import combine, widen
-from iris_triton.waits import peers_announced, poison, site_code, wait_or_record
+from iris_triton.waits import peers_announced, poison_blocks, site_code, wait_or_record
 
 __all__ = [
     "ALL_GATHER_DIRECT",
@@ -299,10 +299,11 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
                             BLOCK, ROUND)
         if i < rounds + lag - 1:
             count += 1
-            _signal_peers(dctx, flags, count, RANK, WORLD)
+            if ok:  # after a give-up, nothing this program computes may reach a peer as valid
+                _signal_peers(dctx, flags, count, RANK, WORLD)
     _finish(dctx, sync, programs, call, count)
     if not ok:
-        poison(dctx, out, out_numel, BLOCK)
+        poison_blocks(dctx, out, out_numel, m, tl.program_id(0), tl.num_programs(0), BLOCK)
 
 
 # -- launching -----------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call, header_value
 from iris_triton.reductions import reduce_in_rank_order
-from iris_triton.waits import poison, publish, read_when_arrived, site_code
+from iris_triton.waits import poison_blocks, publish, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "MAX_BYTES", "low_latency_kernel"]
 
@@ -148,7 +148,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
         ok = ok & arrived
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
     if not ok:
-        poison(dctx, out, n, ELEMENTS)
+        poison_blocks(dctx, out, n, n, tl.program_id(0), tl.num_programs(0), ELEMENTS)
 
 
 #: Launch shape per device type: 64-bit words per block (a power of two, at least 4) and warps.

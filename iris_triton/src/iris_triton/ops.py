@@ -31,7 +31,7 @@ import attrs
 import torch
 import triton
 
-from iris.errors import IrisError
+from iris.errors import AsymmetricHeapError, IrisError, IrisTimeoutError
 from iris_triton.copy_engine import CopyEngineOps
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.gemm import GEMM_CONFIGS
@@ -99,13 +99,20 @@ class _Buffers:
 
 
 def _guarded(operation):
-    """Run ``operation`` as one iris call of its context (:class:`iris.mixins.FailStopMixin`):
-    refused on a failed context or from a second thread, and raising a failure it records."""
+    """Run ``operation(out, ...)`` as one iris call of its context
+    (:class:`iris.mixins.FailStopMixin`): refused on a failed context or from a second thread, and
+    raising a failure it records; ``out`` then holds all-ones bits (NaN), also when the failure
+    ended an inner step before anything wrote ``out``."""
 
     @functools.wraps(operation)
-    def call(self, *args, **kwargs):
-        with self._context._call(f"ops.{operation.__name__}"):
-            return operation(self, *args, **kwargs)
+    def call(self, out, *args, **kwargs):
+        try:
+            with self._context._call(f"ops.{operation.__name__}"):
+                return operation(self, out, *args, **kwargs)
+        except (IrisTimeoutError, AsymmetricHeapError):
+            if isinstance(out, torch.Tensor) and out.dtype in DTYPES:
+                out.view(torch.int16).fill_(-1)
+            raise
 
     return call
 

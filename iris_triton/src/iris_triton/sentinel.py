@@ -36,7 +36,7 @@ from iris.collectives import SENTINEL_DTYPES, Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import reduce_in_rank_order
-from iris_triton.waits import peers_announced, poison, publish, read_when_arrived, site_code
+from iris_triton.waits import peers_announced, poison_blocks, publish, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_SENTINEL", "LAUNCH_SHAPES", "MAX_BYTES", "SENTINEL_BYTE", "sentinel_kernel"]
 
@@ -126,7 +126,7 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, _SITE, True)
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
     if not ok:
-        poison(dctx, out, n, BLOCK)
+        poison_blocks(dctx, out, n, n, tl.program_id(0), tl.num_programs(0), BLOCK)
 
 
 #: Launch shape per device type: elements per block (even, so a block's first element starts a

@@ -25,7 +25,7 @@ from triton.runtime.jit import constexpr_function
 from iris_triton import device
 from iris_triton.clock import INTERPRETING, now_ns
 
-__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "peers_announced", "poison", "publish",
+__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "peers_announced", "poison", "poison_blocks", "publish",
            "read_published", "read_when_arrived", "record_failure", "site_code", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
@@ -95,10 +95,10 @@ def wait_or_record(flag, value, rank, heap_bases, timeout_ns, faults, host_fault
     ``SITE`` for ``peer``."""
     ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
     if not ok:
-        if not failed(faults):
+        if not failed(faults):  # else give up at once: the context failed, and said why already
             ok = device.wait_until(flag, value, rank, rank, heap_bases, timeout_ns)
-        if not ok:
-            record_failure(faults, host_faults, world, peer, TIMEOUT * 256 + SITE)
+            if not ok:
+                record_failure(faults, host_faults, world, peer, TIMEOUT * 256 + SITE)
     return ok
 
 
@@ -171,8 +171,8 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, p
                     values = read_published(buffer + offs, mask)
                     missing = tl.sum(MISSING(values, expected) & mask, axis=0)
                 ok = missing == 0
-        if not ok:
-            record_failure(faults, host_faults, dctx.world_size, peer, TIMEOUT * 256 + SITE)
+            if not ok:
+                record_failure(faults, host_faults, dctx.world_size, peer, TIMEOUT * 256 + SITE)
     return values, ok
 
 
@@ -191,7 +191,7 @@ def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.co
     a fence, whose header may land after the data), a header of an earlier call is waited on
     within ``timeout_ns``; without it the header was released before the flag already waited
     for, and any other value is a mismatch."""
-    ok = tl.program_id(0) >= 0
+    ok = not failed(faults)  # a failed context checks nothing more (and names no one else)
     for q in tl.static_range(WORLD):
         if q != RANK:
             seen = tl.load(headers + q, volatile=True)
@@ -201,7 +201,7 @@ def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.co
                     while ((seen >> 16) != (value >> 16)) & (now_ns() - start < timeout_ns):
                         seen = tl.load(headers + q, volatile=True)
             same = seen == value
-            if not same:
+            if ok & (not same):
                 if WAIT:  # an earlier call's header: the peer never got to this call
                     kind = tl.where((seen >> 16) == (value >> 16), MISMATCH, TIMEOUT)
                 else:
@@ -215,8 +215,17 @@ def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.co
 def poison(dctx, out, numel, BLOCK: tl.constexpr):
     """Fill ``out``'s ``numel`` elements with all-ones bits (NaN for floats, -1 for integers):
     the output of a call whose wait gave up, so that no result computed from it looks valid."""
+    poison_blocks(dctx, out, numel, numel, 0, 1, BLOCK)
+
+
+@triton.jit
+def poison_blocks(dctx, out, numel, segment, first, step, BLOCK: tl.constexpr):
+    """:func:`poison` for the blocks ``first, first + step, ...`` of ``BLOCK`` elements of every
+    ``segment`` of ``out``'s ``numel`` elements: the blocks one program of a collective wrote,
+    so that it never overwrites what another program still reads (an in-place input it sends)."""
     BITS: tl.constexpr = _signed_int(out.dtype.element_ty.primitive_bitwidth)
     bits = out.to(tl.pointer_type(BITS))
-    for start in range(0, numel, BLOCK):
-        offs = dctx.block_offsets(bits, start, BLOCK)
-        tl.store(bits + offs, (offs * 0 - 1).to(BITS), mask=offs < numel)
+    for base in range(0, numel, segment):
+        for start in range(first * BLOCK, segment, step * BLOCK):
+            offs = dctx.block_offsets(bits, base + start, BLOCK)
+            tl.store(bits + offs, (offs * 0 - 1).to(BITS), mask=(offs < base + segment) & (offs < numel))

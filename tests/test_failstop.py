@@ -1,0 +1,753 @@
+"""Fail-stop under injected faults, on CPU ranks: no iris call returns a wrong value normally.
+
+Every collective (each all_reduce algorithm, all_gather, reduce_scatter, all_to_all, broadcast,
+device_barrier) and every ``ctx.ops`` call (fused and sequential) runs on 2 and 3 ranks while a
+peer is SIGKILLed before the call, SIGKILLed during it, exits early (``os._exit``), is late by more
+than the timeout, is late by less than the timeout, or while busy processes load the CPUs. On every
+surviving rank each call either returns exactly the torch reference (computed from every rank's
+seeded inputs: small integers, so every order of summation gives the same bits), or raises an
+IrisError (then its float outputs are NaN, and the next call raises too); a give-up happens between
+1.0x and 1.5x of the timeout. Also: the sentinel's bit pattern and NaNs through the sentinel and
+low-latency all_reduce, consecutive calls with a delayed peer (stale slots or flags would show),
+mismatched calls, and on_timeout="trap".
+
+The ranks are forked from a forkserver that imported iris once (cheap ranks, no ``iris.spawn``): a
+rank reports through a file it rewrites after every check, so a rank that is killed leaves what it
+saw, and the parent bounds every world in time and kills what is left. Short by default;
+``IRIS_CHAOS_ITERS=n`` adds n rounds of random victims, seeds and timings to every scenario.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import tempfile
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import iris  # noqa: E402
+from iris.errors import IrisError  # noqa: E402
+from iris.testing import interpreter_runs_kernel_loops, seeded_generator  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not interpreter_runs_kernel_loops(),
+                                reason="CPU ranks need Triton's interpreter (TRITON_INTERPRET=1 before Triton loads)")
+
+#: Rounds of random victims, seeds and timings on top of the short mode (0: short mode only).
+CHAOS_ITERS = int(os.environ.get("IRIS_CHAOS_ITERS", "0"))
+#: The timeout of scenarios that must give up (seconds).
+T = 1.0
+#: The timeout of scenarios that must succeed: far above any delay injected.
+T_OK = 60.0
+#: Slack of the give-up time's upper bound when worlds run side by side on 2 cores (heavy load).
+LOADED_SLACK = 3.0
+
+ALL_REDUCE = tuple(f"all_reduce/{a}" for a in ("low_latency", "sentinel", "one_shot", "two_shot"))
+COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "device_barrier")
+FUSED = tuple(f"{k}/{m}" for k in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+              for m in ("fused", "sequential"))
+OPS = COLLECTIVES + FUSED
+#: Elements per rank of a collective call (divisible by 2 and 3; several blocks and rounds).
+N = 600
+#: (rows per rank, K, N) of the ctx.ops calls: ragged against the 16 x 16 x 16 tiles of CPU ranks.
+SHAPE = (5, 16, 24)
+
+
+# -- the harness: ranks forked from a forkserver, reporting through files ------------------------------------
+
+_MP = multiprocessing.get_context("forkserver")
+
+
+def _forkserver_ready() -> None:
+    if not getattr(_forkserver_ready, "done", False):
+        _MP.set_forkserver_preload([__name__])  # ranks start with iris, torch and triton imported
+        _forkserver_ready.done = True
+
+
+class Report(dict):
+    """What one rank saw, written to its file after every entry (a killed rank keeps the rest)."""
+
+    def __init__(self, rank: int, path: str):
+        super().__init__()
+        self.rank, self.path = rank, path
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.save()
+
+    def save(self) -> None:
+        with open(self.path + ".tmp", "wb") as f:
+            pickle.dump(dict(self), f)
+        os.replace(self.path + ".tmp", self.path)
+
+
+def _rank_entry(rank: int, world: int, directory: str, worker, args: tuple) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      IRIS_TIMEOUT=str(T_OK), GLOO_SOCKET_IFNAME="lo")
+    os.environ.pop("IRIS_DEBUG", None)
+    os.environ.pop("IRIS_ON_TIMEOUT", None)
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(directory, 'rendezvous')}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=T_OK))
+    report = Report(rank, os.path.join(directory, f"rank{rank}.pkl"))
+    try:
+        worker(rank, world, report, *args)
+        report["done"] = True
+    except BaseException:
+        report["crash"] = traceback.format_exc()[-4000:]
+    os._exit(0)  # peers may be gone: no collective clean-up at exit
+
+
+def _busy(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+class World:
+    def __init__(self, name, reports, exitcodes, seconds):
+        self.name, self.reports, self.exitcodes, self.seconds = name, reports, exitcodes, seconds
+
+    def __repr__(self):
+        return f"World({self.name}, exitcodes={self.exitcodes}, {self.seconds:.1f} s)"
+
+
+def run_worlds(specs: list, *, parallel: int = 3, bound: float = 240, busy: int = 0) -> list[World]:
+    """Run every ``(name, worker, world, args)`` of ``specs`` (``worker(rank, world, report, *args)``
+    on ``world`` ranks), at most ``parallel`` worlds at once, with ``busy`` busy processes
+    alongside; every world is killed at ``bound`` seconds. Their reports, exit codes, durations."""
+    _forkserver_ready()
+    results: list = [None] * len(specs)
+    pending = list(enumerate(specs))
+    running = []
+    hogs = [_MP.Process(target=_busy, args=(bound,), daemon=True) for _ in range(busy)]
+    for hog in hogs:
+        hog.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="iris-failstop-") as root:
+            while pending or running:
+                while pending and len(running) < parallel:
+                    index, (name, worker, world, args) = pending.pop(0)
+                    directory = os.path.join(root, str(index))
+                    os.mkdir(directory)
+                    procs = [_MP.Process(target=_rank_entry, args=(r, world, directory, worker, args), daemon=True)
+                             for r in range(world)]
+                    for p in procs:
+                        p.start()
+                    running.append((index, name, world, directory, procs, time.monotonic()))
+                time.sleep(0.05)
+                for entry in list(running):
+                    index, name, world, directory, procs, started = entry
+                    overdue = time.monotonic() - started > bound
+                    if all(p.exitcode is not None for p in procs) or overdue:
+                        for p in procs:
+                            if p.exitcode is None:
+                                p.kill()
+                            p.join()
+                        reports = []
+                        for r in range(world):
+                            path = os.path.join(directory, f"rank{r}.pkl")
+                            if os.path.exists(path):
+                                with open(path, "rb") as f:
+                                    reports.append(pickle.load(f))
+                            else:
+                                reports.append({})
+                        if overdue:
+                            for rep in reports:
+                                rep["overdue"] = f"the world was still running after {bound} s and was killed"
+                        results[index] = World(name, reports, [p.exitcode for p in procs],
+                                               time.monotonic() - started)
+                        running.remove(entry)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.join()
+    return results
+
+
+# -- calls and their references --------------------------------------------------------------------------------
+
+
+def _ints(shape, dtype, *seed, low=-8, high=9) -> torch.Tensor:
+    """Small integers as ``dtype``: sums and products of them are exact in every order."""
+    return torch.randint(low, high, shape, generator=seeded_generator(*seed)).to(dtype)
+
+
+def prepare(ctx, op: str, seed, n: int = N):
+    """``(call, expected, out)`` of ``op`` on this rank: ``call()`` makes the iris call and returns
+    its result, ``expected`` is torch's result from every rank's inputs (None: nothing to compare),
+    ``out`` the tensor a failed call must fill with NaN (None: no output)."""
+    world, rank = ctx.world_size, ctx.rank
+    kind, _, variant = op.partition("/")
+    if kind == "device_barrier":
+        return ctx.device_barrier, None, None
+    if kind in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
+        m, K, Nn = SHAPE
+        dtype = (torch.bfloat16, torch.float16)[len(str(seed)) % 2]
+        rows = m if kind == "all_gather_matmul" else world * m
+        a = [_ints((rows, K), dtype, op, seed, "a", q, low=-2, high=3) for q in range(world)]
+        b = [_ints((K, Nn), dtype, op, seed, "b", q, low=-2, high=3) for q in range(world)]
+        if kind == "all_gather_matmul":
+            expected = torch.cat([x.float() for x in a]) @ b[rank].float()
+        else:
+            total = sum(x.float() @ y.float() for x, y in zip(a, b))
+            expected = total[rank * m:(rank + 1) * m] if kind == "matmul_reduce_scatter" else total
+        out = torch.full(tuple(expected.shape), 12345.0, dtype=dtype)
+        fn = getattr(ctx.ops, kind)
+        return (lambda: fn(out, a[rank], b[rank], method=variant)), expected.to(dtype), out
+    xs = [_ints((n,), torch.float32, op, seed, q) for q in range(world)]
+    mine = xs[rank].clone()
+    if kind == "all_reduce":
+        total = xs[0].clone()
+        for x in xs[1:]:
+            total += x
+        return (lambda: ctx.ccl.all_reduce(mine, algorithm=variant)), total, mine
+    if kind == "all_gather":
+        out = torch.full((world * n,), 12345.0)
+        return (lambda: ctx.ccl.all_gather(out, mine)), torch.cat(xs), out
+    if kind == "reduce_scatter":
+        m = n // world
+        out = torch.full((m,), 12345.0)
+        return (lambda: ctx.ccl.reduce_scatter(out, mine)), sum(xs)[rank * m:(rank + 1) * m], out
+    if kind == "all_to_all":
+        out = torch.full((n,), 12345.0)
+        expected = torch.stack([x.view(world, -1)[rank] for x in xs]).reshape(-1)
+        return (lambda: ctx.ccl.all_to_all(out, mine)), expected, out
+    if kind == "broadcast":
+        src = len(str(seed)) % world
+        return (lambda: ctx.ccl.broadcast(mine, src=src)), xs[src], mine
+    raise ValueError(op)
+
+
+def attempt(ctx, op: str, seed, n: int = N) -> dict:
+    """Make the call; what happened: status ``exact`` / ``WRONG`` / ``raised`` / ``other``, its
+    duration, the error's message, whether a failed call's output is all NaN."""
+    call, expected, out = prepare(ctx, op, seed, n)
+    started = time.monotonic()
+    try:
+        result = call()
+        seconds = time.monotonic() - started
+        if expected is None or (result is not None and torch.equal(result.cpu(), expected)):
+            return dict(status="exact", seconds=seconds)
+        got = result.cpu().flatten()
+        wrong = (got != expected.flatten()).nonzero().flatten()
+        return dict(status="WRONG", seconds=seconds,
+                    detail=f"{wrong.numel()} of {got.numel()} elements differ, first at {wrong[:4].tolist()}: got "
+                           f"{got[wrong[:4]].tolist()}, expected {expected.flatten()[wrong[:4]].tolist()}")
+    except IrisError as error:
+        return dict(status="raised", seconds=time.monotonic() - started, type=type(error).__name__,
+                    message=str(error), nan=None if out is None else bool(out.float().isnan().all()))
+    except Exception as error:  # noqa: BLE001 - reported, and the test fails on it
+        return dict(status="other", seconds=time.monotonic() - started,
+                    message=f"{type(error).__name__}: {str(error)[-600:]}")
+
+
+def next_call(ctx) -> dict:
+    """Another iris call on the context (after a failure it must raise at once; a rank whose
+    peers stopped calling raises after the timeout)."""
+    started = time.monotonic()
+    try:
+        ctx.device_barrier()  # no workspace to allocate: a device-side wait only
+        return dict(status="returned", seconds=time.monotonic() - started, failed=ctx.failed)
+    except IrisError as error:
+        return dict(status="raised", seconds=time.monotonic() - started, message=str(error), failed=ctx.failed)
+    except Exception as error:  # noqa: BLE001 - reported, and the test fails on it
+        return dict(status="other", seconds=time.monotonic() - started, message=f"{type(error).__name__}: {error}",
+                    failed=ctx.failed)
+
+
+def bounded_destroy(ctx) -> dict:
+    started = time.monotonic()
+    try:
+        ctx.destroy()
+        error = None
+    except Exception as exc:  # noqa: BLE001 - a failed context's destroy may raise what it recorded
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return dict(seconds=time.monotonic() - started, error=error)
+
+
+def _create(timeout: float, **options):
+    return iris.create(heap_size="4MiB", device="cpu", timeout=timeout, **options)
+
+
+# -- workers (module level: ranks import them by name) ---------------------------------------------------------
+
+
+def _sync() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def dead_peer_worker(rank, world, report, how, ops, victim, seed, timeout):
+    """One context per op, each warmed up by a correct call; then ``victim`` dies (``how``:
+    sigkill / exit) and every other rank makes each op's call on its context."""
+    contexts = []
+    for op in ops:
+        _sync()
+        ctx = _create(timeout)
+        report[f"warm/{op}"] = attempt(ctx, op, ("warm", seed))
+        contexts.append(ctx)
+    _sync()
+    if rank == victim:
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(0)
+    time.sleep(0.2)  # the victim is gone
+    for op, ctx in zip(ops, contexts):
+        report[f"call/{op}"] = attempt(ctx, op, ("call", seed))
+        report[f"next/{op}"] = next_call(ctx)
+        report[f"destroy/{op}"] = bounded_destroy(ctx)
+
+
+def kill_during_worker(rank, world, report, op, victim, seed, kill_after, others_late, timeout):
+    """``victim`` kills itself ``kill_after`` s into its call (a timer thread); the others start
+    theirs ``others_late`` s after it (so with ``others_late > kill_after`` it dies inside the
+    call, waiting for them)."""
+    ctx = _create(timeout)
+    report[f"warm/{op}"] = attempt(ctx, op, ("warm", seed))
+    _sync()
+    if rank == victim:
+        timer = threading.Timer(kill_after, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.start()
+        report["victim_started"] = True
+        report["victim_call"] = attempt(ctx, op, ("call", seed))  # recorded only if it finished first
+        time.sleep(60)
+    time.sleep(others_late)
+    report[f"call/{op}"] = attempt(ctx, op, ("call", seed))
+    report[f"next/{op}"] = next_call(ctx)
+    report[f"destroy/{op}"] = bounded_destroy(ctx)
+
+
+def late_peer_worker(rank, world, report, ops, victim, seed, late, timeout, victim_next):
+    """For each op, a fresh context: a correct call, then ``victim`` makes the next call ``late``
+    seconds after the others."""
+    for op in ops:
+        _sync()
+        ctx = _create(timeout)
+        report[f"warm/{op}"] = attempt(ctx, op, ("warm", seed))
+        _sync()
+        if rank == victim:
+            time.sleep(late)
+            report[f"late_call/{op}"] = attempt(ctx, op, ("call", seed))
+            if victim_next:
+                report[f"late_next/{op}"] = next_call(ctx)
+        else:
+            report[f"call/{op}"] = attempt(ctx, op, ("call", seed))
+            report[f"next/{op}"] = next_call(ctx)
+        report[f"failed/{op}"] = ctx.failed  # not destroyed: destroy is checked in the dead-peer test
+
+
+def slow_peer_worker(rank, world, report, ops, calls, delays, seed):
+    """Consecutive calls of each op, new data every call, one rank (a different one per op) late
+    by ``delays[i]`` seconds (< the timeout) before call i: every call exact."""
+    ctx = _create(T_OK)
+    for index, op in enumerate(ops):
+        late = (index + len(str(seed))) % world
+        _sync()
+        for i in range(calls):
+            if rank == late:
+                time.sleep(delays[(index + i) % len(delays)])
+            report[f"slow/{op}/{i}"] = attempt(ctx, op, ("slow", seed, i), n=N + 6 * world * (i % 3))
+    _sync()
+    ctx.destroy()
+
+
+def mixed_worker(rank, world, report, ops, rounds, seed):
+    """Every op, ``rounds`` times, no fault (run under CPU load): every call exact."""
+    ctx = _create(T_OK)
+    for r in range(rounds):
+        for op in ops:
+            report[f"load/{op}/{r}"] = attempt(ctx, op, ("load", seed, r))
+    _sync()
+    ctx.destroy()
+
+
+# -- checking ----------------------------------------------------------------------------------------------------
+
+
+def _survivor_problems(world: World, victim: int, timeout: float, *, must_raise: bool, upper: float,
+                       lower: float | None = None) -> list[str]:
+    """Problems on the surviving ranks: a call that returned a wrong value normally (or raised
+    something else than an IrisError), a failed call whose output is not NaN, a give-up outside
+    [lower, upper] seconds, a next call that did not raise, a destroy that hung."""
+    problems = []
+    lower = timeout if lower is None else lower
+    for rank, rep in enumerate(world.reports):
+        if rank == victim:
+            continue
+        where = f"{world.name} rank {rank}"
+        for key in ("crash", "overdue"):
+            if key in rep:
+                problems.append(f"{where}: {key}: {rep[key]}")
+        if "done" not in rep:
+            problems.append(f"{where}: did not finish (exit code {world.exitcodes[rank]})")
+        for key, value in rep.items():
+            if not isinstance(value, dict):
+                continue
+            op = key.split("/", 1)[1]
+            if key.startswith("warm/") and value["status"] != "exact":
+                problems.append(f"{where}: the warm-up {op} before any fault: {value}")
+            if key.startswith("call/"):
+                status = value["status"]
+                if status in ("WRONG", "other"):
+                    problems.append(f"{where}: {op} returned normally with a wrong value or raised a non-iris "
+                                    f"error: {value}")
+                elif status == "exact" and must_raise:
+                    problems.append(f"{where}: {op} returned normally although a peer never made the call "
+                                    f"(the give-up was not recorded?)")
+                elif status == "raised":
+                    if value["nan"] is False:
+                        problems.append(f"{where}: {op} raised but its output is not all NaN")
+                    if not lower <= value["seconds"] <= upper:
+                        problems.append(f"{where}: {op} gave up after {value['seconds']:.2f} s, outside "
+                                        f"[{lower:.2f}, {upper:.2f}] (timeout {timeout} s)")
+                    if value["type"] != "IrisTimeoutError" or "a device-side wait failed" not in value["message"]:
+                        problems.append(f"{where}: {op} raised an unexpected error: {value['message'][:300]}")
+                nxt = rep.get(f"next/{op}")
+                if nxt is None or nxt["status"] != "raised" or not nxt["failed"]:
+                    problems.append(f"{where}: the call after {op} ({status}) did not raise with a failed context: "
+                                    f"{nxt}")
+                elif status == "raised" and ("failed earlier" not in nxt["message"] or nxt["seconds"] > 0.5):
+                    problems.append(f"{where}: the call after a failed {op} did not raise at once naming the earlier "
+                                    f"failure: {nxt}")
+            if key.startswith("destroy/") and rep.get(f"call/{op}", {}).get("status") == "raised" and (
+                    value["error"] is not None or value["seconds"] > 0.5):
+                problems.append(f"{where}: destroy of the context whose {op} failed waited for peers or raised "
+                                f"({value['seconds']:.2f} s): {value['error']}")
+    return problems
+
+
+def _seeds(base: str) -> list:
+    return [base] + [f"{base}-chaos{i}" for i in range(CHAOS_ITERS)]
+
+
+def _split(ops, world_sizes=(2, 3)) -> list[tuple[int, tuple]]:
+    """Short mode: each op on one world size (alternating); long mode: every op on every size."""
+    if CHAOS_ITERS:
+        return [(w, tuple(ops)) for w in world_sizes]
+    return [(w, tuple(op for i, op in enumerate(ops) if i % len(world_sizes) == k)) for k, w in enumerate(world_sizes)]
+
+
+# -- tests ------------------------------------------------------------------------------------------------------
+
+
+def test_a_dead_peer_makes_every_call_raise_with_nan_outputs():
+    """SIGKILL and os._exit before the call, for every collective and ctx.ops call: each survivor's
+    call raises IrisTimeoutError within [1.0, 1.5] x timeout (+ slack: worlds run side by side),
+    its output NaN, the next call raises at once, destroy does not wait. A give-up that is not
+    recorded (the call returns NaN normally) fails here for any op."""
+    specs = []
+    for seed in _seeds("dead"):
+        rng = random.Random(seed)
+        for how in ("sigkill", "exit"):
+            for world, ops in _split(OPS):
+                victim = rng.randrange(world) if CHAOS_ITERS else world - 1
+                specs.append((f"{how}/{world}/{seed}", dead_peer_worker, world, (how, ops, victim, seed, T)))
+    results = run_worlds(specs, parallel=3)
+    problems = []
+    for (name, _, world, args), result in zip(specs, results):
+        victim = args[2]
+        expected_exit = -signal.SIGKILL if args[0] == "sigkill" else 0
+        if result.exitcodes[victim] != expected_exit:
+            problems.append(f"{name}: the victim exited with {result.exitcodes[victim]}")
+        problems += _survivor_problems(result, victim, T, must_raise=True, upper=T + LOADED_SLACK)
+        calls = [k for rep in result.reports for k in rep if k.startswith("call/")]
+        if len(calls) < (world - 1) * len(args[1]):
+            problems.append(f"{name}: only {len(calls)} calls reported")
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_a_give_up_happens_between_1x_and_1_5x_of_the_timeout():
+    """Quiet: one world at a time, a dead peer; each give-up within [1.0, 1.5] x timeout."""
+    timeout = 2.0
+    ops = ("all_reduce/one_shot", "all_reduce/sentinel", "all_reduce/low_latency", "device_barrier",
+           "matmul_reduce_scatter/fused", "all_gather_matmul/fused")
+    results = run_worlds([("timing/2", dead_peer_worker, 2, ("sigkill", ops, 1, "timing", timeout))], parallel=1)
+    problems = _survivor_problems(results[0], 1, timeout, must_raise=True, upper=1.5 * timeout)
+    seconds = {k: round(v["seconds"], 2) for k, v in results[0].reports[0].items() if k.startswith("call/")}
+    assert len(seconds) == len(ops), results[0].reports[0]
+    assert not problems, "\n".join(problems) + f"\n{seconds}"
+
+
+def test_a_peer_killed_during_the_call_never_yields_a_wrong_value():
+    """The victim dies inside its call: while waiting for the others (they start after it), or
+    racing them. Survivors: exact, or IrisTimeoutError with NaN output; the next call raises."""
+    specs = []
+    for seed in _seeds("during"):
+        rng = random.Random(seed)
+        for index, op in enumerate(OPS):
+            world = (2, 3)[index % 2] if not CHAOS_ITERS else rng.choice((2, 3))
+            victim = world - 1 if not CHAOS_ITERS else rng.randrange(world)
+            if CHAOS_ITERS:
+                kill_after, late = rng.uniform(0.0, 0.4), rng.choice((0.0, rng.uniform(0.0, 0.6)))
+            else:
+                kill_after, late = (0.2, 0.5) if index % 4 < 2 else (0.03, 0.0)
+            specs.append((f"during/{op}/{world}/{seed}", kill_during_worker, world,
+                          (op, victim, seed, kill_after, late, T)))
+    results = run_worlds(specs, parallel=4)
+    problems = []
+    for (name, _, world, args), result in zip(specs, results):
+        victim = args[1]
+        if result.exitcodes[victim] != -signal.SIGKILL:
+            problems.append(f"{name}: the victim exited with {result.exitcodes[victim]}")
+        # The give-up starts once the survivor's wait does: at most ``late`` + the call's work late.
+        problems += _survivor_problems(result, victim, T, must_raise=False, upper=T + args[4] + LOADED_SLACK)
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_a_peer_late_by_more_than_the_timeout():
+    """Survivors raise within the bound (NaN outputs); the late rank's call returns exactly the
+    reference or raises, and its next call raises: nobody returns a wrong value."""
+    specs = []
+    for seed in _seeds("late"):
+        rng = random.Random(seed)
+        for world, ops in _split(OPS):
+            victim = rng.randrange(world) if CHAOS_ITERS else world - 1
+            late = T + (rng.uniform(0.2, 1.0) if CHAOS_ITERS else 0.4)
+            specs.append((f"late/{world}/{seed}", late_peer_worker, world, (ops, victim, seed, late, T, True)))
+    results = run_worlds(specs, parallel=2)
+    problems = []
+    for (name, _, world, args), result in zip(specs, results):
+        victim = args[1]
+        problems += _survivor_problems(result, victim, T, must_raise=True, upper=T + LOADED_SLACK)
+        rep = result.reports[victim]
+        for op in args[0]:
+            late_call, late_next = rep.get(f"late_call/{op}"), rep.get(f"late_next/{op}")
+            if late_call is None or late_call["status"] not in ("exact", "raised"):
+                problems.append(f"{name}: the late rank's {op}: {late_call}")
+            elif late_call["status"] == "raised" and late_call["nan"] is False:
+                problems.append(f"{name}: the late rank's {op} raised without NaN output")
+            if late_next is None or late_next["status"] != "raised":
+                problems.append(f"{name}: the late rank's call after {op} did not raise: {late_next}")
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_a_peer_late_by_less_than_the_timeout_gets_exact_results_every_call():
+    """Consecutive calls of every op with new data (and sizes) each call, one rank delayed before
+    every call: all exact. Stale data from a collapsed workspace slot, or a wait that accepts
+    another call's flag, shows here as a wrong value or a timeout."""
+    specs = []
+    for seed in _seeds("slow"):
+        rng = random.Random(seed)
+        delays = (0.15, 0.3, 0.05) if not CHAOS_ITERS else tuple(rng.uniform(0.0, 0.4) for _ in range(5))
+        for world in (2, 3):
+            specs.append((f"slow/{world}/{seed}", slow_peer_worker, world, (OPS, 4, delays, seed)))
+    results = run_worlds(specs, parallel=2)
+    problems = []
+    for result in results:
+        for rank, rep in enumerate(result.reports):
+            for key in ("crash", "overdue"):
+                if key in rep:
+                    problems.append(f"{result.name} rank {rank}: {rep[key]}")
+            checks = {k: v for k, v in rep.items() if k.startswith("slow/")}
+            if len(checks) != len(OPS) * 4:
+                problems.append(f"{result.name} rank {rank}: {len(checks)} calls reported of {len(OPS) * 4}")
+            problems += [f"{result.name} rank {rank}: {k}: {v}" for k, v in checks.items() if v["status"] != "exact"]
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_busy_cpus_change_no_result():
+    """Busy processes on both cores: every op, twice, exact; then a dead peer under the same load
+    still makes every survivor raise (bound: timeout + slack)."""
+    seeds = _seeds("load")
+    specs = [(f"load/{w}/{s}", mixed_worker, w, (OPS, 2, s)) for s in seeds for w in (2, 3)]
+    specs += [(f"load-dead/{w}/{s}", dead_peer_worker, w, ("sigkill", ops, w - 1, s, T))
+              for s in seeds for w, ops in _split(ALL_REDUCE + ("all_gather", "matmul_reduce_scatter/fused"))]
+    results = run_worlds(specs, parallel=2, busy=3)
+    problems = []
+    for spec, result in zip(specs, results):
+        if spec[1] is mixed_worker:
+            for rank, rep in enumerate(result.reports):
+                checks = {k: v for k, v in rep.items() if k.startswith("load/")}
+                if len(checks) != 2 * len(OPS) or "done" not in rep:
+                    problems.append(f"{result.name} rank {rank}: {len(checks)} calls, {rep.get('crash')}")
+                problems += [f"{result.name} rank {rank}: {k}: {v}" for k, v in checks.items()
+                             if v["status"] != "exact"]
+        else:
+            problems += _survivor_problems(result, spec[2] - 1, T, must_raise=True, upper=T + 2 * LOADED_SLACK)
+    assert not problems, "\n".join(problems[:40])
+
+
+# -- the sentinel's bit pattern and NaNs -----------------------------------------------------------------------
+
+#: Bit patterns of each dtype fed through the sentinel and low-latency all_reduce: the sentinel
+#: (all ones), NaNs of either sign and other payloads, infinities, zeros of either sign, ordinary values.
+SPECIAL_BITS = {
+    torch.float16: (0xFFFF, 0x7FFF, 0xFE00, 0x7E00, 0xFC01, 0x7C00, 0xFC00, 0x8000, 0x0000, 0x3C00, 0xBC00, 0x0001),
+    torch.bfloat16: (0xFFFF, 0x7FFF, 0xFFC0, 0x7FC0, 0xFF81, 0x7F80, 0xFF80, 0x8000, 0x0000, 0x3F80, 0xBF80, 0x0080),
+    torch.float32: (0xFFFFFFFF, 0x7FFFFFFF, 0xFFC00000, 0x7FC00000, 0xFF800001, 0x7F800000, 0xFF800000, 0x80000000,
+                    0x00000000, 0x3F800000, 0xBF800000, 0x00000001),
+}
+_INT_OF = {2: torch.int16, 4: torch.int32}
+
+
+def special_inputs(dtype, world: int, n: int, seed) -> list[torch.Tensor]:
+    """Every rank's input: special bit patterns at random places, small integers elsewhere;
+    element 0..k of rank 0 are each pattern against ones, so every pattern meets an ordinary value."""
+    width = torch.finfo(dtype).bits
+    patterns = torch.tensor([b - (1 << width) if b >> (width - 1) else b for b in SPECIAL_BITS[dtype]],
+                            dtype=_INT_OF[width // 8])
+    out = []
+    for q in range(world):
+        g = seeded_generator("special", str(dtype), seed, q)
+        x = torch.randint(-4, 5, (n,), generator=g).to(dtype)
+        bits = x.view(patterns.dtype)
+        where = torch.rand(n, generator=g) < 0.3
+        bits[where] = patterns[torch.randint(0, len(patterns), (int(where.sum()),), generator=g)]
+        if q == 0:
+            bits[:len(patterns)] = patterns
+        out.append(bits.view(dtype))
+    return out
+
+
+def torch_reduction(xs: list, op: str) -> torch.Tensor:
+    acc = xs[0].float()
+    for x in xs[1:]:
+        acc = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}[op](acc, x.float())
+    return acc.to(xs[0].dtype)
+
+
+def same_bits(got: torch.Tensor, expected: torch.Tensor) -> tuple[bool, str]:
+    """NaN where torch gives NaN, the same bits elsewhere."""
+    nan_g, nan_e = got.isnan(), expected.isnan()
+    ints = _INT_OF[got.element_size()]
+    differ = (nan_g != nan_e) | (~nan_e & (got.view(ints) != expected.view(ints)))
+    where = differ.nonzero().flatten()[:4]
+    return not bool(differ.any()), (f"{int(differ.sum())} differ, at {where.tolist()}: got "
+                                    f"{[hex(v & 0xFFFFFFFF) for v in got.view(ints)[where].tolist()]}, torch "
+                                    f"{[hex(v & 0xFFFFFFFF) for v in expected.view(ints)[where].tolist()]}")
+
+
+def special_bits_worker(rank, world, report, seed):
+    ctx = _create(3.0)
+    for algorithm in ("sentinel", "low_latency"):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            for op in ("sum", "max", "min"):
+                for n in (64, 257):
+                    xs = special_inputs(dtype, world, n, (seed, algorithm, op, n))
+                    mine = xs[rank].clone()
+                    key = f"bits/{algorithm}/{str(dtype)[6:]}/{op}/{n}"
+                    try:
+                        ctx.ccl.all_reduce(mine, op=op, algorithm=algorithm)
+                        ok, detail = same_bits(mine, torch_reduction(xs, op))
+                        report[key] = True if ok else detail
+                    except IrisError as error:
+                        report[key] = f"raised: {str(error)[:300]}"
+                        return
+    _sync()
+    ctx.destroy()
+
+
+def test_sentinel_and_nan_patterns_give_torchs_bits():
+    """All-ones elements (the sentinel's pattern), NaNs and infinities through the sentinel and
+    low-latency all_reduce: NaN where torch gives NaN, torch's bits elsewhere. Without the
+    sentinel escape in _sendable, an all-ones input is never seen as arrived: a timeout."""
+    specs = [(f"bits/{w}/{s}", special_bits_worker, w, (s,)) for s in _seeds("bits") for w in (2, 3)]
+    results = run_worlds(specs, parallel=2)
+    problems = []
+    for result in results:
+        for rank, rep in enumerate(result.reports):
+            checks = {k: v for k, v in rep.items() if k.startswith("bits/")}
+            if len(checks) != 2 * 3 * 3 * 2 or "done" not in rep:
+                problems.append(f"{result.name} rank {rank}: {len(checks)} checks; {rep.get('crash')}")
+            problems += [f"{result.name} rank {rank}: {k}: {v}" for k, v in checks.items() if v is not True]
+    assert not problems, "\n".join(problems[:40])
+
+
+# -- on_timeout="trap" ----------------------------------------------------------------------------------------
+
+
+def trap_worker(rank, world, report, op):
+    ctx = _create(T, on_timeout="trap")
+    report["warm"] = attempt(ctx, op, "warm")
+    _sync()
+    if rank == 1:
+        os._exit(0)
+    time.sleep(0.2)
+    report["calling"] = True
+    report["call"] = attempt(ctx, op, "call")  # the process ends inside the call
+    report["after"] = True
+
+
+def test_on_timeout_trap_ends_the_rank_with_sigabrt():
+    results = run_worlds([(f"trap/{op}", trap_worker, 2, (op,)) for op in ("all_reduce/one_shot", "device_barrier")],
+                         parallel=2)
+    for result in results:
+        rep = result.reports[0]
+        assert rep.get("warm", {}).get("status") == "exact", rep
+        assert rep.get("calling") is True, rep
+        assert "call" not in rep and "after" not in rep, rep
+        assert result.exitcodes[0] == -signal.SIGABRT, result
+        assert result.exitcodes[1] == 0, result
+
+
+# -- mismatched calls -----------------------------------------------------------------------------------------
+
+MISMATCHES = {
+    "size": (("all_reduce", 100, torch.float32, "sum", None), ("all_reduce", 200, torch.float32, "sum", None)),
+    "size/one_shot": (("all_reduce", 100, torch.float32, "sum", "one_shot"),
+                      ("all_reduce", 200, torch.float32, "sum", "one_shot")),
+    "size/sentinel": (("all_reduce", 100, torch.float32, "sum", "sentinel"),
+                      ("all_reduce", 200, torch.float32, "sum", "sentinel")),
+    "collective": (("all_reduce", 100, torch.float32, "sum", None), ("all_gather", 100, torch.float32, "sum", None)),
+    "collective/one_shot": (("all_reduce", 100, torch.float32, "sum", "one_shot"),
+                            ("all_gather", 100, torch.float32, "sum", None)),
+    "dtype": (("all_reduce", 100, torch.float32, "sum", None), ("all_reduce", 100, torch.float16, "sum", None)),
+    "dtype/sentinel": (("all_reduce", 100, torch.float32, "sum", "sentinel"),
+                       ("all_reduce", 100, torch.float16, "sum", "sentinel")),
+    "op": (("all_reduce", 100, torch.float32, "sum", None), ("all_reduce", 100, torch.float32, "max", None)),
+    "algorithm": (("all_reduce", 100, torch.float32, "sum", "one_shot"),
+                  ("all_reduce", 100, torch.float32, "sum", "two_shot")),
+}
+
+
+def mismatch_call(ctx, call, seed):
+    """``(run, expected)``: the call, and its result had every rank made the same call."""
+    collective, n, dtype, op, algorithm = call
+    world, rank = ctx.world_size, ctx.rank
+    xs = [_ints((n,), dtype, "mismatch", seed, repr(call), q) for q in range(world)]
+    mine = xs[rank].clone()
+    if collective == "all_gather":
+        out = torch.full((world * n,), 12345.0, dtype=dtype)
+        return (lambda: ctx.ccl.all_gather(out, mine)), torch.cat(xs)
+    return (lambda: ctx.ccl.all_reduce(mine, op=op, algorithm=algorithm)), torch_reduction(xs, op)
+
+
+def mismatch_worker(rank, world, report, case, seed):
+    ctx = _create(1.5)
+    report["warm"] = attempt(ctx, "all_reduce/one_shot", "warm")
+    _sync()
+    run, expected = mismatch_call(ctx, MISMATCHES[case][min(rank, 1)], seed)
+    try:
+        result = run()
+        report["outcome"] = "exact" if torch.equal(result, expected) else (
+            f"WRONG: returned normally, {int((result != expected).sum())} of {result.numel()} elements differ from "
+            f"its own call's reference, e.g. {result[:4].tolist()} vs {expected[:4].tolist()}")
+    except IrisError as error:
+        report["outcome"] = f"raised {type(error).__name__}: {str(error)[:200]}"
+    bounded_destroy(ctx)
+
+
+def test_mismatched_calls_raise_or_return_exactly_their_own_reference():
+    specs = [(f"mismatch/{case}/{s}", mismatch_worker, 2, (case, s)) for case in MISMATCHES for s in _seeds("mm")]
+    results = run_worlds(specs, parallel=3)
+    problems = []
+    for result in results:
+        for rank, rep in enumerate(result.reports):
+            outcome = rep.get("outcome", f"no outcome: {rep.get('crash') or rep.get('overdue')}")
+            if rep.get("warm", {}).get("status") != "exact" or not (outcome == "exact" or outcome.startswith("raised")):
+                problems.append(f"{result.name} rank {rank}: {outcome}")
+    assert not problems, "\n".join(problems)
