@@ -6,6 +6,10 @@ on rank 1 (``signal``: an atomic exchange with release semantics at system scope
 acknowledges, so the producer never overwrites a message before it was read. Every round sends
 a different message; the consumer keeps all of them and the host compares them with torch.
 
+A wait is bounded in wall-clock time: ``wait_until`` gives up after ``ctx.timeout_ns``
+nanoseconds (the context's timeout, ``create(timeout=seconds)``) and returns False; each kernel
+reports whether all of its waits succeeded, so a lost peer shows as a failed exchange, not a hang.
+
     python examples/message_passing.py [--rounds 100] [--size 1024] [--backend gluon]
 
 Runs on 2 GPUs when there are, else on 2 CPU ranks (Triton's interpreter). The kernels are
@@ -23,31 +27,35 @@ import triton.language as tl
 import iris
 
 
-def producer_kernel(context, source, mailbox, flag, ack, rounds, n, max_spins, CTX: tl.constexpr,
+def producer_kernel(context, source, mailbox, flag, ack, waits_ok, rounds, n, timeout_ns, CTX: tl.constexpr,
                     RANK: tl.constexpr, PEER: tl.constexpr, BLOCK: tl.constexpr):
     dctx = CTX.initialize(context, RANK, 2)
     offs = dctx.block_offsets(source, 0, BLOCK)
+    ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
     for r in range(1, rounds + 1):
         # Wait until the consumer has read the previous message (ack is on our own heap).
-        dctx.wait_until(ack, r - 1, RANK, max_spins)
+        ok = ok & dctx.wait_until(ack, r - 1, RANK, timeout_ns)
         for start in range(0, n, BLOCK):
             mask = start + offs < n
             message = tl.load(source + (r % 7) * n + start + offs, mask=mask) + r
             dctx.store(mailbox + start + offs, message, PEER, mask=mask)
         dctx.signal(flag, r, PEER)
+    tl.store(waits_ok, ok.to(tl.int32))
 
 
-def consumer_kernel(context, mailbox, flag, ack, received, rounds, n, max_spins, CTX: tl.constexpr,
+def consumer_kernel(context, mailbox, flag, ack, received, waits_ok, rounds, n, timeout_ns, CTX: tl.constexpr,
                     RANK: tl.constexpr, PEER: tl.constexpr, BLOCK: tl.constexpr):
     dctx = CTX.initialize(context, RANK, 2)
     offs = dctx.block_offsets(mailbox, 0, BLOCK)
+    ok = tl.program_id(0) >= 0
     for r in range(1, rounds + 1):
-        dctx.wait_until(flag, r, RANK, max_spins)
+        ok = ok & dctx.wait_until(flag, r, RANK, timeout_ns)
         for start in range(0, n, BLOCK):
             mask = start + offs < n
             message = tl.load(mailbox + start + offs, mask=mask, volatile=True)
             tl.store(received + (r - 1) * n + start + offs, message, mask=mask)
         dctx.signal(ack, r, PEER)
+    tl.store(waits_ok, ok.to(tl.int32))
 
 
 def expected_messages(source: torch.Tensor, rounds: int) -> torch.Tensor:
@@ -58,22 +66,26 @@ def expected_messages(source: torch.Tensor, rounds: int) -> torch.Tensor:
 
 def exchange(ctx, rounds: int, n: int, block: int = 256) -> bool:
     """Run ``rounds`` messages of ``n`` floats from rank 0 to rank 1; True on rank 1 when every
-    message arrived intact and in order (rank 0 returns True once it has sent them all)."""
+    wait succeeded and every message arrived intact and in order (rank 0 returns True once it
+    has sent them all, every wait for an acknowledgement having succeeded)."""
     generator = torch.Generator(device=ctx.device).manual_seed(0)
     source = torch.randn(7, n, generator=generator, device=ctx.device)
     mailbox = ctx.zeros(n, dtype=torch.float32)
     flags = ctx.zeros(2, dtype=torch.int32)  # [flag, ack]
     received = torch.full((rounds, n), float("nan"), device=ctx.device)
+    waits_ok = torch.zeros(1, dtype=torch.int32, device=ctx.device)
     ctx.barrier()
     front = ctx.frontend  # compiles the kernels as Triton or as Gluon kernels, per the backend
-    common = dict(rounds=rounds, n=n, max_spins=ctx.max_spins, CTX=front.device_context, RANK=ctx.rank,
+    common = dict(rounds=rounds, n=n, timeout_ns=ctx.timeout_ns, CTX=front.device_context, RANK=ctx.rank,
                   PEER=1 - ctx.rank, BLOCK=block)
     context = ctx.get_device_context()
     if ctx.rank == 0:
-        front.kernel(producer_kernel)[(1,)](context, source, mailbox, flags[0:], flags[1:], **common)
+        front.kernel(producer_kernel)[(1,)](context, source, mailbox, flags[0:], flags[1:], waits_ok, **common)
     else:
-        front.kernel(consumer_kernel)[(1,)](context, mailbox, flags[0:], flags[1:], received, **common)
+        front.kernel(consumer_kernel)[(1,)](context, mailbox, flags[0:], flags[1:], received, waits_ok, **common)
     ctx.barrier()
+    if waits_ok.item() != 1:
+        return False
     if ctx.rank == 0:
         return True
     return bool(torch.equal(received, expected_messages(source, rounds)))

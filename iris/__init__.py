@@ -20,6 +20,7 @@ from iris.errors import (
     IrisError,
     IrisTimeoutError,
     NotOnHeapError,
+    RankFailedError,
 )
 from iris.registry import available_backends, is_backend_available, register_backend
 from iris.spawn import spawn
@@ -56,6 +57,7 @@ __all__ = [
     "IrisError",
     "IrisTimeoutError",
     "NotOnHeapError",
+    "RankFailedError",
     "available_backends",
     "create",
     "iris",

@@ -97,6 +97,13 @@ class Communicator:
         dist.broadcast(tensor, src=src, group=self.group)
         return tensor
 
+    def host_max(self, values: list[int]) -> list[int]:
+        """The element-wise maximum of every rank's ``values`` (int64), over the host group
+        (gloo on every device, as for the barrier): one small exchange."""
+        extremes = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._barrier_group)
+        return extremes.tolist()
+
     def barrier(self) -> None:
         """Wait until every rank arrives (host side); IrisTimeoutError naming the ranks that did
         not arrive within the timeout (rank 0 knows them; the others learn that it failed)."""

@@ -12,6 +12,7 @@ __all__ = [
     "NotOnHeapError",
     "AsymmetricHeapError",
     "IrisTimeoutError",
+    "RankFailedError",
 ]
 
 
@@ -25,6 +26,10 @@ class BackendNotFoundError(IrisError, LookupError):
 
 class HeapExhaustedError(IrisError, MemoryError):
     """The symmetric heap has no free block large enough for an allocation."""
+
+    def __reduce__(self):
+        # Rebuilt from its fields, not its message: it crosses process boundaries (iris.spawn).
+        return type(self), (self.requested, self.free, self.largest_block, self.heap_size)
 
     def __init__(self, requested: int, free: int, largest_block: int, heap_size: int):
         self.requested = requested
@@ -44,11 +49,26 @@ class NotOnHeapError(IrisError, ValueError):
 
 
 class AsymmetricHeapError(IrisError):
-    """Ranks made different allocation or free calls (checked with IRIS_DEBUG=1)."""
+    """Ranks made different allocation or free calls (found at every barrier; with IRIS_DEBUG=1
+    at the call itself)."""
 
 
 class IrisTimeoutError(IrisError, TimeoutError):
-    """A wait on peers did not complete in time."""
+    """A wait on peers did not complete in time, or a peer made a different call: the call's
+    outputs hold NaN and the context is failed."""
+
+
+class RankFailedError(IrisError):
+    """A rank of a launch ended without a result: its process exited or was killed, or it raised
+    an exception that cannot be rebuilt here as its own type (the message has its traceback)."""
+
+    def __init__(self, message: str, rank: int, exitcode: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+
+    def __reduce__(self):
+        return type(self), (str(self), self.rank, self.exitcode)
 
 
 def format_bytes(n: int) -> str:

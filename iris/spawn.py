@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from iris.bootstrap import default_device_type
-from iris.errors import IrisError
+from iris.errors import RankFailedError
 
 __all__ = ["RankFailedError", "die_with_parent", "end_processes", "loopback_store", "rank_environment", "spawn"]
 
@@ -37,16 +37,6 @@ TERMINATE_GRACE = 3.0
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 T = TypeVar("T")
-
-
-class RankFailedError(IrisError):
-    """A rank of a launch ended without a result: its process exited or was killed, or it raised
-    an exception that cannot be rebuilt here as its own type (the message has its traceback)."""
-
-    def __init__(self, message: str, rank: int, exitcode: int | None = None):
-        super().__init__(message)
-        self.rank = rank
-        self.exitcode = exitcode
 
 
 def rank_environment(nprocs: int, device: str, port: int) -> dict[str, str]:

@@ -5,7 +5,8 @@ decoration time, and those cannot be compiled)::
 
     python tests/ptx_kernels.py
 
-prints one JSON object: ``{"ops": {name: [unique memory instructions]}, "errors": {name: text}}``.
+prints one JSON object: ``{"ops": {name: [unique memory instructions]}, "markers": {name: [special
+registers read, and "trap"]}, "errors": {name: text}}``.
 An instruction is the first token of a PTX line with its predicate removed, e.g.
 ``ld.global.v4.b32`` or ``atom.global.sys.acq_rel.add.f32``; only loads, stores, atomics,
 reductions and fences are listed. One process compiles everything, so the tests pay Triton's
@@ -254,36 +255,39 @@ def signal_sem_scope(flag, out, heap_bases, peer, RANK: tl.constexpr, SEM: tl.co
 
 
 @triton.jit
-def wait_default(flag, out, heap_bases, peer, max_spins, RANK: tl.constexpr):
-    tl.store(out, iris.wait_until(flag, 7, RANK, peer, heap_bases, max_spins).to(tl.int32))
+def wait_default(flag, out, heap_bases, peer, timeout_ns, RANK: tl.constexpr):
+    tl.store(out, iris.wait_until(flag, 7, RANK, peer, heap_bases, timeout_ns).to(tl.int32))
 
 
 @triton.jit
-def wait_cmp(flag, out, heap_bases, peer, max_spins, RANK: tl.constexpr, CMP: tl.constexpr):
-    tl.store(out, iris.wait_until(flag, 7, RANK, peer, heap_bases, max_spins, CMP=CMP).to(tl.int32))
+def wait_cmp(flag, out, heap_bases, peer, timeout_ns, RANK: tl.constexpr, CMP: tl.constexpr):
+    tl.store(out, iris.wait_until(flag, 7, RANK, peer, heap_bases, timeout_ns, CMP=CMP).to(tl.int32))
 
 
 @triton.jit
-def wait_sem_scope(flag, out, heap_bases, peer, max_spins, RANK: tl.constexpr, SEM: tl.constexpr,
+def wait_sem_scope(flag, out, heap_bases, peer, timeout_ns, RANK: tl.constexpr, SEM: tl.constexpr,
                    SCOPE: tl.constexpr):
-    ok = iris.wait_until(flag, 7, RANK, peer, heap_bases, max_spins, sem=SEM, scope=SCOPE)
+    ok = iris.wait_until(flag, 7, RANK, peer, heap_bases, timeout_ns, sem=SEM, scope=SCOPE)
     tl.store(out, ok.to(tl.int32))
 
 
-def signal_wait_ctx(context, flag, out, peer, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
+def signal_wait_ctx(context, flag, out, peer, timeout_ns, CTX: tl.constexpr, RANK: tl.constexpr,
                     WORLD: tl.constexpr):
     dctx = CTX.initialize(context, RANK, WORLD)
     old = dctx.signal(flag, 7, peer)
-    ok = dctx.wait_until(flag + 1, 7, RANK, max_spins, CMP="eq")
+    ok = dctx.wait_until(flag + 1, 7, RANK, timeout_ns, CMP="eq")
     tl.store(out, old + ok.to(tl.int32))
 
 
 # -- what to compile -----------------------------------------------------------------------------------
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
-              "flag": "*i32", "out": "*i32", "state_ptr": "*i32"}
-_INT_ARGS = {"n", "m", "words", "stride", "slot_stride", "peer", "max_spins", "rank", "world_size", "programs",
-             "capacity", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride"}
+              "flag": "*i32", "out": "*i32", "state_ptr": "*i32", "faults": "*i32", "host_faults": "*i32"}
+_INT_ARGS = {"n", "m", "words", "stride", "slot_stride", "peer", "rank", "world_size", "programs", "out_numel",
+             "capacity", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride", "signature"}
+#: 64-bit integer arguments: a context's timeout in nanoseconds passes 2**31 from about 2.1 s on
+#: (the default, 300 s, is 3e11), and Triton's launcher then specializes it as i64.
+_INT64_ARGS = {"timeout_ns"}
 
 
 def _spec(fn, constexprs=None, types=None, divisible=("buf", "out", "a", "b", "f32", "i32", "i64")):
@@ -301,6 +305,8 @@ def _spec(fn, constexprs=None, types=None, divisible=("buf", "out", "a", "b", "f
             signature[name] = types[name]
         elif name in _INT_ARGS:
             signature[name] = "i32"
+        elif name in _INT64_ARGS:
+            signature[name] = "i64"
         else:
             signature[name] = _PTR_TYPES[name]
     attrs = {(names.index(name),): [["tt.divisibility", 16]]
@@ -348,13 +354,14 @@ def _ccl_specs(frontend) -> dict:
     launches it; Gluon's keys get a ``gluon:`` prefix."""
     prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
     types = {name: "*bf16" for name in ("inp", "out", "ws")}
-    types.update(sync="*i32", failures="*i32")
+    types.update(sync="*i32")
     out = {}
     for name, (push, middle, consume) in CCL_STEPS.items():
         constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle, CONSUME=consume,
                           OP="sum", SRC=1, SITE=2, **{k: v for k, v in ccl.launch_config("cuda", 1 << 20).items() if k != "num_warps"})
         out[f"{prefix}ccl_{name}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
-                                           divisible=("context", "inp", "out", "ws", "sync", "failures", "m", "stride"))
+                                           divisible=("context", "inp", "out", "ws", "sync", "faults", "host_faults", "m",
+                                                      "stride"))
     return out
 
 
@@ -372,11 +379,11 @@ def _announcing_all_reduce_specs(frontend) -> dict:
     for name, (kernel, shapes, count, cases) in kernels.items():
         shape = {k: v for k, v in shapes["cuda"].items() if k not in OPTIONS}
         for dtype, element_size, workspace in cases:
-            types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": workspace, "sync": "*i32", "failures": "*i32"}
+            types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": workspace, "sync": "*i32"}
             constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", **element_size, **shape)
             out[f"{prefix}{name}_{dtype}"] = _spec(
                 frontend.kernel(kernel), constexprs, types,
-                divisible=("context", "inp", "out", "ws", "sync", "failures", count, "capacity"))
+                divisible=("context", "inp", "out", "ws", "sync", "faults", "host_faults", count, "capacity"))
     return out
 
 
@@ -385,9 +392,9 @@ def _fused_specs() -> dict:
     (last dimensions) are constants, as Triton's launcher specializes them."""
     config = {k: v for k, v in GEMM_CONFIGS["cuda"].items() if k not in OPTIONS}
     types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
-    types.update(flags="*i32", calls="*i32", failures="*i32")
-    divisible = ("shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "failures", "heap_bases", "m", "K",
-                 "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
+    types.update(flags="*i32", calls="*i32")
+    divisible = ("shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "faults", "host_faults", "heap_bases",
+                 "m", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
     return {
         "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, BLOCK_M=config["BLOCK_M"], BLOCK_K=128,
@@ -426,11 +433,13 @@ def specs() -> dict:
     out["signal_acq_rel_gpu"] = _spec(signal_sem_scope, dict(RANK=0, SEM="acq_rel", SCOPE="gpu"))
     out["signal_relaxed_cta"] = _spec(signal_sem_scope, dict(RANK=0, SEM="relaxed", SCOPE="cta"))
     out["wait_default"] = _spec(wait_default, dict(RANK=0))
+    # A timeout below 2**31 ns (about 2.1 s) reaches the kernel as an i32.
+    out["wait_default_i32_timeout"] = _spec(wait_default, dict(RANK=0), {"timeout_ns": "i32"})
     for cmp in ("eq", "ne", "gt", "ge", "lt", "le", "bogus"):
         out[f"wait_cmp_{cmp}"] = _spec(wait_cmp, dict(RANK=0, CMP=cmp))
     out["wait_relaxed_gpu"] = _spec(wait_sem_scope, dict(RANK=0, SEM="relaxed", SCOPE="gpu"))
     out["wait_acquire_cta"] = _spec(wait_sem_scope, dict(RANK=0, SEM="acquire", SCOPE="cta"))
-    out["device_barrier"] = _spec(device_barrier_kernel, divisible=("state_ptr", "heap_bases"))
+    out["device_barrier"] = _spec(device_barrier_kernel, divisible=("state_ptr", "heap_bases", "faults", "host_faults"))
     return out
 
 
@@ -449,17 +458,28 @@ def memory_instructions(ptx: str) -> list[str]:
     return sorted(found)
 
 
+#: Other PTX a test looks for: the special registers a kernel reads (``%globaltimer``: the clock of
+#: a wait bounded in wall-clock time) and the ``trap`` instruction.
+_MARKERS = re.compile(r"%globaltimer\w*|%clock\w*|\btrap\b")
+
+
+def markers(ptx: str) -> list[str]:
+    """Sorted unique :data:`_MARKERS` of ``ptx``, e.g. ``["%globaltimer", "trap"]``."""
+    return sorted(set(_MARKERS.findall(ptx)))
+
+
 def compile_all() -> dict:
-    ops, errors = {}, {}
+    ops, marks, errors = {}, {}, {}
     for name, (fn, signature, constexprs, attrs) in specs().items():
         try:
             source_class = GluonASTSource if name.startswith("gluon:") else triton.compiler.ASTSource
             source = source_class(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
             options = {k: v for k, v in GEMM_CONFIGS["cuda"].items() if k in OPTIONS} if name.startswith("fused_") else {}
-            ops[name] = memory_instructions(triton.compile(source, target=TARGET, options=options).asm["ptx"])
+            ptx = triton.compile(source, target=TARGET, options=options).asm["ptx"]
+            ops[name], marks[name] = memory_instructions(ptx), markers(ptx)
         except Exception:  # reported to the test, which decides whether the failure was expected
             errors[name] = traceback.format_exc()
-    return {"ops": ops, "errors": errors}
+    return {"ops": ops, "markers": marks, "errors": errors}
 
 
 if __name__ == "__main__":

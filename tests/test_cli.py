@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -46,25 +49,85 @@ def test_demo_checks_every_step_against_torch():
         assert any(line.startswith(step) and " ok " in line for line in proc.stdout.splitlines()), proc.stdout
 
 
-def test_run_starts_ranks_of_a_script(tmp_path):
+LISTENING = textwrap.dedent('''
+    def listening(pid):
+        """Local addresses (hex, as /proc writes them) of the TCP sockets ``pid`` listens on."""
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except FileNotFoundError:  # the descriptor that listed them, closed since
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        found = []
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{table}") as lines:
+                found += [f[1].split(":")[0] for f in (line.split() for line in list(lines)[1:])
+                          if f[3] == "0A" and f[9] in inodes]
+        return found
+''')
+
+
+def test_run_starts_ranks_of_a_script_listening_on_loopback_only(tmp_path):
     script = tmp_path / "ranks.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text("import os\n" + LISTENING + textwrap.dedent('''
         import iris, torch
         ctx = iris.create(heap_size="8MiB")
         x = ctx.ones(5) * (ctx.rank + 1)
         ctx.ccl.all_reduce(x)
-        print(f"rank {ctx.rank} of {ctx.world_size}: {x.sum().item():g}")
+        print(f"rank {ctx.rank} of {ctx.world_size}: {x.sum().item():g}; listening {listening(os.getpid())} "
+              f"launcher {listening(os.getppid())}", flush=True)
+        ctx.barrier()
         ctx.destroy()
     '''))
     proc = iris("run", "-n", "3", "--cpu", str(script), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     for rank in range(3):
-        assert f"rank {rank} of 3: 30" in proc.stdout  # 5 x (1 + 2 + 3)
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(f"rank {rank} of 3: 30;"))  # 5 x 6
+        ranks, launcher = (ast.literal_eval(part) for part in re.findall(r"\[[^]]*\]", line))
+        # 127.0.0.1 as /proc writes it: the ranks' gloo sockets and the launcher's store, nothing else.
+        assert ranks and set(ranks) <= {"0100007F"}, line
+        assert launcher == ["0100007F"], line
+
+
+def test_run_stops_the_other_ranks_when_one_fails_and_exits_with_its_status(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent('''
+        import os, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopped all the same
+        print(f"pid {os.getpid()}", flush=True)
+        if os.environ["RANK"] == "1":
+            time.sleep(1)
+            os._exit(3)
+        time.sleep(600)
+    '''))
+    started = time.monotonic()
+    proc = iris("run", "-n", "2", "--cpu", str(script), timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.endswith("iris: rank 1 of 2 exited with status 3; the other ranks were stopped\n"), proc.stderr
+    assert time.monotonic() - started < 120
+    for pid in re.findall(r"pid (\d+)", proc.stdout):  # the rank that slept is gone (or a zombie)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+
+
+def test_run_across_machines_goes_through_torchrun_at_the_endpoint():
+    from iris.cli import _parser, torchrun_command
+
+    args = _parser().parse_args(["run", "-n", "2", "--nnodes", "3", "--rdzv-endpoint", "10.0.0.1:29400", "train.py",
+                                 "--lr", "0.1"])
+    assert torchrun_command(args) == [sys.executable, "-m", "torch.distributed.run", "--nnodes=3",
+                                      "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400",
+                                      "train.py", "--lr", "0.1"]
+    help_text = " ".join(iris("run", "--help").stdout.split())  # argparse wraps lines
+    assert "loopback interface only" in help_text and "no authentication" in help_text, help_text
 
 
 @pytest.mark.parametrize("args, message", [
     (["run", "-n", "2", "no_such_script.py"], "iris: error: no such script: no_such_script.py"),
     (["run", "-n", "0", __file__], "iris: error: -n must be at least 1, got 0"),
+    (["run", "-n", "2", "--nnodes", "2", __file__], "iris: error: --nnodes 2 needs --rdzv-endpoint HOST:PORT"),
     (["demo", "--nprocs", "0"], "iris: error: --nprocs must be at least 1, got 0"),
     (["bench", "--only", "nope"], "iris: error: unknown benchmark(s) nope; choose from"),
 ])

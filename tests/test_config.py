@@ -9,7 +9,13 @@ import pytest
 
 from iris.config import DEFAULT_HEAP_SIZE, ContextConfig, parse_size
 
-pytestmark = pytest.mark.usefixtures("clean_iris_env")
+pytestmark = pytest.mark.usefixtures("clean_iris_env", "no_on_timeout_env")
+
+
+@pytest.fixture
+def no_on_timeout_env(monkeypatch):
+    """IRIS_ON_TIMEOUT removed for the test (``clean_iris_env`` predates it)."""
+    monkeypatch.delenv("IRIS_ON_TIMEOUT", raising=False)
 
 
 # -- parse_size ---------------------------------------------------------------------------------
@@ -93,6 +99,7 @@ def test_defaults():
     assert config.debug is False
     assert config.log_level is None
     assert config.timeout == 300.0
+    assert config.on_timeout == "raise"
 
 
 def test_default_heap_size_depends_on_device():
@@ -122,7 +129,7 @@ def test_heap_size_from_env_is_validated(monkeypatch):
 
 
 def test_empty_env_variables_count_as_unset(monkeypatch):
-    for name in ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_TIMEOUT", "IRIS_LOG_LEVEL"):
+    for name in ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_TIMEOUT", "IRIS_LOG_LEVEL", "IRIS_ON_TIMEOUT"):
         monkeypatch.setenv(name, "")
     assert ContextConfig.from_env() == ContextConfig()
 
@@ -179,4 +186,34 @@ def test_config_rejects_positional_arguments():
 def test_bad_timeout_names_the_variable(monkeypatch, bad):
     monkeypatch.setenv("IRIS_TIMEOUT", bad)
     with pytest.raises(ValueError, match="IRIS_TIMEOUT"):
+        ContextConfig.from_env()
+
+
+# -- on_timeout ---------------------------------------------------------------------------------
+
+
+def test_on_timeout_argument():
+    assert ContextConfig.from_env(on_timeout="trap").on_timeout == "trap"
+    assert ContextConfig.from_env(on_timeout="raise").on_timeout == "raise"
+    assert ContextConfig.from_env(on_timeout=" Trap ").on_timeout == "trap"  # as typed in a shell
+
+
+def test_on_timeout_precedence(monkeypatch):
+    monkeypatch.setenv("IRIS_ON_TIMEOUT", "trap")
+    assert ContextConfig.from_env().on_timeout == "trap"
+    assert ContextConfig.from_env(on_timeout=None).on_timeout == "trap"  # None means "not given"
+    assert ContextConfig.from_env(on_timeout="raise").on_timeout == "raise"
+    monkeypatch.setenv("IRIS_ON_TIMEOUT", "RAISE")
+    assert ContextConfig.from_env().on_timeout == "raise"
+
+
+@pytest.mark.parametrize("bad", ["abort", "0", "hang"])
+def test_bad_on_timeout_argument_names_the_choices(bad):
+    with pytest.raises(ValueError, match=f"on_timeout \\(IRIS_ON_TIMEOUT\\) must be one of raise, trap, got '{bad}'"):
+        ContextConfig.from_env(on_timeout=bad)
+
+
+def test_bad_on_timeout_from_env_names_the_variable_and_the_choices(monkeypatch):
+    monkeypatch.setenv("IRIS_ON_TIMEOUT", "exit")
+    with pytest.raises(ValueError, match="IRIS_ON_TIMEOUT.*raise, trap.*'exit'"):
         ContextConfig.from_env()

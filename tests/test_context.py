@@ -20,7 +20,7 @@ import iris
 from iris.backend import DeviceOps
 from iris.context import ContextBase, context_class
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
+from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin
 from iris.registry import get_backend
 
 HEAP = "4MiB"
@@ -78,10 +78,14 @@ def test_context_class_mro_order():
 
     cls = context_class(_triton_backend())
     mro = cls.__mro__
-    expected = [TritonDeviceOps, LoggingMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase]
+    expected = [TritonDeviceOps, LoggingMixin, FailStopMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase]
     assert [c for c in mro if c in expected] == expected
     assert mro[0] is cls and mro[1] is TritonDeviceOps  # the backend's host side is leftmost
     assert mro[-2:] == (ContextBase, object)  # the terminal base is rightmost
+    # The fail-stop guard comes before the heap and the collectives: its barrier() and destroy()
+    # wrap theirs (a heap symmetry error or a host barrier timeout fails the context, and a failed
+    # context's teardown does not wait for peers).
+    assert mro.index(FailStopMixin) < mro.index(HeapMixin) < mro.index(CCLMixin)
     assert mro.index(DeviceOps) < mro.index(LoggingMixin)  # DeviceOps stays with its subclass
 
 
@@ -200,6 +204,21 @@ def test_identity(make_context):
     assert ctx.get_cu_count() == len(os.sched_getaffinity(0)) >= 1
     assert ctx.get_heap_bases().dtype == torch.int64 and ctx.get_heap_bases().shape == (1,)
     assert ctx.get_device_context().tolist() == [0, 1, ctx.heap_size, ctx.get_heap_bases().item()]
+
+
+@needs_interpreter
+@pytest.mark.parametrize(("on_timeout", "trap"), [(None, 0), ("raise", 0), ("trap", 1)])
+def test_timeout_and_on_timeout_reach_the_kernels(make_context, monkeypatch, on_timeout, trap):
+    # What kernels receive: the timeout in nanoseconds (an int, for the launcher) and the fault
+    # words [first failure, one per peer, trap flag], none recorded, the trap flag from on_timeout.
+    monkeypatch.delenv("IRIS_ON_TIMEOUT", raising=False)
+    ctx = make_context(timeout=2.5, **({} if on_timeout is None else {"on_timeout": on_timeout}))
+    assert type(ctx.timeout_ns) is int and ctx.timeout_ns == 2_500_000_000
+    assert ctx.faults.dtype == torch.int32 and ctx.faults.device == ctx.device
+    assert ctx.faults.tolist() == [0] + [0] * ctx.world_size + [trap]
+    assert ctx.host_faults.data_ptr() == ctx.faults.data_ptr()  # CPU ranks: the same words
+    assert not ctx.failed
+    ctx.check()  # nothing recorded: does not raise
 
 
 @needs_interpreter

@@ -17,6 +17,8 @@ recompute it) and compared with ``torch.equal`` against the expected tensor buil
 from __future__ import annotations
 
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ import iris
 from iris.testing import RankReport, backend_rank_device, seeded_generator, spawn_reports
 import iris_triton
 from iris.errors import IrisTimeoutError
+from iris_triton.clock import now_ns
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +52,14 @@ ATOMIC_ROWS = {
 }
 RING_ROUNDS = 4
 BARRIER_ROUNDS = 5
-FEW_SPINS = 5  # spin budget of waits that must time out
+#: Seconds every wait of the ranks' context may last (``create(timeout=...)``).
+RANK_TIMEOUT = 60
+#: Nanoseconds of the waits that must time out (the interpreter reads a flag in about a millisecond).
+SHORT_TIMEOUT_NS = 50_000_000
+#: Nanoseconds of the wait whose give-up is timed inside the kernel, and how much later than its
+#: timeout it may give up: generous, as an interpreted spin or a descheduled rank takes long.
+TIMED_WAIT_NS = 300_000_000
+TIMED_WAIT_SLACK_NS = 3_000_000_000
 #: (CMP, flag minus compared value, expected result) for wait_until against a flag holding V.
 CMP_CASES = [
     ("eq", 0, True), ("eq", -1, False), ("ne", -1, True), ("ne", 0, False),
@@ -193,22 +203,22 @@ def _atomics_kernel(context, i32, v32, c32, o32, i64, v64, c64, o64, f32, vf32, 
     _apply("max", 3, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
 
 
-def _cas_chain_kernel(context, flag, out, heap_bases, target, max_spins, CTX: tl.constexpr, RANK: tl.constexpr,
+def _cas_chain_kernel(context, flag, out, heap_bases, target, timeout_ns, CTX: tl.constexpr, RANK: tl.constexpr,
                       WORLD: tl.constexpr, API: tl.constexpr):
     """Ranks take turns on one flag of ``target``: rank r moves it from r to r + 1 with
-    compare-and-swap, retrying while it holds another value (a failed cas must not write)."""
+    compare-and-swap, retrying while it holds another value (a failed cas must not write), for
+    at most ``timeout_ns`` of wall-clock time."""
     dctx = CTX.initialize(context, RANK, WORLD)
     if API:
         old = dctx.atomic_cas(flag, RANK, RANK + 1, target)
     else:
         old = iris.atomic_cas(flag, RANK, RANK + 1, RANK, target, heap_bases)
-    spins = 0
-    while old != RANK and spins < max_spins:
+    start = now_ns()
+    while old != RANK and now_ns() - start < timeout_ns:
         if API:
             old = dctx.atomic_cas(flag, RANK, RANK + 1, target)
         else:
             old = iris.atomic_cas(flag, RANK, RANK + 1, RANK, target, heap_bases)
-        spins += 1
     tl.store(out, old)
 
 
@@ -225,17 +235,17 @@ def _signal(ptr, value, to_rank, heap_bases, dctx, RANK: tl.constexpr, API: tl.c
 
 
 @triton.jit
-def _wait(ptr, value, rank, max_spins, heap_bases, dctx, RANK: tl.constexpr, API: tl.constexpr,
+def _wait(ptr, value, rank, timeout_ns, heap_bases, dctx, RANK: tl.constexpr, API: tl.constexpr,
           CMP: tl.constexpr):
     if API:
-        ok = dctx.wait_until(ptr, value, rank, max_spins, CMP=CMP)
+        ok = dctx.wait_until(ptr, value, rank, timeout_ns, CMP=CMP)
     else:
-        ok = iris.wait_until(ptr, value, RANK, rank, heap_bases, max_spins, CMP=CMP)
+        ok = iris.wait_until(ptr, value, RANK, rank, heap_bases, timeout_ns, CMP=CMP)
     return ok.to(tl.int32)
 
 
 def _ring_kernel(context, flags, mailbox, messages, received, results, cmp_results, heap_bases, n, nxt, rounds,
-                 max_spins, few_spins, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                 timeout_ns, short_ns, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
                  API: tl.constexpr, BLOCK: tl.constexpr):
     """Message passing on a ring: each round, store a message into ``nxt``'s mailbox slot and
     signal its flag; wait for ``prv``'s signal on our own flag and read the slot it filled. Then
@@ -251,29 +261,42 @@ def _ring_kernel(context, flags, mailbox, messages, received, results, cmp_resul
         else:
             iris.store(mailbox + slot + offs, message, RANK, nxt, heap_bases, mask=mask)
         old = _signal(flags, k, nxt, heap_bases, dctx, RANK, API)
-        ok = _wait(flags, k, RANK, max_spins, heap_bases, dctx, RANK, API, "ge")
+        ok = _wait(flags, k, RANK, timeout_ns, heap_bases, dctx, RANK, API, "ge")
         tl.store(received + slot + offs, tl.load(mailbox + slot + offs, mask=mask, volatile=True), mask=mask)
         tl.store(results + 2 * (k - 1), ok)
         tl.store(results + 2 * (k - 1) + 1, old)
     # nxt's flag holds ``rounds`` now. Each case compares it with rounds - delta (CMP_CASES).
     v = rounds
-    tl.store(cmp_results + 0, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "eq"))
-    tl.store(cmp_results + 1, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "eq"))
-    tl.store(cmp_results + 2, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "ne"))
-    tl.store(cmp_results + 3, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "ne"))
-    tl.store(cmp_results + 4, _wait(flags, v - 1, nxt, few_spins, heap_bases, dctx, RANK, API, "gt"))
-    tl.store(cmp_results + 5, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "gt"))
-    tl.store(cmp_results + 6, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "ge"))
-    tl.store(cmp_results + 7, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "ge"))
-    tl.store(cmp_results + 8, _wait(flags, v + 1, nxt, few_spins, heap_bases, dctx, RANK, API, "lt"))
-    tl.store(cmp_results + 9, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "lt"))
-    tl.store(cmp_results + 10, _wait(flags, v, nxt, few_spins, heap_bases, dctx, RANK, API, "le"))
-    tl.store(cmp_results + 11, _wait(flags, v - 1, nxt, few_spins, heap_bases, dctx, RANK, API, "le"))
+    tl.store(cmp_results + 0, _wait(flags, v, nxt, short_ns, heap_bases, dctx, RANK, API, "eq"))
+    tl.store(cmp_results + 1, _wait(flags, v + 1, nxt, short_ns, heap_bases, dctx, RANK, API, "eq"))
+    tl.store(cmp_results + 2, _wait(flags, v + 1, nxt, short_ns, heap_bases, dctx, RANK, API, "ne"))
+    tl.store(cmp_results + 3, _wait(flags, v, nxt, short_ns, heap_bases, dctx, RANK, API, "ne"))
+    tl.store(cmp_results + 4, _wait(flags, v - 1, nxt, short_ns, heap_bases, dctx, RANK, API, "gt"))
+    tl.store(cmp_results + 5, _wait(flags, v, nxt, short_ns, heap_bases, dctx, RANK, API, "gt"))
+    tl.store(cmp_results + 6, _wait(flags, v, nxt, short_ns, heap_bases, dctx, RANK, API, "ge"))
+    tl.store(cmp_results + 7, _wait(flags, v + 1, nxt, short_ns, heap_bases, dctx, RANK, API, "ge"))
+    tl.store(cmp_results + 8, _wait(flags, v + 1, nxt, short_ns, heap_bases, dctx, RANK, API, "lt"))
+    tl.store(cmp_results + 9, _wait(flags, v, nxt, short_ns, heap_bases, dctx, RANK, API, "lt"))
+    tl.store(cmp_results + 10, _wait(flags, v, nxt, short_ns, heap_bases, dctx, RANK, API, "le"))
+    tl.store(cmp_results + 11, _wait(flags, v - 1, nxt, short_ns, heap_bases, dctx, RANK, API, "le"))
     # flags[1] is never set anywhere: waits on it time out, locally and on a peer.
-    tl.store(cmp_results + 12, _wait(flags + 1, 1, RANK, few_spins, heap_bases, dctx, RANK, API, "ge"))
-    tl.store(cmp_results + 13, _wait(flags + 1, 1, nxt, few_spins, heap_bases, dctx, RANK, API, "eq"))
-    # A condition that already holds succeeds without spinning.
+    tl.store(cmp_results + 12, _wait(flags + 1, 1, RANK, short_ns, heap_bases, dctx, RANK, API, "ge"))
+    tl.store(cmp_results + 13, _wait(flags + 1, 1, nxt, short_ns, heap_bases, dctx, RANK, API, "eq"))
+    # A condition that already holds succeeds with no time to wait.
     tl.store(cmp_results + 14, _wait(flags + 1, 0, nxt, 0, heap_bases, dctx, RANK, API, "eq"))
+
+
+def _timed_wait_kernel(context, flags, out, heap_bases, peer, timeout_ns, CTX: tl.constexpr, RANK: tl.constexpr,
+                       WORLD: tl.constexpr, API: tl.constexpr):
+    """A wait on ``peer``'s flag, which nobody sets, timed by the clock waits are bounded by
+    (the GPU's global timer; the host's clock in the interpreter): ``out`` := [result,
+    nanoseconds it took]."""
+    dctx = CTX.initialize(context, RANK, WORLD)
+    start = now_ns()
+    ok = _wait(flags, 1, peer, timeout_ns, heap_bases, dctx, RANK, API, "ge")
+    elapsed = now_ns() - start
+    tl.store(out, ok.to(tl.int64))
+    tl.store(out + 1, elapsed)
 
 
 def _scatter_kernel(context, buf, data, heap_bases, n, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
@@ -511,7 +534,7 @@ def _check_cas_chain(ctx, report: RankReport) -> None:
         out = torch.full((1,), -1, dtype=torch.int32, device=ctx.device)
         ctx.barrier()
         _launch(ctx, _cas_chain_kernel, (1,), ctx.get_device_context(), flag, out, ctx.get_heap_bases(), target,
-                ctx.max_spins, RANK=rank, WORLD=world, API=api == "ctx")
+                ctx.timeout_ns, RANK=rank, WORLD=world, API=api == "ctx")
         ctx.barrier()
         report.check(f"cas_chain/{api}/my_turn_came", int(out.item()) == rank)
         if rank == target:
@@ -522,7 +545,8 @@ def _check_flags(ctx, report: RankReport) -> None:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     n = BLOCK - 3  # one block with a ragged tail
-    report.check("flags/max_spins_positive_int", isinstance(ctx.max_spins, int) and ctx.max_spins > 0)
+    report.check("flags/timeout_ns_is_the_configured_timeout",
+                 type(ctx.timeout_ns) is int and ctx.timeout_ns == RANK_TIMEOUT * 10**9)
     for api in APIS:
         flags = ctx.zeros(2, dtype=torch.int32)
         mailbox = ctx.zeros(RING_ROUNDS, BLOCK, dtype=torch.float32)
@@ -536,7 +560,7 @@ def _check_flags(ctx, report: RankReport) -> None:
         cmp_results = torch.full((15,), -1, dtype=torch.int32, device=device)
         ctx.barrier()
         _launch(ctx, _ring_kernel, (1,), ctx.get_device_context(), flags, mailbox, messages_of(rank).to(device), received, results,
-                           cmp_results, ctx.get_heap_bases(), n, nxt, RING_ROUNDS, ctx.max_spins, FEW_SPINS,
+                           cmp_results, ctx.get_heap_bases(), n, nxt, RING_ROUNDS, ctx.timeout_ns, SHORT_TIMEOUT_NS,
                 RANK=rank, WORLD=world, API=api == "ctx", BLOCK=BLOCK)
         ctx.barrier()
         results, cmp_results = results.cpu().tolist(), cmp_results.cpu().tolist()
@@ -549,7 +573,19 @@ def _check_flags(ctx, report: RankReport) -> None:
                          cmp_results[i] == int(expected))
         report.check(f"flags/{api}/timeout_unset_local", cmp_results[12] == 0)
         report.check(f"flags/{api}/timeout_unset_peer", cmp_results[13] == 0)
-        report.check(f"flags/{api}/zero_spins_when_holding", cmp_results[14] == 1)
+        report.check(f"flags/{api}/zero_timeout_when_holding", cmp_results[14] == 1)
+        # A wait that gives up does so once its timeout has passed, not earlier, and soon after.
+        unset = ctx.zeros(1, dtype=torch.int32)
+        timed = torch.full((2,), -1, dtype=torch.int64, device=device)
+        ctx.barrier()
+        _launch(ctx, _timed_wait_kernel, (1,), ctx.get_device_context(), unset, timed, ctx.get_heap_bases(), nxt,
+                TIMED_WAIT_NS, RANK=rank, WORLD=world, API=api == "ctx")
+        result, elapsed = timed.cpu().tolist()
+        report.check(f"flags/{api}/timed_wait_gave_up", result == 0)
+        report[f"flags/{api}/timed_wait_not_before_its_timeout"] = elapsed >= TIMED_WAIT_NS or (
+            f"gave up after {elapsed} ns, timeout {TIMED_WAIT_NS} ns")
+        report[f"flags/{api}/timed_wait_soon_after_its_timeout"] = elapsed < TIMED_WAIT_NS + TIMED_WAIT_SLACK_NS or (
+            f"gave up after {elapsed} ns, timeout {TIMED_WAIT_NS} ns")
         ctx.barrier()
 
 
@@ -571,29 +607,96 @@ def _check_device_barrier(ctx, report: RankReport) -> None:
     ctx.barrier()
 
 
-def _check_device_barrier_timeout(report: RankReport, backend: str, device: str) -> None:
-    """One rank skips device_barrier: the other's next barrier() raises, naming it; the skipping
-    rank still joins the host barrier, so nothing hangs."""
-    short = iris.create(backend, heap_size="1MiB", device=device, timeout=0.5)
-    rank = short.rank
+#: Seconds of the context whose device_barrier times out, and of the ranks' process group in that
+#: scenario (the host barrier of a rank other than 0 waits for rank 0 as long as the process group
+#: allows, whatever the context's timeout); nothing there waits longer.
+BARRIER_TIMEOUT = 2.0
+HOST_TIMEOUT = 10
+#: Store key rank 0 sets once it is done with its failed context.
+RANK0_DONE = "test_device_api/device_barrier_timeout/rank0_done"
+
+
+def _raises(fn) -> tuple[BaseException | None, float]:
+    """``(exception or None, seconds)`` of calling ``fn``."""
+    start = time.monotonic()
     try:
-        if rank == 0:
-            short.device_barrier()
+        fn()
+    except Exception as error:  # noqa: BLE001 - the caller checks the type
+        return error, time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def _device_barrier_timeout_worker(rank: int, backend: str, device: str) -> bytes:
+    """Rank 0 calls device_barrier, rank 1 does not: rank 0's call gives up after the timeout and
+    fails its context, whose every later call raises at once and whose destroy() does not wait
+    for rank 1. Rank 1 stays out of every collective until rank 0 is done (told through the
+    process group's store), then its host barrier, alone, times out; nothing hangs."""
+    report = RankReport(rank)
+    store = torch.distributed.distributed_c10d._get_default_store()
+    short = iris.create(backend, heap_size="1MiB", device=device, timeout=BARRIER_TIMEOUT)
+    report.check("timeout/timeout_ns_is_the_configured_timeout", short.timeout_ns == int(BARRIER_TIMEOUT * 10**9))
+    x = short.ones(64)  # for a collective after the failure (allocated alike on both ranks)
+    short.device_barrier()  # both ranks: compiled (interpreted) and warm before the timed one
+    short.barrier()
+    report.check("timeout/not_failed_before", not short.failed)
+    if rank == 0:
         try:
-            short.barrier()
-            report.check("timeout/raised_where_expected", rank != 0)
-        except IrisTimeoutError as exc:
-            message = str(exc)
-            report.check("timeout/raised_where_expected", rank == 0)
-            report.check("timeout/is_a_TimeoutError", isinstance(exc, TimeoutError))
+            def lone_device_barrier():
+                short.device_barrier()
+                if short.device.type == "cuda":  # GPUs: the call returns at once; the wait fails later
+                    short.check()
+
+            error, seconds = _raises(lone_device_barrier)
+            message = str(error)
+            report["timeout/device_barrier_raised"] = isinstance(error, IrisTimeoutError) or repr(error)
+            report.check("timeout/is_a_TimeoutError", isinstance(error, TimeoutError))
             report.check("timeout/names_missing_rank", "rank(s) [1]" in message)
-            report.check("timeout/names_this_rank_and_timeout", "on rank 0" in message and "0.5" in message)
-            report.check("timeout/says_the_fix", "timeout" in message and "device_barrier()" in message)
-        # Reported once: the next barrier passes on both ranks.
-        short.barrier()
-        report.check("timeout/cleared_after_raising", True)
-    finally:
-        short.destroy()
+            report.check("timeout/names_the_operation", "device_barrier" in message)
+            report.check("timeout/names_this_rank", "on rank 0" in message)
+            report.check("timeout/names_the_timeout", f"after {BARRIER_TIMEOUT:g} s" in message)
+            report.check("timeout/says_the_fix", "create(timeout=...)" in message)
+            report["timeout/gave_up_not_before_the_timeout"] = seconds >= BARRIER_TIMEOUT or f"after {seconds:.3f} s"
+            report["timeout/gave_up_soon_after_the_timeout"] = (
+                seconds < 1.5 * BARRIER_TIMEOUT or f"after {seconds:.3f} s")
+            report.check("timeout/context_failed", short.failed)
+            later = {
+                "barrier": short.barrier,
+                "device_barrier": short.device_barrier,
+                "ccl.all_reduce": lambda: short.ccl.all_reduce(x),
+                "zeros": lambda: short.zeros(8),
+            }
+            for name, call in later.items():
+                error, seconds = _raises(call)
+                text = str(error)
+                report[f"timeout/after/{name}/raised"] = type(error) is IrisTimeoutError or repr(error)
+                # ctx.zeros is named as the allocation it makes.
+                labels = ("ctx.zeros", "ctx.allocate") if name == "zeros" else (f"ctx.{name}",)
+                report.check(f"timeout/after/{name}/names_the_call", any(f"{label} on rank 0" in text
+                                                                         for label in labels))
+                report.check(f"timeout/after/{name}/failed_earlier",
+                             "this context failed earlier and cannot be used again" in text
+                             and "destroy it with ctx.destroy() and create a new one" in text)
+                report.check(f"timeout/after/{name}/names_the_first_failure",
+                             "device_barrier gave up" in text and "rank(s) [1]" in text)
+                report[f"timeout/after/{name}/at_once"] = seconds < BARRIER_TIMEOUT / 2 or f"after {seconds:.3f} s"
+            report.check("timeout/still_failed", short.failed)
+            error, seconds = _raises(short.destroy)  # rank 1 is in no collective now
+            report["timeout/destroy_returned"] = error is None or repr(error)
+            report["timeout/destroy_did_not_wait"] = seconds < BARRIER_TIMEOUT / 2 or f"after {seconds:.3f} s"
+            report.check("timeout/destroyed", short.destroyed)
+        finally:
+            store.set(RANK0_DONE, "1")
+    else:
+        store.wait([RANK0_DONE], timedelta(seconds=60))
+        report.check("timeout/rank1_not_failed", not short.failed)
+        error, seconds = _raises(short.barrier)  # rank 0 joins no barrier any more: it times out
+        report["timeout/rank1_barrier_raised"] = isinstance(error, IrisTimeoutError) or repr(error)
+        report["timeout/rank1_barrier_bounded"] = seconds < HOST_TIMEOUT + 10 or f"after {seconds:.3f} s"
+        report.check("timeout/rank1_failed_by_its_barrier", short.failed)
+        error, seconds = _raises(short.destroy)
+        report["timeout/rank1_destroy_returned"] = error is None or repr(error)
+        report["timeout/rank1_destroy_did_not_wait"] = seconds < BARRIER_TIMEOUT / 2 or f"after {seconds:.3f} s"
+    return report.packed()
 
 
 def _check_message_passing(ctx, report: RankReport) -> None:
@@ -607,7 +710,7 @@ def _check_message_passing(ctx, report: RankReport) -> None:
 
 def _device_api_worker(rank: int, backend: str, device: str) -> bytes:
     report = RankReport(rank)
-    ctx = iris.create(backend, heap_size="32MiB", device=device)
+    ctx = iris.create(backend, heap_size="32MiB", device=device, timeout=RANK_TIMEOUT)
     report.check("setup/rank", ctx.rank == rank)
     report.check("setup/iris_names_resolve_to_iris_triton",
                  iris.load is iris_triton.load and iris.DeviceContext is iris_triton.DeviceContext)
@@ -626,8 +729,6 @@ def _device_api_worker(rank: int, backend: str, device: str) -> bytes:
     if ctx.world_size == 2:
         with report.section("message_passing"):
             _check_message_passing(ctx, report)
-        with report.section("timeout"):
-            _check_device_barrier_timeout(report, backend, device)
     ctx.barrier()
     ctx.destroy()
     return report.packed()  # the full report of the atomics section alone is about 64 KiB
@@ -700,7 +801,7 @@ def test_atomic_cas_takes_turns(reports):
 
 def test_signal_and_wait_until(reports):
     checks = _assert_all_true(reports, "flags/", "flags")
-    assert len(checks) == len(reports) * (1 + 2 * (4 + len(CMP_CASES) + 3))
+    assert len(checks) == len(reports) * (1 + 2 * (4 + len(CMP_CASES) + 3 + 3))
 
 
 def test_device_barrier_repeated(reports):
@@ -708,13 +809,55 @@ def test_device_barrier_repeated(reports):
     assert len(checks) == len(reports) * BARRIER_ROUNDS
 
 
-def test_device_barrier_timeout_names_the_missing_rank(reports):
-    if len(reports) != 2:
-        pytest.skip("run with two ranks only")
-    checks = _assert_all_true(reports, "timeout/", "timeout")
-    # Rank 0 raised (and its message was checked), rank 1 did not.
-    assert "r0/timeout/names_missing_rank" in checks and "r1/timeout/names_missing_rank" not in checks
-    assert checks["r1/timeout/raised_where_expected"] is True
+@pytest.fixture(scope="module", params=["triton", "gluon"])
+def timeout_reports(request) -> list[dict]:
+    """Both ranks' reports of :func:`_device_barrier_timeout_worker`: a process group whose waits
+    end after HOST_TIMEOUT seconds, not the default 120."""
+    device = backend_rank_device(request.param, 2)
+    return spawn_reports(_device_barrier_timeout_worker, 2, request.param, device, device=device,
+                         timeout=HOST_TIMEOUT)
+
+
+def _assert_timeout_checks(reports: list[dict], names: list[str]) -> None:
+    """Every check ``r<rank>/timeout/<name>`` of ``names`` was made and passed."""
+    checks = _select(reports, "timeout/")
+    missing = [name for name in names if name not in checks]
+    assert not missing, f"checks not made: {missing} (made: {sorted(checks)})"
+    failed = [name for name in names if checks[name] is not True]
+    assert not failed, f"{len(failed)} of {len(names)} checks failed:\n" + "\n".join(
+        f"{name}: {checks[name]}" for name in failed)
+
+
+def test_device_barrier_a_peer_skips_raises_at_the_call_naming_it(timeout_reports):
+    _assert_timeout_checks(timeout_reports, [
+        *[f"r{r}/timeout/{name}" for r in (0, 1)
+          for name in ("timeout_ns_is_the_configured_timeout", "not_failed_before")],
+        *[f"r0/timeout/{name}" for name in (
+            "device_barrier_raised", "is_a_TimeoutError", "names_missing_rank", "names_the_operation",
+            "names_this_rank", "names_the_timeout", "says_the_fix", "gave_up_not_before_the_timeout",
+            "gave_up_soon_after_the_timeout", "context_failed")],
+    ])
+
+
+@pytest.mark.parametrize("call", ["barrier", "device_barrier", "ccl.all_reduce", "zeros"])
+def test_a_failed_context_refuses_every_later_call_at_once(timeout_reports, call):
+    _assert_timeout_checks(timeout_reports, [
+        *[f"r0/timeout/after/{call}/{name}" for name in (
+            "raised", "names_the_call", "failed_earlier", "names_the_first_failure", "at_once")],
+        "r0/timeout/still_failed",
+    ])
+
+
+def test_a_failed_context_is_destroyed_without_waiting_for_its_peers(timeout_reports):
+    # Rank 1 is in no collective while rank 0 destroys its failed context. Then rank 1's host
+    # barrier, alone, times out (bounded by the process group's timeout), which fails its context
+    # too, and its destroy() does not wait either.
+    _assert_timeout_checks(timeout_reports, [
+        "r0/timeout/destroy_returned", "r0/timeout/destroy_did_not_wait", "r0/timeout/destroyed",
+        *[f"r1/timeout/{name}" for name in ("rank1_not_failed", "rank1_barrier_raised", "rank1_barrier_bounded",
+                                            "rank1_failed_by_its_barrier", "rank1_destroy_returned",
+                                            "rank1_destroy_did_not_wait")],
+    ])
 
 
 def test_message_passing_example(reports):

@@ -751,3 +751,38 @@ def test_mismatched_calls_raise_or_return_exactly_their_own_reference():
             if rep.get("warm", {}).get("status") != "exact" or not (outcome == "exact" or outcome.startswith("raised")):
                 problems.append(f"{result.name} rank {rank}: {outcome}")
     assert not problems, "\n".join(problems)
+
+
+# -- one thread at a time ---------------------------------------------------------------------------------
+
+
+def test_a_context_used_from_two_threads_at_once_raises_instead_of_interleaving(ctx, monkeypatch):
+    inside, release = threading.Event(), threading.Event()
+    allocate = ctx.heap.allocate
+
+    def slow_allocate(*args, **kwargs):
+        inside.set()
+        assert release.wait(30), "the test never released the first call"
+        return allocate(*args, **kwargs)
+
+    monkeypatch.setattr(ctx.heap, "allocate", slow_allocate)
+    first = {}
+    thread = threading.Thread(target=lambda: first.setdefault("tensor", ctx.zeros(4)))
+    thread.start()
+    try:
+        assert inside.wait(30), "the first call never started"
+        with pytest.raises(IrisError, match=r"another thread is inside a call on this context; a context is not "
+                                            r"thread-safe"):
+            ctx.zeros(4)
+        with pytest.raises(IrisError, match="another thread is inside a call"):
+            ctx.ccl.all_reduce(torch.ones(4, device=ctx.device))
+    finally:
+        release.set()
+        thread.join(30)
+    monkeypatch.undo()
+    assert first["tensor"].eq(0).all()  # the first call was not disturbed
+    ctx.free(first["tensor"])
+    x = ctx.ones(4)  # and the context works again from this thread
+    ctx.ccl.all_reduce(x)
+    assert x.eq(1).all()
+    ctx.free(x)

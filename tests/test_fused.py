@@ -86,6 +86,8 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
         pending.append((kind, *_run(ctx, kind, torch.bfloat16, m, K, N, ("b2b", i), method)))
     for kind, out, expected in pending:
         report.check(f"back_to_back/{kind}/{len(report)}", _close(out, expected))
+    # No wait gave up (a call whose wait gives up fills its output with NaN and fails the context).
+    report.check("back_to_back/no_wait_gave_up", not ctx.failed)
 
 
 def _check_bad_input(ctx, report: RankReport) -> None:
@@ -150,7 +152,7 @@ def _fused_worker(rank: int, device: str) -> bytes:
     if device == "cuda":
         with report.section("cuda_graph"):
             _check_cuda_graph(ctx, report)
-    ctx.barrier()  # raises if any device-side wait timed out
+    ctx.barrier()  # raises if the context failed (a device-side wait gave up)
     ctx.destroy()
     return report.packed()
 

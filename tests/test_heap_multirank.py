@@ -44,9 +44,9 @@ def assert_no_new_iris_segments(before: set[str]) -> None:
 
 
 def mapped_iris_segments(pid: str | int = "self") -> list[str]:
-    """Lines of /proc/<pid>/maps that map an iris segment."""
+    """Lines of /proc/<pid>/maps that map an iris heap (an unnamed memfd)."""
     with open(f"/proc/{pid}/maps") as maps:
-        return [line.strip() for line in maps if f"{SHM_DIR}/iris-" in line]
+        return [line.strip() for line in maps if "/memfd:iris-heap" in line]
 
 
 # -- one worker, many checks ----------------------------------------------------------------------------

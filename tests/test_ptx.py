@@ -195,8 +195,70 @@ def test_device_barrier_releases_and_acquires_at_system_scope(ptx):
     ops = ops_of(ptx, "device_barrier")
     assert atomics_of(ops) == ["atom.global.sys.release.add.u32"], ops
     assert "ld.global.sys.acquire.b32" in ops, ops
-    # The one plain 32-bit load is of this rank's own epoch, which only this rank writes.
+    # The one plain 32-bit load is of this rank's own epoch, which only this rank writes (the
+    # fault words are read with volatile loads, ld.volatile.global, which flag_reads leaves out).
     assert flag_reads(ops) == {"atom.global.sys.release.add.u32", "ld.global.sys.acquire.b32", "ld.global.b32"}
+
+
+# -- waits bounded in wall-clock time, give-ups recorded ---------------------------------------------------
+
+#: Kernels of the device API that wait on a flag, with the flag read each must keep.
+WAITS = {
+    "wait_default": "ld.global.sys.acquire.b32",
+    "wait_default_i32_timeout": "ld.global.sys.acquire.b32",
+    **{f"wait_cmp_{cmp}": "ld.global.sys.acquire.b32" for cmp in ("eq", "ne", "gt", "ge", "lt", "le")},
+    "wait_relaxed_gpu": "ld.global.gpu.relaxed.b32",
+    "wait_acquire_cta": "ld.global.cta.acquire.b32",
+    "signal_wait_ctx": "ld.global.sys.acquire.b32",
+    "gluon:signal_wait_ctx": "ld.global.sys.acquire.b32",
+}
+#: iris's own kernels that wait on peers and record a give-up in the fault words, by both front
+#: ends where both compile them.
+FAIL_STOP_KERNELS = [
+    "device_barrier",
+    *[f"{frontend}ccl_{collective}" for frontend in ("", "gluon:")
+      for collective in ("all_gather", "all_to_all", "reduce_scatter", "all_reduce_one_shot", "all_reduce_two_shot",
+                         "broadcast")],
+    *[f"{frontend}low_latency_{dtype}" for frontend in ("", "gluon:") for dtype in ("bf16", "fp32", "i64")],
+    *[f"{frontend}sentinel_{dtype}" for frontend in ("", "gluon:") for dtype in ("bf16", "fp32")],
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
+]
+
+
+def markers_of(ptx: dict, name: str) -> list[str]:
+    assert name not in ptx["errors"], f"{name} did not compile:\n{ptx['errors'][name][-3000:]}"
+    return ptx["markers"][name]
+
+
+@pytest.mark.parametrize("name, expected", list(WAITS.items()))
+def test_wait_until_reads_the_global_timer_and_still_acquires_its_flag(ptx, name, expected):
+    # A wait is bounded in nanoseconds of the GPU's global timer, not in a number of reads; the
+    # timer is an extra read of a special register, and the flag is still read only with the
+    # ordered load (the data after the wait must not be read before the flag). The ``*_ctx``
+    # kernels also signal (a release exchange), which is not a read of the flag waited on.
+    assert "%globaltimer" in markers_of(ptx, name), ptx["markers"][name]
+    assert flag_reads(ops_of(ptx, name)) - {"atom.global.sys.release.exch.b32"} == {expected}
+
+
+@pytest.mark.parametrize("name", ["signal_default", "load_store_fp32", "load_store_ctx_fp32", "fused_push_rows"])
+def test_kernels_that_do_not_wait_do_not_read_the_timer(ptx, name):
+    # Control for the timer checks: a kernel without a wait has no %globaltimer (nor a trap).
+    assert markers_of(ptx, name) == []
+
+
+@pytest.mark.parametrize("name", FAIL_STOP_KERNELS)
+def test_waiting_kernels_are_bounded_by_the_timer_and_record_give_ups(ptx, name):
+    # Every kernel of iris that waits on peers: its waits read the global timer and the flags
+    # (or the first word of a self-announcing block) with acquire loads at system scope; a
+    # give-up is written to the host-visible fault words with write-through stores (the host
+    # reads them without a synchronisation), the trap flag is read with a volatile load, and the
+    # trap instruction (on_timeout="trap") is there.
+    ops, marks = ops_of(ptx, name), markers_of(ptx, name)
+    assert "%globaltimer" in marks and "trap" in marks, marks
+    assert "ld.global.sys.acquire.b32" in ops, ops
+    assert "st.global.wt.b32" in ops, ops
+    assert "ld.volatile.global.b32" in ops, ops
 
 
 # -- collectives ------------------------------------------------------------------------------------------
@@ -206,9 +268,10 @@ def test_device_barrier_releases_and_acquires_at_system_scope(ptx):
 @pytest.mark.parametrize("collective", ["all_gather", "all_to_all", "reduce_scatter", "all_reduce_one_shot",
                                         "all_reduce_two_shot", "broadcast"])
 def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, frontend, collective):
-    # The one collective kernel, with each collective's steps, compiled by each front end: data
-    # moves in 16-byte vectors (bf16), a signal is a release exchange at system scope and a wait an
-    # acquire load at system scope; no other atomics.
+    # The one collective kernel, with each collective's steps, compiled by each front end (with
+    # the fault words, their host-visible copy, the timeout in nanoseconds and the output's
+    # element count it takes now): data moves in 16-byte vectors (bf16), a signal is a release
+    # exchange at system scope and a wait an acquire load at system scope; no other atomics.
     ops = ops_of(ptx, f"{frontend}ccl_{collective}")
     assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, ops
     assert atomics_of(ops) == ["atom.global.sys.release.exch.b32"], ops

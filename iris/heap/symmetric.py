@@ -7,7 +7,6 @@ import struct
 
 import attrs
 import torch
-import torch.distributed as dist
 
 from iris.bootstrap import Communicator
 from iris.errors import AsymmetricHeapError, IrisError
@@ -115,9 +114,7 @@ class SymmetricHeap:
         allocations and frees. Collective: one all-reduce of four int64 when the ranks agree;
         the histories since the last check are exchanged only when they do not."""
         digest = int.from_bytes(self._digest, "little", signed=True)
-        extremes = torch.tensor([self._calls, -self._calls, digest, -digest], dtype=torch.int64)
-        # The host group: gloo on every device, as for the host barrier.
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self.comm._barrier_group)
+        extremes = self.comm.host_max([self._calls, -self._calls, digest, -digest])
         if extremes[0] == -extremes[1] and extremes[2] == -extremes[3]:  # maximum == minimum
             self._unchecked.clear()
             return

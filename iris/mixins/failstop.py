@@ -6,7 +6,7 @@ different call) is recorded by the kernel where the host sees it without a synch
 kernel fills the call's outputs with NaN (integers: -1). The host checks the record before and
 after every iris call: on CPU ranks, where a kernel has finished when its launch returns, the
 failing call itself raises; on GPUs the next iris call does (or :meth:`check`, which waits for the
-stream first). A host barrier that times out and an asymmetric heap fail the context the same way.
+stream first). A host barrier that times out fails the context the same way.
 
 A failed context stays failed: every later call raises, naming the first failure, because its
 peers' protocol state (call counts, workspaces) no longer agrees with its own. What remains
@@ -19,12 +19,13 @@ import threading
 
 import torch
 
-from iris.errors import AsymmetricHeapError, IrisError, IrisTimeoutError
+from iris.errors import IrisError, IrisTimeoutError
 
 __all__ = ["FailStopMixin"]
 
-#: Errors after which the ranks' states may disagree: the context is failed.
-FAILING_ERRORS = (IrisTimeoutError, AsymmetricHeapError)
+#: Errors after which the ranks' protocol states may disagree: the context is failed. (An
+#: asymmetric heap is reported by every later barrier until the ranks' heaps agree again.)
+FAILING_ERRORS = (IrisTimeoutError,)
 
 
 class FailStopMixin:
@@ -39,8 +40,8 @@ class FailStopMixin:
 
     @property
     def failed(self) -> bool:
-        """Whether this context failed (a wait gave up, a host barrier timed out, or the heaps
-        differ across ranks): every call but ``destroy()`` raises from then on."""
+        """Whether this context failed (a wait gave up or a host barrier timed out): every call but
+        ``destroy()`` raises from then on."""
         return self._failure is not None or self._recorded_failure() is not None
 
     def _call(self, name: str) -> "_Call":

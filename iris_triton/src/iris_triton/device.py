@@ -22,7 +22,7 @@ from triton.runtime.jit import constexpr_function
 from iris.config import debug_from_environment
 from iris.errors import IrisError
 from iris.heap.symmetric import MAP_GRANULE
-from iris_triton.clock import now_ns
+from iris_triton.clock import INTERPRETING, now_ns
 
 __all__ = [
     "translate",
@@ -53,8 +53,6 @@ if CHECK_POINTERS:
     triton.knobs.runtime.debug = True
 #: log2 of the bytes of heap per byte of a rank's allocation map (debug mode's write checks).
 MAP_SHIFT: tl.constexpr = tl.constexpr(MAP_GRANULE.bit_length() - 1)
-#: Whether kernels run in Triton's interpreter (CPU ranks), which ignores device assertions.
-_INTERPRETING = bool(triton.knobs.runtime.interpret)
 
 
 @constexpr_function
@@ -95,7 +93,7 @@ def _unallocated_message(rank, peer, offset, lanes) -> str:
             f"call ctx.barrier() before peers write, free only after a barrier, and keep writes inside the tensor")
 
 
-if _INTERPRETING:
+if INTERPRETING:
 
     def _stop_outside(rank, peer, offset, lanes, heap_size):
         """Raise before the access: the interpreter runs device code as Python and ignores
@@ -304,8 +302,8 @@ def signal(ptr, value, from_rank, to_rank, heap_bases, sem: tl.constexpr = None,
     by one thread, and its release covers only what that thread has seen: the barrier first makes
     every thread's earlier writes part of it."""
     tl.debug_barrier()
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), _like(value, ptr), sem=_sem(sem, "release"),
-                          scope=_scope(scope))
+    return tl.atomic_xchg(_translate_write(ptr, from_rank, to_rank, heap_bases), _like(value, ptr),
+                          sem=_sem(sem, "release"), scope=_scope(scope))
 
 
 @triton.jit
