@@ -138,23 +138,23 @@ def _digest_checks(report: RankReport, rank: int, world: int) -> None:
 
 def _create_check(report: RankReport, rank: int) -> None:
     """iris.create() compares the digests after set-up: one rank's extra set-up allocation."""
-    from iris.mixins.heap import HeapMixin
+    from iris_triton.backend import TritonDeviceOps
 
-    original = HeapMixin._setup
+    original = TritonDeviceOps._setup
 
     def setup_with_an_extra_allocation(self):
         original(self)
         if self.rank == 1:
             self.zeros(1)
 
-    HeapMixin._setup = setup_with_an_extra_allocation
+    TritonDeviceOps._setup = setup_with_an_extra_allocation
     try:
         iris.create(heap_size=HEAP, device="cpu", debug=False)
         error = ""
     except AsymmetricHeapError as caught:
         error = str(caught)
     finally:
-        HeapMixin._setup = original
+        TritonDeviceOps._setup = original
     report["create/asymmetric_set_up_caught"] = ("iris.create()" in error and FIX in error) or error or "not caught"
 
 

@@ -19,11 +19,14 @@ saw, and the parent bounds every world in time and kills what is left. Short by 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import multiprocessing
 import os
 import pickle
 import random
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -56,6 +59,8 @@ COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broad
 FUSED = tuple(f"{k}/{m}" for k in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
               for m in ("fused", "sequential"))
 OPS = COLLECTIVES + FUSED
+#: A slow peer pauses every this many Python function calls (:func:`sluggish`).
+SLOWDOWN = int(os.environ.get("IRIS_CHAOS_SLOWDOWN", "400"))
 #: Elements per rank of a collective call (divisible by 2 and 3; several blocks and rounds).
 N = 600
 #: (rows per rank, K, N) of the ctx.ops calls: ragged against the 16 x 16 x 16 tiles of CPU ranks.
@@ -350,9 +355,31 @@ def late_peer_worker(rank, world, report, ops, victim, seed, late, timeout, vict
         report[f"failed/{op}"] = ctx.failed  # not destroyed: destroy is checked in the dead-peer test
 
 
-def slow_peer_worker(rank, world, report, ops, calls, delays, seed):
+@contextlib.contextmanager
+def sluggish(every: int, pause: float = 1e-4):
+    """Run the block with this process's Python (the interpreter running the kernels included)
+    slowed down: a pause every ``every`` function calls (0: not slowed)."""
+    if not every:
+        yield
+        return
+    events = itertools.count()
+
+    def hook(frame, event, arg):
+        if next(events) % every == 0:
+            time.sleep(pause)
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+def slow_peer_worker(rank, world, report, ops, calls, delays, seed, slowdown):
     """Consecutive calls of each op, new data every call, one rank (a different one per op) late
-    by ``delays[i]`` seconds (< the timeout) before call i: every call exact."""
+    by ``delays[i]`` seconds (< the timeout) before call i and running its even-numbered
+    collective calls ``slowdown`` (:func:`sluggish`): while it still reads call i, its peers
+    already push call i + 1. Every call exact."""
     ctx = _create(T_OK)
     for index, op in enumerate(ops):
         late = (index + len(str(seed))) % world
@@ -360,7 +387,8 @@ def slow_peer_worker(rank, world, report, ops, calls, delays, seed):
         for i in range(calls):
             if rank == late:
                 time.sleep(delays[(index + i) % len(delays)])
-            report[f"slow/{op}/{i}"] = attempt(ctx, op, ("slow", seed, i), n=N + 6 * world * (i % 3))
+            with sluggish(slowdown if rank == late and op in COLLECTIVES and i % 2 == 0 else 0):
+                report[f"slow/{op}/{i}"] = attempt(ctx, op, ("slow", seed, i), n=N + 6 * world * (i % 3))
     _sync()
     ctx.destroy()
 
@@ -544,7 +572,7 @@ def test_a_peer_late_by_less_than_the_timeout_gets_exact_results_every_call():
         rng = random.Random(seed)
         delays = (0.15, 0.3, 0.05) if not CHAOS_ITERS else tuple(rng.uniform(0.0, 0.4) for _ in range(5))
         for world in (2, 3):
-            specs.append((f"slow/{world}/{seed}", slow_peer_worker, world, (OPS, 4, delays, seed)))
+            specs.append((f"slow/{world}/{seed}", slow_peer_worker, world, (OPS, 4, delays, seed, SLOWDOWN)))
     results = run_worlds(specs, parallel=2)
     problems = []
     for result in results:

@@ -229,7 +229,7 @@ class Collectives:
         hand it to its algorithm (keeping the launch's repeat)."""
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
-        with self._context._call(f"ccl.{collective}"):
+        with self._context._call(f"ccl.{collective}", (output,) if isinstance(output, torch.Tensor) else ()):
             self._dispatch(collective, algorithm, output, input, validate, op, src)
 
     def _dispatch(self, collective: str, algorithm: str | None, output, input, validate: Callable[[], None], op: str,

@@ -44,11 +44,12 @@ class FailStopMixin:
         ``destroy()`` raises from then on."""
         return self._failure is not None or self._recorded_failure() is not None
 
-    def _call(self, name: str) -> "_Call":
-        """The guard of one iris call (``with ctx._call("ccl.all_reduce"): ...``): it raises if
-        another thread is inside a call on this context, or if the context failed before or
-        during the call; a failing error raised inside fails the context."""
-        return _Call(self, name)
+    def _call(self, name: str, outputs: tuple = ()) -> "_Call":
+        """The guard of one iris call (``with ctx._call("ccl.all_reduce", (out,)): ...``): it
+        raises if another thread is inside a call on this context, or if the context failed
+        before or during the call; a failing error raised inside fails the context. When the
+        call fails during it, ``outputs`` are filled with all-ones bits (:func:`poison`)."""
+        return _Call(self, name, outputs)
 
     def _raise_if_failed(self, name: str) -> None:
         if self._failure is not None:
@@ -92,14 +93,24 @@ class FailStopMixin:
             raise unreported
 
 
+def poison(tensor: torch.Tensor) -> None:
+    """Fill ``tensor`` with all-ones bits, as kernels do with what a failed wait left unverified:
+    NaN for floating-point dtypes, -1 for integers."""
+    tensor.view(_SAME_SIZE_INTEGER[tensor.element_size()]).fill_(-1)
+
+
+_SAME_SIZE_INTEGER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 class _Call:
     """The guard of one call (a class rather than a generator: it runs on every call's path)."""
 
-    __slots__ = ("context", "name")
+    __slots__ = ("context", "name", "outputs")
 
-    def __init__(self, context: FailStopMixin, name: str):
+    def __init__(self, context: FailStopMixin, name: str, outputs: tuple):
         self.context = context
         self.name = name
+        self.outputs = outputs
 
     def __enter__(self) -> None:
         context = self.context
@@ -120,5 +131,13 @@ class _Call:
                 context._raise_if_failed(self.name)
             elif isinstance(error, FAILING_ERRORS) and context._failure is None:
                 context._failure = error
+        except FAILING_ERRORS:
+            error = context._failure
+            raise
         finally:
+            if isinstance(error, FAILING_ERRORS):
+                # Kernels poison only the blocks they could not verify (another program may still
+                # have been sending from an in-place input); once the call is over, all of it.
+                for tensor in self.outputs:
+                    poison(tensor)
             context._in_use.release()
