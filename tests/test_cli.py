@@ -76,15 +76,18 @@ def test_run_starts_ranks_of_a_script_listening_on_loopback_only(tmp_path):
         ctx = iris.create(heap_size="8MiB")
         x = ctx.ones(5) * (ctx.rank + 1)
         ctx.ccl.all_reduce(x)
-        print(f"rank {ctx.rank} of {ctx.world_size}: {x.sum().item():g}; listening {listening(os.getpid())} "
-              f"launcher {listening(os.getppid())}", flush=True)
+        line = (f"rank {ctx.rank} of {ctx.world_size}: {x.sum().item():g}; listening {listening(os.getpid())} "
+                f"launcher {listening(os.getppid())}\\n")
+        os.write(1, line.encode())  # one write: print's text and newline can interleave with another rank's
         ctx.barrier()
         ctx.destroy()
     '''))
     proc = iris("run", "-n", "3", "--cpu", str(script), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     for rank in range(3):
-        line = next(line for line in proc.stdout.splitlines() if line.startswith(f"rank {rank} of 3: 30;"))  # 5 x 6
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(f"rank {rank} of 3: 30;")]  # 5 x 6
+        assert len(lines) == 1, proc.stdout
+        line = lines[0]
         ranks, launcher = (ast.literal_eval(part) for part in re.findall(r"\[[^]]*\]", line))
         # 127.0.0.1 as /proc writes it: the ranks' gloo sockets and the launcher's store, nothing else.
         assert ranks and set(ranks) <= {"0100007F"}, line
