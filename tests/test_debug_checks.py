@@ -26,7 +26,7 @@ import iris
 from iris.errors import AsymmetricHeapError, IrisError
 from iris.heap import SymmetricHeap
 from iris.heap.mapping import HeapMapping
-from iris.testing import RankReport, assert_rank_checks
+from iris.testing import RankReport, assert_rank_checks, interpreted_device
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="CPU ranks need /dev/shm")
 
@@ -241,7 +241,7 @@ def _worker(rank: int) -> bytes:
 def test_misuse_of_the_heap_is_caught_on_every_rank(world, monkeypatch):
     monkeypatch.setenv("IRIS_DEBUG", "1")  # the ranks import iris with the kernels' checks compiled in
     monkeypatch.setenv("IRIS_TIMEOUT", "60")
-    reports = [pickle.loads(zlib.decompress(p)) for p in iris.spawn(_worker, world, device="cpu")]
+    reports = [pickle.loads(zlib.decompress(p)) for p in iris.spawn(_worker, world, device=interpreted_device())]
     assert_rank_checks(reports, "digest/", minimum=world * 12)
     assert_rank_checks(reports, "create/", minimum=world)
     assert_rank_checks(reports, "write/", minimum=world * 9)

@@ -21,6 +21,7 @@ from iris.testing import (
     assert_rank_checks,
     backend_rank_device,
     interpreted_device,
+    rank_device,
     seeded_generator,
     spawn_reports,
 )
@@ -243,6 +244,7 @@ def test_the_patterns_example_runs_and_checks_itself():
     import sys
     from pathlib import Path
 
+    rank_device(2)  # the example's ranks: 2 GPUs, else CPU ranks (skips where the interpreter cannot run them)
     example = Path(__file__).resolve().parent.parent / "examples" / "fused_patterns.py"
     proc = subprocess.run([sys.executable, str(example), "--m", "20", "--k", "32", "--n", "24"], capture_output=True,
                           text=True, timeout=600)
