@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# Set up .venv (scripts/setup.sh) and run the test suite. Extra arguments go to pytest.
+# Set up .venv (scripts/setup.sh) and run the test suite, then the multi-rank tests on the newest
+# Triton and numpy (scripts/test_latest.sh). Extra arguments go to pytest, on .venv only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+status=0
+.venv/bin/python -m pytest -q || status=$?
+scripts/test_latest.sh || status=$?
+exit $status

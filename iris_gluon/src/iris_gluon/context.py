@@ -19,12 +19,13 @@ from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
 from iris_gluon.layouts import block_layout
-from iris_triton.context import DeviceMethods
+from iris_triton.context import with_device_methods
 
 __all__ = ["IrisDeviceCtx"]
 
 
-class IrisDeviceCtx(DeviceMethods):
+@with_device_methods
+class IrisDeviceCtx:
     rank: tl.tensor
     world_size: tl.tensor
     heap_bases: tl.tensor

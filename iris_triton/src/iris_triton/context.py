@@ -1,8 +1,8 @@
 """``DeviceContext``: the device API bound to one rank, built from ``ctx.get_device_context()``.
 
-The methods live in :class:`DeviceMethods`, which the Gluon backend's ``IrisDeviceCtx`` shares:
-they call the free functions of :mod:`iris_triton.device`, which compile under both Triton's
-and Gluon's front end (a callee is compiled in its caller's language). Only how a context is
+The methods live in :class:`DeviceMethods`, which the Gluon backend's ``IrisDeviceCtx`` shares
+(:func:`with_device_methods`): they call the free functions of :mod:`iris_triton.device`, which
+compile under both Triton's and Gluon's front end (a callee is compiled in its caller's language). Only how a context is
 built differs: here rank and world size are compile-time constants.
 
 Inside a kernel::
@@ -29,7 +29,7 @@ from triton.language.core import _aggregate as aggregate
 
 from iris_triton import device
 
-__all__ = ["DeviceContext", "DeviceMethods"]
+__all__ = ["DeviceContext", "DeviceMethods", "with_device_methods"]
 
 
 INTERPRETING = bool(knobs.runtime.interpret)
@@ -129,7 +129,18 @@ class DeviceMethods:
         return device.wait_until(ptr, value, self.rank, rank, self.heap_bases, timeout_ns, CMP, sem, scope)
 
 
-class DeviceContext(DeviceMethods):
+def with_device_methods(cls):
+    """``cls`` with every method of :class:`DeviceMethods` that it does not define itself. The
+    methods are shared by copying the same function objects into the class, not by inheritance:
+    newer Tritons (3.9) accept only other aggregates as an aggregate's base classes."""
+    for name, member in vars(DeviceMethods).items():
+        if not name.startswith("__") and name not in vars(cls):
+            setattr(cls, name, member)
+    return cls
+
+
+@with_device_methods
+class DeviceContext:
     rank: tl.constexpr
     world_size: tl.constexpr
     heap_bases: tl.tensor
