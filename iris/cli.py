@@ -215,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="iris", description="iris: symmetric-heap multi-GPU programming from "
                                      "Triton and Gluon kernels, on NVIDIA GPUs and CPU ranks.")
+    parser.add_argument("--version", action="version", version=f"iris {_version('iris')} (iris-triton "
+                        f"{_version('iris-triton')}, iris-gluon {_version('iris-gluon')})")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     p = commands.add_parser("info", help="versions, backends, heap providers, devices and links")
     p.set_defaults(handler=info)

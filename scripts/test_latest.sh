@@ -13,7 +13,7 @@ wanted=("pytest>=8" "build")
 "$venv_python" -m pip install -q --disable-pip-version-check --upgrade triton numpy
 "$venv_python" -m pip install -q --disable-pip-version-check "${wanted[@]}" -e . -e iris_triton -e iris_gluon
 "$venv_python" -c "import numpy, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-subset=(tests/test_ccl.py tests/test_device_api.py tests/test_testing_plugin.py tests/test_ptx.py tests/test_context.py
-        -k "not world3")
+subset=(tests/test_ccl.py tests/test_device_api.py tests/test_fused.py tests/test_testing_plugin.py tests/test_ptx.py
+        tests/test_context.py -k "not world3")
 [ $# -gt 0 ] || set -- "${subset[@]}"
 exec "$venv_python" -m pytest -q "$@"

@@ -171,7 +171,7 @@ def atomics_default(f32, i32, i64, heap_bases, peer, RANK: tl.constexpr, BLOCK: 
 
 @triton.jit
 def atomics_explicit_none(f32, i32, heap_bases, peer, RANK: tl.constexpr, BLOCK: tl.constexpr):
-    """``sem=None, scope=None`` spelled out, as DESIGN.md's signatures (and upstream iris kernels
+    """``sem=None, scope=None`` spelled out, as docs/device-api.md's signatures (and upstream iris kernels
     that forward their own arguments) write them: it must mean the defaults too."""
     offs = tl.arange(0, BLOCK)
     one = tl.full([BLOCK], 1, tl.int32)

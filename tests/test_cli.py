@@ -34,6 +34,15 @@ def test_every_command_has_help(command):
     assert "usage: iris" in proc.stdout
 
 
+def test_version_names_the_three_distributions():
+    from importlib.metadata import version
+
+    proc = iris("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"iris {version('iris')} (iris-triton {version('iris-triton')}, "
+                           f"iris-gluon {version('iris-gluon')})\n"), proc.stdout
+
+
 def test_info_names_backends_with_their_distributions_and_the_devices():
     proc = iris("info")
     assert proc.returncode == 0, proc.stderr

@@ -231,9 +231,17 @@ def test_cuda_graph_capture_and_replay(reports):
 ])
 def test_automatic_choice_overlaps_where_there_is_communication_to_hide(layer, m, K, N, overlap):
     # all_gather_matmul on 2 ranks: the copy engines run when the communication's estimated share
-    # of the product is large enough to be worth splitting the product for.
-    share = communication_share(flops=2 * 2 * m * N * K, sent=m * K * 2)
-    assert (share >= COPY_ENGINE_MIN_SHARE) == overlap, share
+    # of the product is large enough to be worth splitting the product for. The choice itself, as a
+    # GPU context makes it (no GPU needed: it reads only the device type).
+    from types import SimpleNamespace
+
+    from iris_triton.ops import FusedOps
+
+    flops, sent = 2 * 2 * m * N * K, m * K * 2
+    gpu_context = SimpleNamespace(device=torch.device("cuda", 0), debug=lambda message: None)
+    chosen = FusedOps._method(SimpleNamespace(_context=gpu_context), "all_gather_matmul", None, flops, sent)
+    assert chosen == ("copy_engine" if overlap else "sequential"), communication_share(flops, sent)
+    assert (communication_share(flops, sent) >= COPY_ENGINE_MIN_SHARE) == overlap
 
 
 def test_the_patterns_example_runs_and_checks_itself():

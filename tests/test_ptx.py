@@ -133,7 +133,7 @@ def test_atomics_carry_requested_sem_and_scope(ptx, sem, scope, api):
 
 
 def test_explicit_none_sem_and_scope_mean_the_defaults(ptx):
-    # DESIGN.md writes the atomics as ``..., sem=None, scope=None)``, and upstream iris kernels
+    # docs/device-api.md writes the atomics as ``..., sem=None, scope=None)``, and upstream iris kernels
     # forward their own ``sem``/``scope`` arguments, None included. None must not fall through to
     # Triton's own default scope, "gpu", which a peer GPU does not observe.
     ops = ops_of(ptx, "atomics_explicit_none")
