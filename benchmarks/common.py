@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RUNS_DIR = Path(__file__).resolve().parent / "runs"
 
 
 def environment() -> dict[str, Any]:
@@ -46,7 +46,7 @@ def summarize(samples: list[float]) -> dict[str, float]:
 def write_results(name: str, payload: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path:
     """Write ``payload`` plus the environment as ``<name>-<date>.json``; returns the path."""
     record = {"benchmark": name, "environment": environment(), **payload}
-    directory = Path(out_dir) if out_dir else RESULTS_DIR
+    directory = Path(out_dir) if out_dir else RUNS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     stamp = record["environment"]["date"][:10]
     path = directory / f"{name}-{stamp}.json"
