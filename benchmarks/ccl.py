@@ -6,7 +6,7 @@ to back between CUDA events (captured as one graph, or launched eagerly), ``--re
 each rank's median, and the slowest rank's median is the figure. In-place all_reduce is checked
 on a fresh copy of the input but timed on the same buffer call after call (the values grow, which
 costs nothing; a copy per call would add a local copy of the input to every figure). Results go to
-``benchmarks/results/ccl-<date>.json`` (or ``--out``) with one PNG per collective.
+``benchmarks/runs/ccl-<date>.json`` (or ``--out``) with one PNG per collective.
 
     python -m benchmarks.ccl [--min 8KiB] [--max 256MiB | --sizes 70MiB,...] [--backend triton] [--out DIR]
 """

@@ -5,7 +5,7 @@ every collective runs at every size with that shape forced (``iris_triton.ccl.CO
 checked against torch (all_reduce against NCCL's), then timed (an in-place all_reduce on its
 buffer as is, no copy per call): ``--calls`` calls captured in one
 graph, the median of 5 replays, the slowest rank's. Results go to
-``benchmarks/results/ccl_configs-<date>.json`` (or ``--out``); ``benchmarks/NOTES.md`` says
+``benchmarks/runs/ccl_configs-<date>.json`` (or ``--out``); ``benchmarks/NOTES-archive.md`` says
 which shapes ``CONFIGS`` keeps. With ``--all-reduce low_latency`` the shapes (words per block,
 warps) of the low-latency all_reduce (``iris_triton.low_latency.LAUNCH_SHAPES``) are compared
 instead, against one-shot; with ``--all-reduce sentinel`` those of the sentinel all_reduce

@@ -13,7 +13,7 @@ or ``torch.matmul`` then NCCL ``reduce_scatter_tensor``), by each of ``ctx.ops``
 (``method=None``: "auto"). Results are checked against the baseline's, then
 timed per call under CUDA graphs (``--calls`` calls per graph, median of ``--repeats``
 replays taken in turn across the implementations, the slowest rank). Results go to
-``benchmarks/results/fused-<date>.json`` (or ``--out``) with a plot.
+``benchmarks/runs/fused-<date>.json`` (or ``--out``) with a plot.
 
     python -m benchmarks.fused [--tokens 2048,4096,8192,16384] [--out DIR]
 """

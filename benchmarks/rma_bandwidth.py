@@ -4,7 +4,7 @@ Rank 0 runs one persistent kernel that moves ``size`` bytes between its heap and
 (rank 1 stays idle), timed with CUDA events (median of repeats). The kernel is one source,
 compiled by each backend's front end (a Triton kernel, a Gluon kernel). Torch's peer copy (the
 copy engine, ``tensor.to("cuda:1")``) of the same bytes is measured in the same run. Results go
-to ``benchmarks/results/rma_bandwidth-<backend>-<date>.json`` (or ``--out``) with a PNG plot.
+to ``benchmarks/runs/rma_bandwidth-<backend>-<date>.json`` (or ``--out``) with a PNG plot.
 
     python -m benchmarks.rma_bandwidth [--min 4KiB] [--max 1GiB] [--backends triton,gluon] [--out DIR]
 """

@@ -14,7 +14,7 @@ Three forms of the same copy between this rank's heap and the peer's heap:
 
 Every variant is checked against torch first; then each repeat times every variant once, in turn,
 so clock drift hits all alike. Torch's peer copy is measured the same way. Results go to
-``benchmarks/results/rma_variants-<date>.json`` (or ``--out``).
+``benchmarks/runs/rma_variants-<date>.json`` (or ``--out``).
 
     python -m benchmarks.rma_variants [--size 1GiB] [--repeats 15] [--out DIR]
 """

@@ -100,7 +100,7 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
 #: sentinel (one-shot into a workspace whose NaN sentinel marks missing data: no fence, no flag,
 #: the bytes of a one-shot) up to the second; one-shot (every rank receives every input: one
 #: exchange) up to the third; two-shot (reduce-scatter then all-gather: two exchanges, each rank
-#: reducing only its share) above. Measured on 2 x H200 (benchmarks/NOTES.md); other world sizes
+#: reducing only its share) above. Measured on 2 x H200 (benchmarks/NOTES-archive.md); other world sizes
 #: are not measured yet, and take no sentinel.
 LOW_LATENCY_MAX_BYTES = {2: 256 << 10}
 LOW_LATENCY_MAX_BYTES_DEFAULT = 64 << 10

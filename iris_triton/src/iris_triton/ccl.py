@@ -313,7 +313,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
 #: rounds per program and call (each one signal more), and warps. It may change from one call to
 #: the next: a rank's calls run one after another on its stream, and every shape alternates the
 #: workspace slots alike. On 2 x H200, with the rounds pipelined, more and smaller rounds measured faster as
-#: the size grows (sweeps of benchmarks/ccl_configs.py in benchmarks/NOTES.md).
+#: the size grows (sweeps of benchmarks/ccl_configs.py in benchmarks/NOTES-archive.md).
 CONFIGS = {
     "cuda": ((16 << 20, dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8)),
              (64 << 20, dict(BLOCK=8192, ROUND=2, SYNCS=16, num_warps=16)),

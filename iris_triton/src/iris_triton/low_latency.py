@@ -153,7 +153,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
 
 #: Launch shape per device type: 64-bit words per block (a power of two, at least 4) and warps.
 #: On 2 x H200 256 words x 4 warps was fastest or tied from 8 KiB to 1 MiB among 7 shapes
-#: (benchmarks/NOTES.md).
+#: (benchmarks/NOTES-archive.md).
 LAUNCH_SHAPES = {"cuda": dict(BLOCK=256, num_warps=4), "cpu": dict(BLOCK=64)}
 #: Most bytes per rank a call may have: the workspace holds twice the input per peer and slot,
 #: which is worth it only where latency dominates (the automatic choice stops far below).

@@ -131,7 +131,7 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
 
 #: Launch shape per device type: elements per block (even, so a block's first element starts a
 #: 32-bit word), blocks a program pushes ahead of the one it reduces, and warps. On 2 x H200 a lag
-#: of 1 beat pushing every block first at 4-8 MiB per rank (benchmarks/NOTES.md, v15).
+#: of 1 beat pushing every block first at 4-8 MiB per rank (benchmarks/NOTES-archive.md, v15).
 LAUNCH_SHAPES = {"cuda": dict(BLOCK=2048, LAG=1, num_warps=8), "cpu": dict(BLOCK=64, LAG=1)}
 #: Most bytes per rank a call may have: the workspace holds two slots of every rank's input.
 MAX_BYTES = 8 << 20
