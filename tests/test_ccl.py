@@ -16,7 +16,14 @@ import torch
 import iris
 import iris.collectives as collectives
 import iris.mixins.ccl as ccl_mixin
-from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
+from iris.testing import (
+    RankReport,
+    assert_rank_checks,
+    backend_rank_device,
+    interpreted_device,
+    seeded_generator,
+    spawn_reports,
+)
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
 from iris_triton import low_latency, sentinel
@@ -399,6 +406,31 @@ def test_a_capture_on_one_rank_keeps_outgrown_workspaces_on_every_rank():
     # Keeping on one rank and freeing on another would leave the ranks' heaps different.
     reports = spawn_reports(_one_rank_captured_worker, 2, "cpu", device="cpu")
     assert_rank_checks(reports, "captured/", 2 * 2)
+
+
+def _low_latency_slot_flags(rank: int, n: int) -> list[list[int]]:
+    """Two consecutive low-latency calls of ``n`` float32 elements, then, per workspace slot, the
+    distinct flags (high halves) of the words the peer pushed into this rank's region for it."""
+    ctx = iris.create(heap_size="16MiB", device="cpu")
+    x = ctx.ones(n)
+    for _ in range(2):
+        ctx.ccl.all_reduce(x, algorithm="low_latency")
+    # The calls' own workspace (the same request: one 64-bit word per 32-bit payload word).
+    ws, region_bytes = ctx.ccl.slot_regions(n * 8, name="low_latency", fill=0)
+    words, capacity, peer = ws.view(torch.int64), region_bytes // 8, 1 - rank
+    flags = [sorted(set((words[(slot * 2 + peer) * capacity:][:n] >> 32).tolist())) for slot in (0, 1)]
+    ctx.destroy()
+    return flags
+
+
+def test_consecutive_low_latency_calls_use_the_two_slots_in_turn():
+    # Call k + 1 must not write where a slow peer may still read call k: the two calls' words sit
+    # in different slots, each slot holding one call's flag. (A slow peer rarely loses that race
+    # on CPU ranks, so the slow-peer tests alone would not notice one shared slot.)
+    for rank, flags in enumerate(iris.spawn(_low_latency_slot_flags, 2, 40, device=interpreted_device())):
+        first, second = flags
+        assert len(first) == len(second) == 1 and 0 not in first + second and first != second, \
+            f"rank {rank}: flags of the peer's words per slot: {flags}"
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
