@@ -226,7 +226,8 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("bench", help="run the benchmarks of a source checkout (2 GPUs), write JSON and plots")
     p.add_argument("--quick", action="store_true", help="small sizes only: a short run")
     p.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
-    p.add_argument("--out", default=None, help="directory for JSON and PNG files (default benchmarks/runs, which git ignores)")
+    p.add_argument("--out", default=None,
+                   help="directory for JSON and PNG files (default benchmarks/runs, which git ignores)")
     p.set_defaults(handler=bench)
     p = commands.add_parser(
         "run", help="run a script on N ranks (CPU ranks when no GPU is visible)",

@@ -2,8 +2,9 @@
 
 The methods live in :class:`DeviceMethods`, which the Gluon backend's ``IrisDeviceCtx`` shares
 (:func:`with_device_methods`): they call the free functions of :mod:`iris_triton.device`, which
-compile under both Triton's and Gluon's front end (a callee is compiled in its caller's language). Only how a context is
-built differs: here rank and world size are compile-time constants.
+compile under both Triton's and Gluon's front end (a callee is compiled in its caller's
+language). Only how a context is built differs: here rank and world size are compile-time
+constants.
 
 Inside a kernel::
 
