@@ -5,6 +5,7 @@ Precedence for every field: explicit argument, then the environment variable, th
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -129,7 +130,9 @@ class ContextConfig:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "ContextConfig":
-        """Resolve a config: keyword overrides (None means unset), then IRIS_* variables."""
+        """Resolve a config: keyword overrides (None means unset), then IRIS_* variables. An
+        override that names no option is a TypeError that lists the options."""
+        _check_option_names(cls, overrides)
         env = {
             "backend": os.environ.get("IRIS_BACKEND"),
             "heap_size": os.environ.get("IRIS_HEAP_SIZE"),
@@ -141,3 +144,13 @@ class ContextConfig:
         values = {k: v for k, v in env.items() if v not in (None, "")}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def _check_option_names(cls: type, overrides: dict[str, Any]) -> None:
+    known = sorted(field.name for field in attrs.fields(cls))
+    for name in overrides:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"iris.create() got an unknown option {name!r}{hint}; the options are "
+                            f"{', '.join(known)}")

@@ -7,6 +7,7 @@ import logging
 import attrs
 import pytest
 
+import iris
 from iris.config import DEFAULT_HEAP_SIZE, ContextConfig, parse_size
 
 pytestmark = pytest.mark.usefixtures("clean_iris_env", "no_on_timeout_env")
@@ -219,3 +220,13 @@ def test_bad_on_timeout_from_env_names_the_variable_and_the_choices(monkeypatch)
     monkeypatch.setenv("IRIS_ON_TIMEOUT", "exit")
     with pytest.raises(ValueError, match="IRIS_ON_TIMEOUT.*raise, trap.*'exit'"):
         ContextConfig.from_env()
+
+
+def test_a_misspelt_option_names_the_options():
+    with pytest.raises(TypeError, match=r"unknown option 'heap_sise' \(did you mean 'heap_size'\?\); the options are "
+                                        r"backend, debug, device, heap_provider, heap_size, log_level, on_timeout"):
+        ContextConfig.from_env(heap_sise="8MiB")
+    with pytest.raises(TypeError, match=r"unknown option 'colour'; the options"):
+        ContextConfig.from_env(colour="red")
+    with pytest.raises(TypeError, match=r"iris.create\(\) got an unknown option 'heap_sise'"):
+        iris.create(heap_sise="8MiB")  # before any process group or heap is made
