@@ -5,8 +5,8 @@ Spawns one rank per GPU (two CPU ranks running Triton's interpreter when no GPU 
 rank allocates on the heap, stores into its right neighbour's heap from inside a Triton kernel,
 crosses a device-side barrier, then runs every collective of ``ctx.ccl`` on random data and
 compares the result with a torch reference built from every rank's input. Rank 0 prints one
-line per step: whether every rank got it right, and the slowest rank's time (first calls, so
-compilation is included).
+line per step as soon as every rank finished it: whether every rank got it right, and the slowest
+rank's time (first calls, so compilation is included).
 """
 
 from __future__ import annotations
@@ -79,18 +79,33 @@ def _collectives(ctx, inputs) -> dict[str, Callable[[], bool]]:
     }
 
 
-def run_rank(rank: int) -> list[tuple[str, bool, float]]:
-    """The demo's steps on one rank: ``(step, correct, seconds)``."""
+def _report(ctx, step: str, ok: bool, seconds: float) -> bool:
+    """Whether ``step`` was right on every rank; rank 0 prints its line as soon as every rank is
+    done with it (so a slow step shows which one it is). This is a collective operation."""
+    results = ctx.comm.all_gather_object((ok, seconds))
+    everywhere = all(right for right, _ in results)
+    if ctx.rank == 0:
+        print(f"{step:44s} {'ok' if everywhere else 'FAILED':8s} {max(t for _, t in results) * 1e3:11.1f} ms",
+              flush=True)
+    return everywhere
+
+
+def run_rank(rank: int) -> bool:
+    """The demo's steps on one rank, each reported as it finishes; whether every step was right
+    on every rank."""
     start = time.perf_counter()
     ctx = iris.create(heap_size="64MiB")
-    steps = [(f"create context ({ctx.device.type}, {ctx.world_size} ranks)", True, time.perf_counter() - start)]
+    if ctx.rank == 0:
+        print(f"{'step':44s} {'result':8s} {'slowest rank':>14s}", flush=True)
+    right = _report(ctx, f"create context ({ctx.device.type}, {ctx.world_size} ranks)", True,
+                    time.perf_counter() - start)
     inputs = _inputs(ctx.world_size, ctx.device)
-    steps.append(("remote store into the next rank", *_timed(lambda: _ring_store(ctx, inputs))))
-    steps.append(("device-side barrier", *_timed(lambda: (ctx.device_barrier(), ctx.barrier()) and True)))
+    right &= _report(ctx, "remote store into the next rank", *_timed(lambda: _ring_store(ctx, inputs)))
+    right &= _report(ctx, "device-side barrier", *_timed(lambda: (ctx.device_barrier(), ctx.barrier()) and True))
     for name, check in _collectives(ctx, inputs).items():
-        steps.append((name, *_timed(check)))
+        right &= _report(ctx, name, *_timed(check))
     ctx.destroy()
-    return steps
+    return right
 
 
 def main(nprocs: int | None = None) -> int:
@@ -100,12 +115,5 @@ def main(nprocs: int | None = None) -> int:
     device = "cuda" if gpus >= 1 else "cpu"
     nprocs = nprocs or (gpus if device == "cuda" else 2)
     print(f"iris {iris.__version__}: {nprocs} {'GPU' if device == 'cuda' else 'CPU'} ranks, backends "
-          f"{iris.available_backends()}")
-    per_rank = iris.spawn(run_rank, nprocs, device=device)
-    failed = False
-    print(f"{'step':44s} {'result':8s} {'slowest rank':>14s}")
-    for i, (name, _, _) in enumerate(per_rank[0]):
-        ok = all(steps[i][1] for steps in per_rank)
-        failed |= not ok
-        print(f"{name:44s} {'ok' if ok else 'FAILED':8s} {max(s[i][2] for s in per_rank) * 1e3:11.1f} ms")
-    return 1 if failed else 0
+          f"{iris.available_backends()}", flush=True)
+    return 0 if all(iris.spawn(run_rank, nprocs, device=device)) else 1
