@@ -14,7 +14,9 @@ The ranks are GPUs when at least N are visible, else CPU ranks (Triton's interpr
 gets a fresh context (``rank_ctx``); a rank whose test body raises is reported with its own
 traceback, every failing rank in one failure. ``@pytest.mark.iris_ranks(n, backend="triton",
 heap_size="32MiB", timeout=120)`` sets the context's options; the test function must be defined
-at module level (ranks import it by name) and take only ``rank_ctx``.
+at module level (ranks import it by name). Besides ``rank_ctx`` it may take parameters
+(``@pytest.mark.parametrize``) and fixtures whose values pickle (``tmp_path``, say): the ranks get
+the values the parent resolved.
 
 For tests that want one spawn to make many checks: :func:`spawn_reports` runs a worker on N
 ranks that fills a :class:`RankReport`; :func:`assert_rank_checks` asserts on every rank's.
@@ -23,6 +25,7 @@ ranks that fills a :class:`RankReport`; :func:`assert_rank_checks` asserts on ev
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import pickle
 import socket
 import traceback
@@ -167,24 +170,41 @@ def assert_rank_checks(reports: list[dict], prefix: str, minimum: int) -> None:
 # -- the marker -------------------------------------------------------------------------------------------
 
 
-def _run_test_on_rank(rank: int, test: Callable, options: dict[str, Any], device: str) -> str | None:
-    """One rank of a marked test: a fresh context, the test body; its traceback if it raised."""
+def _run_test_on_rank(rank: int, test: Callable, arguments: dict[str, Any], options: dict[str, Any],
+                      device: str) -> str | None:
+    """One rank of a marked test: a fresh context, the test body, the context destroyed; the
+    tracebacks of what raised, if anything did."""
     ctx = iris.create(device=device, **options)
-    failure = None
+    failures = []
     try:
-        test(rank_ctx=ctx)
+        test(rank_ctx=ctx, **arguments)
     except BaseException:  # reported to the parent, which fails the test with every rank's traceback
-        failure = traceback.format_exc()[-MAX_TRACEBACK:]
-    ctx.destroy()
-    return failure
+        failures.append(traceback.format_exc()[-MAX_TRACEBACK:])
+    try:
+        ctx.destroy()
+    except BaseException:
+        failures.append("ctx.destroy() raised after the test body:\n" + traceback.format_exc()[-MAX_TRACEBACK:])
+    return "\n".join(failures) or None
 
 
-def run_on_ranks(test: Callable, nprocs: int, *, timeout: float = 120, **options) -> None:
-    """Run ``test(rank_ctx=ctx)`` on ``nprocs`` ranks; fail (pytest) with the traceback of every
-    rank where it raised. ``options`` go to :func:`iris.create` (``backend``, ``heap_size``, ...)."""
+def run_on_ranks(test: Callable, nprocs: int, *, timeout: float = 120, arguments: dict[str, Any] | None = None,
+                 **options) -> None:
+    """Run ``test(rank_ctx=ctx, **arguments)`` on ``nprocs`` ranks; fail (pytest) with the
+    traceback of every rank where it (or the context's ``destroy()``) raised. ``arguments`` are
+    the test's other arguments (parameters, fixture values: they must pickle); ``options`` go to
+    :func:`iris.create` (``backend``, ``heap_size``, ...)."""
+    arguments = arguments or {}
+    for name, value in arguments.items():
+        try:
+            pickle.dumps(value)
+        except Exception as error:
+            raise pytest.UsageError(f"{getattr(test, '__name__', test)}: its argument {name!r} cannot be sent to the "
+                                    f"ranks ({type(error).__name__}: {error}); tests marked @pytest.mark.{MARKER} take "
+                                    f"parameters and fixtures whose values pickle (tmp_path does; a lock or an open "
+                                    f"file does not: make such things inside the test)") from error
     device = backend_rank_device(options.get("backend") or "triton", nprocs)
     with _rank_environment(timeout):
-        failures = iris.spawn(_run_test_on_rank, nprocs, test, options, device, device=device)
+        failures = iris.spawn(_run_test_on_rank, nprocs, test, arguments, options, device, device=device)
     report = [f"--- rank {rank} of {nprocs} ({device}) ---\n{text}" for rank, text in enumerate(failures) if text]
     if report:
         pytest.fail(f"the test failed on {len(report)} of {nprocs} ranks:\n" + "\n".join(report), pytrace=False)
@@ -212,5 +232,7 @@ def pytest_pyfunc_call(pyfuncitem):
     if not isinstance(nprocs, int) or nprocs < 1:
         raise pytest.UsageError(f"@pytest.mark.{MARKER} needs a number of ranks >= 1, got {nprocs!r}")
     options = {k: v for k, v in marker.kwargs.items() if k != "n"}
-    run_on_ranks(pyfuncitem.obj, nprocs, **options)
+    arguments = {name: pyfuncitem.funcargs[name] for name in inspect.signature(pyfuncitem.obj).parameters
+                 if name != "rank_ctx"}
+    run_on_ranks(pyfuncitem.obj, nprocs, arguments=arguments, **options)
     return True

@@ -32,6 +32,58 @@ def test_remote_views_on_an_odd_world(rank_ctx):
     rank_ctx.barrier()
 
 
+@pytest.mark.parametrize("size", [1, 19])
+@pytest.mark.iris_ranks(2)
+def test_parameters_and_fixtures_reach_every_rank(rank_ctx, size, tmp_path):
+    (tmp_path / f"rank{rank_ctx.rank}").write_text(str(size))  # every rank sees the parent's tmp_path
+    x = rank_ctx.full((size,), float(rank_ctx.rank + 1))
+    rank_ctx.ccl.all_reduce(x)
+    assert torch.equal(x.cpu(), torch.full((size,), 3.0))
+    rank_ctx.barrier()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+
+
+def test_a_fixture_that_does_not_pickle_is_a_usage_error(pytester):
+    pytester.makepyfile(textwrap.dedent('''
+        import threading
+
+        import pytest
+
+        @pytest.fixture
+        def lock():
+            return threading.Lock()
+
+        @pytest.mark.iris_ranks(2)
+        def test_wants_a_lock(rank_ctx, lock):
+            pass
+    '''))
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*argument 'lock' cannot be sent to the ranks (TypeError: cannot pickle*"])
+    assert result.ret != 0
+
+
+def test_a_destroy_that_raises_is_reported_by_rank(pytester):
+    rank_device(2)  # the plugin's ranks: skips where they would be skipped too
+    pytester.makepyfile(textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.iris_ranks(2)
+        def test_destroy_fails_on_rank_one(rank_ctx):
+            if rank_ctx.rank == 1:
+                real = rank_ctx.destroy
+
+                def destroy():
+                    real()
+                    raise RuntimeError("destroy went wrong on rank 1")
+
+                rank_ctx.destroy = destroy
+    '''))
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the test failed on 1 of 2 ranks*", "*--- rank 1 of 2*",
+                                 "*ctx.destroy() raised after the test body*", "*destroy went wrong on rank 1*"])
+
+
 def test_a_failing_rank_is_reported_with_its_traceback(pytester):
     rank_device(2)  # the plugin's ranks: skips where they would be skipped too
     pytester.makepyfile(textwrap.dedent('''
