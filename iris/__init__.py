@@ -2,17 +2,19 @@
 
 ``import iris`` reads backend metadata only: Triton and the backends are imported on first use.
 Inside ``@triton.jit`` kernels, ``iris.load``, ``iris.store``, ``iris.atomic_add`` and the other
-device functions of the Triton backend resolve to :mod:`iris_triton`, so kernels written for
-upstream iris run unchanged.
+device functions of the default backend (``"triton"``) resolve to the functions that backend
+exports (its :attr:`Backend.device_api`), so kernels written for upstream iris run unchanged.
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from iris.backend import Backend, DeviceOps
-from iris.context import create, iris
+from iris.config import DEFAULT_BACKEND
+from iris.context import Context, create, iris
 from iris.errors import (
     AsymmetricHeapError,
     BackendNotFoundError,
@@ -22,7 +24,7 @@ from iris.errors import (
     NotOnHeapError,
     RankFailedError,
 )
-from iris.registry import available_backends, is_backend_available, register_backend
+from iris.registry import available_backends, get_backend, is_backend_available, register_backend
 from iris.spawn import spawn
 
 try:
@@ -30,21 +32,16 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-#: Device functions reachable as ``iris.<name>`` inside ``@triton.jit`` kernels.
-_TRITON_DEVICE_NAMES = frozenset({
-    "translate", "load", "store", "get", "put", "copy", "atomic_add", "atomic_sub", "atomic_xchg",
-    "atomic_and", "atomic_or", "atomic_xor", "atomic_min", "atomic_max", "atomic_cas", "signal",
-    "wait_until", "DeviceContext",
-})
-
 
 def __getattr__(name: str) -> Any:
-    """Resolve ``iris.load`` and the other Triton device functions on first use (PEP 562), so
-    that ``import iris`` stays free of Triton."""
-    if name in _TRITON_DEVICE_NAMES:
-        import iris_triton
-
-        return getattr(iris_triton, name)
+    """Resolve ``iris.load`` and the other device functions of the default backend on first use
+    (PEP 562), so that ``import iris`` imports no backend and no Triton."""
+    if not name.startswith("_") and is_backend_available(DEFAULT_BACKEND):
+        module_name = get_backend(DEFAULT_BACKEND).device_api
+        if module_name is not None:
+            module = importlib.import_module(module_name)
+            if name in module.__all__:
+                return getattr(module, name)
     raise AttributeError(f"module 'iris' has no attribute {name!r}")
 
 
@@ -52,6 +49,7 @@ __all__ = [
     "AsymmetricHeapError",
     "Backend",
     "BackendNotFoundError",
+    "Context",
     "DeviceOps",
     "HeapExhaustedError",
     "IrisError",

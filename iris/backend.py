@@ -1,28 +1,86 @@
-"""What a backend provides: its name, the device types it runs on, and its DeviceOps class."""
+"""The backend contract: what a backend provides to the core, and what the core provides to it.
+
+A backend is an :class:`Backend` registered under the entry-point group ``iris.backends``. Its
+host side is a :class:`DeviceOps` subclass, mixed leftmost into the context class
+(:class:`iris.context.Context` holds the core's part), so it may use everything the core provides
+and override the cooperative hooks.
+
+What the core provides to a backend's DeviceOps (attributes of the context it is mixed into):
+
+- identity: ``rank``, ``world_size``, ``device`` (a ``torch.device``), ``config``
+  (:class:`iris.config.ContextConfig`: ``timeout``, ``on_timeout``, ``debug``, ...), ``comm``
+  (:class:`iris.bootstrap.Communicator`: host collectives over torch.distributed);
+- the heap: ``heap``, ``get_heap_bases()``, ``get_device_context()``, ``zeros``/``empty``/... (tensors
+  on the heap), ``free``;
+- ``workspaces`` (:class:`iris.workspaces.Workspaces`): named heap buffers grown collectively,
+  CUDA-graph aware, for the backend's protocols;
+- ``barrier()`` (host), ``_call(name, outputs)`` (the fail-stop guard every iris call runs
+  inside), logging (``debug``/``info``/``warning``/``error``);
+- the hooks ``_setup()`` (after the heap exists) and ``_teardown()``, which call ``super()``.
+
+What a backend provides: the members of :class:`DeviceOps` below. Abstract ones must be defined
+(a context class missing one cannot be created); the others have working defaults.
+"""
 
 from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Callable, ClassVar
 
 import attrs
 
 __all__ = ["Backend", "DeviceOps"]
 
 
-class DeviceOps:
-    """Base of a backend's host side (building and launching its kernels).
+class DeviceOps(metaclass=abc.ABCMeta):
+    """Base of a backend's host side: the device-side services of a context.
 
-    A backend subclasses it; the subclass goes leftmost in the assembled context class, so its
-    ``_setup``/``_teardown`` hooks run last/first. It may use everything the other mixins add.
+    A backend subclasses it; the subclass goes leftmost in the context class, so its
+    ``_setup``/``_teardown`` hooks run last/first. It may use everything the core provides
+    (listed in :mod:`iris.backend`).
     """
+
+    #: The language the backend's kernels are written in (``"triton"``, ``"gluon"``, ...), matched
+    #: against the languages a collective algorithm declares (:class:`iris.collectives.Algorithm`);
+    #: None for a backend that compiles no kernels of its own.
+    kernel_language: ClassVar[str | None] = None
+
+    @abc.abstractmethod
+    def device_barrier(self) -> None:
+        """Device-side barrier: returns at once on the host; device work queued after it on this
+        rank starts only once every rank reached its own. Collective; fails the context (an
+        IrisTimeoutError) when a peer does not arrive within ``config.timeout``."""
 
     def _recorded_failure(self) -> str | None:
         """What a device-side wait of this rank recorded when it gave up, as a message for
-        IrisTimeoutError, or None; read without waiting for the device (FailStopMixin)."""
+        IrisTimeoutError, or None; read without waiting for the device (FailStopMixin). The
+        default: nothing is recorded on the device."""
         return None
+
+    def _demo_steps(self, inputs: list) -> dict[str, Callable[[], bool]]:
+        """Extra steps for ``iris demo``, run before the collectives: ``{title: check}``, each
+        check returning whether this rank's result is right; ``inputs`` is every rank's input,
+        the same on every rank. The default: none."""
+        return {}
 
     @classmethod
     def check_environment(cls, device) -> None:
         """Raise IrisError if this process cannot run the backend's kernels on ``device``;
         called by ``create`` before any collective set-up, so a bad environment fails fast."""
+
+    @classmethod
+    def unavailable_reason(cls, device_type: str) -> str | None:
+        """Why the backend's kernels cannot run on ``device_type`` ranks in this installation
+        (package versions, say), or None when they can. Asked before ranks are started (tests
+        skip with it); cheap, and needs none of :meth:`rank_environment` set."""
+        return None
+
+    @classmethod
+    def rank_environment(cls, device_type: str) -> Mapping[str, str]:
+        """Environment variables a process must have before it imports the backend to run its
+        kernels on ``device_type`` ranks (``iris.spawn`` and ``iris run`` set them in the ranks)."""
+        return {}
 
 
 @attrs.frozen(kw_only=True)
@@ -31,9 +89,21 @@ class Backend:
 
     name: str
     """Name users select it by, e.g. ``"triton"``."""
-    device_ops: type[DeviceOps]
+    device_ops: type[DeviceOps] = attrs.field()
     """Its host side, mixed into the context class."""
     device_types: frozenset[str] = attrs.field(default=frozenset({"cuda", "cpu"}), converter=frozenset)
     """Device types its kernels run on."""
     unsupported_device_hint: str = ""
     """Appended to the error for a device type it does not run on (what to use instead)."""
+    context_class: type | None = None
+    """Its context class, when declared in source (``class MyContext(MyDeviceOps, iris.Context)``);
+    None: iris composes ``device_ops`` with :class:`iris.context.Context` under the name
+    ``<Name>Context``."""
+    device_api: str | None = None
+    """The module whose ``__all__`` lists the functions kernels call (``iris.load`` and the other
+    upstream-compatible names resolve there for the default backend), or None."""
+
+    @device_ops.validator
+    def _check_device_ops(self, attribute, value) -> None:
+        if not (isinstance(value, type) and issubclass(value, DeviceOps)):
+            raise TypeError(f"backend {self.name!r}: device_ops must be a subclass of iris.DeviceOps, got {value!r}")

@@ -1,18 +1,26 @@
-"""Collective algorithms: what one is, the registry of each collective, and the automatic choice.
+"""Collective algorithms: what one is, where it applies, the registry of each collective, and the
+automatic choice.
 
-An :class:`Algorithm` implements one collective (``all_reduce``, ``all_gather``, ...). Each
-collective has its own registry, filled from the entry-point group ``iris.ccl.<collective>``
-(the Triton backend declares its algorithms there; a plugin distribution adds its own the same
-way) and by :func:`register_algorithm` in process. ``ctx.ccl`` validates a call, then hands it
-to the algorithm that ``algorithm=`` names or that :func:`choose` picks by size, world size and
-dtype; the choice depends only on arguments every rank passes identically, so every rank runs
-the same one.
+An :class:`Algorithm` implements one collective (``all_reduce``, ``all_gather``, ...) and
+declares where it applies: the kernel languages it is written in, the devices, dtypes and world
+sizes it runs on, the most bytes per rank it takes, and, for the automatic choice, a priority and
+the bytes per rank up to which it is worth choosing. Each collective has its own registry, filled
+from the entry-point group ``iris.ccl.<collective>`` (the Triton backend declares its algorithms
+there; a plugin distribution adds its own the same way) and by :func:`register_algorithm` in
+process.
+
+``ctx.ccl`` validates a call, then hands it to the algorithm that ``algorithm=`` names (refused,
+with the reason, where it does not apply) or else to :func:`choose`'s: of the algorithms that
+apply and are worth choosing for the call, the one of highest priority. The choice depends only on
+the registered declarations and on arguments every rank passes identically, so every rank runs
+the same algorithm; a plugin wins it by declaring a higher priority where it is better.
 """
 
 from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import attrs
@@ -24,7 +32,9 @@ from iris.registry import PluginRegistry
 __all__ = [
     "COLLECTIVES",
     "REDUCE_OPS",
+    "SUPPORTED_DTYPES",
     "Algorithm",
+    "CallShape",
     "CollectiveCall",
     "algorithm_registry",
     "choose",
@@ -35,6 +45,8 @@ __all__ = [
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 #: Reductions, by the names the kernels use.
 REDUCE_OPS = ("sum", "max", "min")
+#: Element types every collective accepts.
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 
 
 @attrs.frozen(kw_only=True, cache_hash=False)
@@ -63,8 +75,28 @@ class CollectiveCall:
 
 
 @attrs.frozen(kw_only=True)
+class CallShape:
+    """What decides which algorithms apply to a call; the same on every rank for one call."""
+
+    collective: str
+    nbytes: int
+    """Bytes of the input per rank."""
+    world_size: int
+    dtype: torch.dtype
+    device_type: str
+    """``"cuda"`` or ``"cpu"``."""
+    language: str | None = None
+    """The kernel language of the context's backend (None: the backend has none)."""
+
+
+def _frozen_dtypes(dtypes) -> frozenset[torch.dtype] | None:
+    return None if dtypes is None else frozenset(dtypes)
+
+
+@attrs.frozen(kw_only=True, eq=False)
 class Algorithm:
-    """An implementation of one collective, as registered under ``iris.ccl.<collective>``."""
+    """An implementation of one collective, as registered under ``iris.ccl.<collective>``, with
+    the declaration of where it applies and when the automatic choice takes it."""
 
     name: str
     collective: str = attrs.field(validator=attrs.validators.in_(COLLECTIVES))
@@ -72,12 +104,59 @@ class Algorithm:
     """Enqueues the collective on the context's current stream and returns without waiting.
     It may return a *repeat*: a callable that enqueues the same call again, on the then-current
     stream, without preparing it anew; ``ctx.ccl`` runs it instead of ``run`` for identical later
-    calls (same tensors by address, size, dtype and layout, same options) until the workspace
+    calls (same tensors by address, size, dtype and layout, same options) until a workspace
     grows. None means every call goes through ``run``."""
-    frontends: frozenset[str] = attrs.field(default=frozenset({"triton", "gluon"}), converter=frozenset)
-    """Kernel languages it is implemented in; a context whose backend compiles in another
-    language cannot run it."""
     description: str = ""
+    languages: frozenset[str] = attrs.field(default=frozenset({"triton", "gluon"}), converter=frozenset)
+    """Kernel languages it is implemented in; a context whose backend compiles in another
+    language (``DeviceOps.kernel_language``) cannot run it. Empty: it launches no kernel of a
+    backend and runs on any."""
+    device_types: frozenset[str] = attrs.field(default=frozenset({"cuda", "cpu"}), converter=frozenset)
+    """Device types it runs on."""
+    dtypes: frozenset[torch.dtype] | None = attrs.field(default=None, converter=_frozen_dtypes)
+    """Element types it takes (None: every one of :data:`SUPPORTED_DTYPES`)."""
+    world_sizes: range = range(1, 1 << 20)
+    """World sizes it runs on."""
+    max_bytes: int | None = None
+    """Most input bytes per rank it takes (None: no limit)."""
+    priority: int = 0
+    """The automatic choice takes, of the algorithms worth choosing for a call, the one of highest
+    priority (then the first name in alphabetical order)."""
+    chosen_up_to: Mapping[int | None, int] = attrs.field(factory=dict)
+    """For the automatic choice: the most bytes per rank it is worth choosing for, by world size;
+    the key None holds the limit of the world sizes not listed. No limit where neither is given;
+    0: never chosen automatically there."""
+
+    def refusal(self, shape: CallShape) -> str | None:
+        """Why this algorithm cannot run a call of ``shape``, or None when it can."""
+        if self.languages and shape.language not in self.languages:
+            return (f"it is implemented for {', '.join(sorted(self.languages))} kernels, and this context's backend "
+                    f"compiles {shape.language} kernels")
+        if shape.device_type not in self.device_types:
+            return f"it runs on {', '.join(sorted(self.device_types))} devices, not {shape.device_type}"
+        if self.dtypes is not None and shape.dtype not in self.dtypes:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
+            return f"it takes {names} tensors, this call has {str(shape.dtype).removeprefix('torch.')}"
+        if shape.world_size not in self.world_sizes:
+            return f"it runs on world sizes {self.world_sizes.start}..{self.world_sizes.stop - 1}, not {shape.world_size}"
+        if self.max_bytes is not None and shape.nbytes > self.max_bytes:
+            return f"it takes at most {_size(self.max_bytes)} per rank, this call has {shape.nbytes} bytes"
+        return None
+
+    def worth_choosing(self, shape: CallShape) -> bool:
+        """Whether the automatic choice may take it for a call of ``shape`` (it applies there, and
+        the call is within the size it is worth choosing for)."""
+        if self.refusal(shape) is not None:
+            return False
+        limit = self.chosen_up_to.get(shape.world_size, self.chosen_up_to.get(None))
+        return limit is None or shape.nbytes <= limit
+
+
+def _size(nbytes: int) -> str:
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} bytes"
 
 
 @functools.cache
@@ -95,29 +174,15 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
     algorithm_registry(algorithm.collective).register(algorithm.name, algorithm, clobber=clobber)
 
 
-#: Automatic choice for all_reduce, by bytes per rank: low-latency (one-shot with a flag in every
-#: word: no fence, twice the bytes on the link) up to the first limit; for floating-point tensors,
-#: sentinel (one-shot into a workspace whose NaN sentinel marks missing data: no fence, no flag,
-#: the bytes of a one-shot) up to the second; one-shot (every rank receives every input: one
-#: exchange) up to the third; two-shot (reduce-scatter then all-gather: two exchanges, each rank
-#: reducing only its share) above. Measured on 2 x H200 (benchmarks/NOTES-archive.md); other world sizes
-#: are not measured yet, and take no sentinel.
-LOW_LATENCY_MAX_BYTES = {2: 256 << 10}
-LOW_LATENCY_MAX_BYTES_DEFAULT = 64 << 10
-SENTINEL_MAX_BYTES = {2: 8 << 20}
-ONE_SHOT_MAX_BYTES = {2: 8 << 20, 3: 1 << 20}
-ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10
-#: The dtypes the sentinel all_reduce takes (an all-ones element is a NaN in each).
-SENTINEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def choose(collective: str, nbytes: int, world_size: int, dtype: torch.dtype) -> str:
-    """The algorithm ``ctx.ccl`` runs when none is named: a function of the collective, the
-    bytes per rank, the world size and the dtype only, hence the same on every rank."""
-    if collective == "all_reduce":
-        if nbytes <= LOW_LATENCY_MAX_BYTES.get(world_size, LOW_LATENCY_MAX_BYTES_DEFAULT):
-            return "low_latency"
-        if dtype in SENTINEL_DTYPES and nbytes <= SENTINEL_MAX_BYTES.get(world_size, 0):
-            return "sentinel"
-        return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES.get(world_size, ONE_SHOT_MAX_BYTES_DEFAULT) else "two_shot"
-    return "direct"
+def choose(shape: CallShape) -> Algorithm:
+    """The algorithm ``ctx.ccl`` runs for a call of ``shape`` when none is named: of the
+    registered algorithms worth choosing for it (:meth:`Algorithm.worth_choosing`), the one of
+    highest priority, then of the first name. A function of the declarations and the call's
+    shape only, hence the same on every rank."""
+    registry = algorithm_registry(shape.collective)
+    candidates = [registry.get(name) for name in registry.names()]
+    worth = [a for a in candidates if a.worth_choosing(shape)]
+    if not worth:
+        reasons = "; ".join(f"{a.name}: {a.refusal(shape) or 'not worth choosing at this size'}" for a in candidates)
+        raise IrisError(f"{shape.collective}: no registered algorithm runs this call ({reasons or 'none installed'})")
+    return min(worth, key=lambda a: (-a.priority, a.name))

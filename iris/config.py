@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ContextConfig", "parse_size", "DEFAULT_HEAP_SIZE"]
+__all__ = ["ContextConfig", "DEFAULT_BACKEND", "DEFAULT_HEAP_SIZE", "parse_size"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -101,11 +101,15 @@ def _on_timeout(value: str) -> str:
     return choice
 
 
+#: The backend of a context when neither ``create(backend=...)`` nor ``IRIS_BACKEND`` names one.
+DEFAULT_BACKEND = "triton"
+
+
 @attrs.frozen(kw_only=True)
 class ContextConfig:
     """Everything that shapes a context, resolved before the context is built."""
 
-    backend: str = "triton"
+    backend: str = DEFAULT_BACKEND
     """Backend name, looked up in :mod:`iris.registry`."""
     device: str = "cpu"
     """Device type of the ranks: ``"cuda"`` or ``"cpu"``."""

@@ -1,9 +1,14 @@
-"""Context assembly: ``iris.create`` builds one class per backend from the mixins.
+"""Context assembly: ``iris.create`` makes a context of the class of its backend.
 
-The class of a context for backend ``b`` is, left to right (most specific first)::
+:class:`Context` is the core's part of every context: the mixins and the terminal ContextBase.
+The class of a context of backend ``b`` puts the backend's DeviceOps in front of it, left to
+right (most specific first)::
 
-    b.device_ops, LoggingMixin, FailStopMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase
+    b.device_ops, LoggingMixin, FailStopMixin, WorkspacesMixin, HeapMixin, TensorMixin, CCLMixin,
+    ContextBase, DeviceOps
 
+Built-in backends declare that class in source (``class TritonContext(TritonDeviceOps, Context)``);
+for a backend that declares only its DeviceOps, the same class is composed once and cached.
 ContextBase is terminal and owns the state. Set-up hooks (``_setup``) call ``super()`` first, so
 they run right to left: ContextBase's identity, then the heap, then the backend's DeviceOps
 with everything else in place. ``_teardown`` runs the other way.
@@ -17,14 +22,14 @@ from typing import Any
 
 import torch
 
-from iris.backend import Backend
+from iris.backend import Backend, DeviceOps
 from iris.bootstrap import Communicator, default_device_type, ensure_process_group, local_rank
 from iris.config import ContextConfig
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin
+from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin, WorkspacesMixin
 from iris.registry import get_backend
 
-__all__ = ["ContextBase", "context_class", "create", "iris"]
+__all__ = ["Context", "ContextBase", "context_class", "create", "iris"]
 
 
 class ContextBase:
@@ -138,12 +143,31 @@ def _destroyed_class(cls: type) -> type:
     return type(cls.__name__, (_Destroyed, cls), {"__module__": cls.__module__})
 
 
+class Context(LoggingMixin, FailStopMixin, WorkspacesMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase,
+              DeviceOps):
+    """An iris context: the core's mixins and state, with a backend's DeviceOps put in front of it
+    (:func:`context_class`). What every context offers, whatever its backend; abstract alone."""
+
+
 @functools.cache
 def context_class(backend: Backend) -> type:
-    """The context class of ``backend``, assembled once and cached."""
-    name = backend.name.replace("-", "_").title().replace("_", "") + "Context"
-    bases = (backend.device_ops, LoggingMixin, FailStopMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase)
-    return type(name, bases, {"__module__": "iris.context", "__doc__": f"iris context of the {backend.name!r} backend."})
+    """The context class of ``backend``: the one it declares, else ``device_ops`` composed with
+    :class:`Context` (once, then cached). Raises BackendNotFoundError when the backend's DeviceOps
+    lacks a member of the backend contract (:mod:`iris.backend`)."""
+    cls = backend.context_class
+    if cls is None:
+        name = backend.name.replace("-", "_").title().replace("_", "") + "Context"
+        cls = type(name, (backend.device_ops, Context), {"__module__": backend.device_ops.__module__,
+                                                         "__doc__": f"iris context of the {backend.name!r} backend."})
+    elif not (issubclass(cls, Context) and issubclass(cls, backend.device_ops)):
+        raise BackendNotFoundError(f"backend {backend.name!r}: context_class {cls.__name__} must derive from its "
+                                   f"device_ops {backend.device_ops.__name__} and iris.Context")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise BackendNotFoundError(f"backend {backend.name!r}: its DeviceOps {backend.device_ops.__name__} does not "
+                                   f"define {', '.join(missing)}, which every backend provides (see the backend "
+                                   f"contract in docs/plugins.md)")
+    return cls
 
 
 def _resolve_device(device: Any) -> torch.device:

@@ -1,16 +1,18 @@
-"""``iris demo``: ranks, a symmetric heap, a Triton kernel writing into peers' memory, and every
-collective, each checked against torch, with timings.
+"""``iris demo``: ranks, a symmetric heap, a kernel writing into peers' memory, and every collective,
+each checked against torch, with timings.
 
-Spawns one rank per GPU (two CPU ranks running Triton's interpreter when no GPU is visible). Each
-rank allocates on the heap, stores into its right neighbour's heap from inside a Triton kernel,
-crosses a device-side barrier, then runs every collective of ``ctx.ccl`` on random data and
-compares the result with a torch reference built from every rank's input. Rank 0 prints one
+Spawns one rank per GPU (two CPU ranks when no GPU is visible). Each rank allocates on the heap,
+runs the backend's own demo steps (the Triton backend: a kernel storing into the right
+neighbour's heap), crosses a device-side barrier, then runs every collective of ``ctx.ccl`` (every
+registered all_reduce algorithm) on random data and compares the result with a torch reference
+built from every rank's input. Rank 0 prints one
 line per step as soon as every rank finished it: whether every rank got it right, and the slowest
 rank's time (first calls, so compilation is included).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -34,21 +36,6 @@ def _inputs(world: int, device) -> list[torch.Tensor]:
     return [torch.randn(ELEMENTS, generator=g).to(device) for _ in range(world)]
 
 
-def _ring_store(ctx, inputs) -> bool:
-    import triton
-
-    from iris.demo_kernels import ring_store_kernel
-
-    rank, world = ctx.rank, ctx.world_size
-    src = ctx.as_symmetric(inputs[rank])
-    dst = ctx.zeros(ELEMENTS)
-    ctx.barrier()
-    ring_store_kernel[(triton.cdiv(ELEMENTS, 1024),)](src, dst, ELEMENTS, ctx.get_heap_bases(), RANK=rank,
-                                                      WORLD=world, BLOCK=1024)
-    ctx.barrier()
-    return torch.equal(dst, inputs[(rank - 1) % world])
-
-
 def _collectives(ctx, inputs) -> dict[str, Callable[[], bool]]:
     """``{step: check}`` for every collective, against torch on the gathered inputs."""
     rank, world = ctx.rank, ctx.world_size
@@ -59,15 +46,14 @@ def _collectives(ctx, inputs) -> dict[str, Callable[[], bool]]:
         ctx.barrier()
         return torch.allclose(result, expected, rtol=1e-4, atol=1e-4)
 
-    return {
-        "all_reduce (sum, low-latency)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="low_latency"),
-                                                       stacked.sum(0)),
-        "all_reduce (sum, sentinel)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="sentinel"),
-                                                    stacked.sum(0)),
-        "all_reduce (sum, one-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), algorithm="one_shot"),
-                                                    stacked.sum(0)),
-        "all_reduce (max, two-shot)": lambda: close(ctx.ccl.all_reduce(mine.clone(), "max", algorithm="two_shot"),
-                                                    stacked.max(0).values),
+    def all_reduce(algorithm: str | None, op: str) -> bool:
+        expected = {"sum": stacked.sum(0), "max": stacked.max(0).values}[op]
+        return close(ctx.ccl.all_reduce(mine.clone(), op, algorithm=algorithm), expected)
+
+    steps = {f"all_reduce (sum, {name})": functools.partial(all_reduce, name, "sum")
+             for name in ctx.ccl.algorithms("all_reduce")}
+    return steps | {
+        "all_reduce (max, automatic choice)": lambda: all_reduce(None, "max"),
         "all_gather": lambda: close(ctx.ccl.all_gather(torch.empty(world, ELEMENTS, device=ctx.device), mine),
                                     stacked),
         "reduce_scatter": lambda: close(ctx.ccl.reduce_scatter(torch.empty(share, device=ctx.device), mine),
@@ -100,7 +86,8 @@ def run_rank(rank: int) -> bool:
     right = _report(ctx, f"create context ({ctx.device.type}, {ctx.world_size} ranks)", True,
                     time.perf_counter() - start)
     inputs = _inputs(ctx.world_size, ctx.device)
-    right &= _report(ctx, "remote store into the next rank", *_timed(lambda: _ring_store(ctx, inputs)))
+    for name, check in ctx._demo_steps(inputs).items():
+        right &= _report(ctx, name, *_timed(check))
     right &= _report(ctx, "device-side barrier", *_timed(lambda: (ctx.device_barrier(), ctx.barrier()) and True))
     for name, check in _collectives(ctx, inputs).items():
         right &= _report(ctx, name, *_timed(check))

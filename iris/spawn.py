@@ -1,7 +1,9 @@
 """``iris.spawn``: run a function on N fresh rank processes with torch.distributed ready.
 
 For scripts, notebooks and tests. Each rank is a new process (start method ``spawn``), so CUDA
-and Triton start clean; CPU ranks get ``TRITON_INTERPRET=1`` before anything imports Triton.
+and Triton start clean; the ranks get the environment their backend asks for
+(:meth:`iris.DeviceOps.rank_environment`: the Triton backend's CPU ranks, ``TRITON_INTERPRET=1``)
+before anything imports it.
 
 Nothing of a launch outlives it or listens on the network: the ranks meet through a TCP store
 the parent hosts on 127.0.0.1 (no file anywhere), gloo and NCCL keep their sockets on the
@@ -28,9 +30,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from iris.bootstrap import default_device_type
+from iris.config import DEFAULT_BACKEND
 from iris.errors import RankFailedError
+from iris.registry import get_backend, is_backend_available
 
-__all__ = ["RankFailedError", "die_with_parent", "end_processes", "loopback_store", "rank_environment", "spawn"]
+__all__ = ["RankFailedError", "backend_environment", "die_with_parent", "end_processes", "loopback_store",
+           "rank_environment", "spawn"]
 
 #: Seconds a rank gets to exit after SIGTERM before it is killed.
 TERMINATE_GRACE = 3.0
@@ -39,11 +44,23 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 T = TypeVar("T")
 
 
-def rank_environment(nprocs: int, device: str, port: int) -> dict[str, str]:
+def backend_environment(device: str, backend: str | None = None) -> dict[str, str]:
+    """What the ranks' backend (``backend``, else ``IRIS_BACKEND``, else the default) asks to be
+    set before it is imported on ``device`` ranks; nothing when that backend is not installed
+    (the ranks' ``iris.create`` then says so). With ``backend`` given, the ranks' default too."""
+    name = backend or os.environ.get("IRIS_BACKEND") or DEFAULT_BACKEND
+    env = {"IRIS_BACKEND": name} if backend else {}
+    if is_backend_available(name):
+        env.update(get_backend(name).device_ops.rank_environment(device))
+    return env
+
+
+def rank_environment(nprocs: int, device: str, port: int, backend: str | None = None) -> dict[str, str]:
     """Environment shared by all ranks of a local launch (rank variables are set per process).
     The ranks join, as clients, the store at 127.0.0.1:``port`` that the launcher hosts (as
     torchrun's workers join its agent's), and gloo and NCCL keep their sockets on the loopback
-    interface: nothing of a local launch listens on the network."""
+    interface: nothing of a local launch listens on the network. The backend's environment
+    (:func:`backend_environment`) comes with it."""
     env = {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
@@ -54,9 +71,7 @@ def rank_environment(nprocs: int, device: str, port: int) -> dict[str, str]:
         "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
         "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
     }
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    return env
+    return env | backend_environment(device, backend)
 
 
 @contextmanager
@@ -163,12 +178,14 @@ def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, results: Any, pare
         dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, device: str | None = None) -> list[Any]:
+def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, device: str | None = None,
+          backend: str | None = None) -> list[Any]:
     """Run ``fn(rank, *args)`` on ``nprocs`` new processes and return their results by rank.
 
     ``torch.distributed`` is initialized in each (gloo on CPU ranks; on GPUs nccl, one GPU per
     rank). ``fn`` and ``args`` must be picklable (a module-level function). An exception on any
-    rank stops the others and is raised here with that rank's traceback.
+    rank stops the others and is raised here with that rank's traceback. ``backend``: the ranks'
+    default backend (else ``IRIS_BACKEND``, else ``"triton"``), whose environment they get.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
@@ -185,7 +202,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, device: str | None = 
 
     def start_ranks(port: int) -> list:
         procs = []
-        with _environment(rank_environment(nprocs, device, port)):
+        with _environment(rank_environment(nprocs, device, port, backend)):
             for rank in range(nprocs):
                 reader, writer = context.Pipe(duplex=False)
                 proc = context.Process(target=_run_rank, args=(rank, fn, args, writer, os.getpid()),

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import attrs
+
 import pytest
 import torch
 
 import iris
-import iris.collectives as collectives
-import iris.mixins.ccl as ccl_mixin
+import iris.workspaces as workspaces_module
 from iris.testing import (
     RankReport,
     assert_rank_checks,
@@ -24,15 +25,15 @@ from iris.testing import (
     seeded_generator,
     spawn_reports,
 )
-from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
+from iris.collectives import Algorithm, CallShape, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
-from iris_triton import low_latency, sentinel
+from iris_triton import low_latency, sentinel, tuning
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 OPS = ("sum", "max", "min")
 #: Elements per rank: one element, odd sizes, and a size that takes several pipelined rounds per
 #: program in one-shot and (2 ranks) two-shot (CPU ranks: BLOCK 64, ROUND 2, 2 programs; GPUs:
-#: the launch shapes of iris_triton.ccl.CONFIGS up to 64 MiB, 132 programs).
+#: the launch shapes of iris_triton.tuning.COLLECTIVE_SHAPES up to 64 MiB, 132 programs).
 SIZES = {"cpu": (1, 37, 600), "cuda": (1, 37, 4099, 10 * 4096 * 132 + 5)}
 BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 #: Element counts the back-to-back calls alternate between: one block (one program) and blocks
@@ -50,7 +51,7 @@ def _refusal(algorithm: str | None, t: torch.Tensor) -> str | None:
     if algorithm == "low_latency" and nbytes > low_latency.MAX_BYTES:
         return "at most"
     if algorithm == "sentinel" and not t.dtype.is_floating_point:
-        return "takes float16, bfloat16 or float32"
+        return "takes bfloat16, float16, float32 tensors"
     if algorithm == "sentinel" and nbytes > sentinel.MAX_BYTES:
         return "at most"
     return None
@@ -261,31 +262,71 @@ def test_algorithms_are_registered_for_every_collective(ctx):
         ctx.ccl.algorithms("all_scatter")
 
 
+def _chosen(nbytes: int, world: int, dtype: torch.dtype, collective: str = "all_reduce", device: str = "cuda",
+            language: str = "triton") -> str:
+    return choose(CallShape(collective=collective, nbytes=nbytes, world_size=world, dtype=dtype, device_type=device,
+                            language=language)).name
+
+
 def test_automatic_choice_depends_only_on_size_world_and_dtype():
     bf16, i32 = torch.bfloat16, torch.int32
-    assert choose("all_reduce", 8 << 10, 2, bf16) == "low_latency"
-    assert choose("all_reduce", 256 << 10, 2, i32) == "low_latency"
-    assert choose("all_reduce", (256 << 10) + 2, 2, bf16) == "sentinel"
-    assert choose("all_reduce", 4 << 20, 2, torch.float32) == "sentinel"
-    assert choose("all_reduce", 8 << 20, 2, torch.float16) == "sentinel"
-    assert choose("all_reduce", 1 << 20, 2, i32) == "one_shot"  # the sentinel takes floats only
-    assert choose("all_reduce", 1 << 20, 3, bf16) == "one_shot"  # not measured on 3 ranks
-    assert choose("all_reduce", (8 << 20) + 2, 2, bf16) == "two_shot"
-    assert choose("all_reduce", 256 << 20, 4, bf16) == "two_shot"
-    assert choose("all_gather", 1, 8, bf16) == "direct"
+    assert _chosen(8 << 10, 2, bf16) == "low_latency"
+    assert _chosen(256 << 10, 2, i32) == "low_latency"
+    assert _chosen((256 << 10) + 2, 2, bf16) == "sentinel"
+    assert _chosen(4 << 20, 2, torch.float32) == "sentinel"
+    assert _chosen(8 << 20, 2, torch.float16) == "sentinel"
+    assert _chosen(1 << 20, 2, i32) == "one_shot"  # the sentinel takes floats only
+    assert _chosen(1 << 20, 3, bf16) == "one_shot"  # not measured on 3 ranks
+    assert _chosen((8 << 20) + 2, 2, bf16) == "two_shot"
+    assert _chosen(256 << 20, 4, bf16) == "two_shot"
+    assert _chosen(64 << 10, 5, bf16, device="cpu") == "low_latency"
+    assert _chosen(1, 8, bf16, collective="all_gather") == "direct"
+    assert _chosen(1 << 20, 2, bf16, language="gluon") == "sentinel"
 
 
 def test_the_automatic_choice_stays_within_each_algorithms_own_limit():
-    # The tables say where an algorithm is fastest; the algorithms refuse calls above their limit.
-    low_latency_tables = [*collectives.LOW_LATENCY_MAX_BYTES.values(), collectives.LOW_LATENCY_MAX_BYTES_DEFAULT]
-    assert max(low_latency_tables) <= low_latency.MAX_BYTES
-    assert max(collectives.SENTINEL_MAX_BYTES.values()) <= sentinel.MAX_BYTES
+    # The tuning says where an algorithm is fastest; the declarations say what it takes.
+    for name, limits in tuning.ALL_REDUCE_CHOSEN_UP_TO.items():
+        declared = algorithm_registry("all_reduce").get(name).max_bytes
+        assert declared is None or max(limits.values()) <= declared, name
     for world in (2, 3, 4, 8):
         for nbytes in (1, 8 << 10, 1 << 20, 8 << 20, (8 << 20) + 2, 64 << 20):
             for dtype in (torch.bfloat16, torch.float32, torch.int32):
-                algorithm = choose("all_reduce", nbytes, world, dtype)
+                algorithm = _chosen(nbytes, world, dtype)
                 limit = {"low_latency": low_latency.MAX_BYTES, "sentinel": sentinel.MAX_BYTES}.get(algorithm)
                 assert limit is None or nbytes <= limit, (world, nbytes, dtype, algorithm)
+
+
+def test_a_plugin_algorithm_wins_the_automatic_choice_where_it_declares_itself_better(ctx):
+    # Declared for float32 calls up to 4 KiB with a priority above every built-in: chosen there,
+    # and nowhere else (other dtypes, larger calls, world sizes it does not declare).
+    seen = []
+    better = Algorithm(name="test_better", collective="all_reduce", run=lambda call: seen.append(call.input.numel()),
+                       languages=(), dtypes={torch.float32}, priority=100, chosen_up_to={None: 4096})
+    with _registered(better):
+        assert _chosen(4096, 2, torch.float32) == "test_better"
+        assert _chosen(4096, 2, torch.float32, language="some_other_language") == "test_better"
+        assert _chosen(4100, 2, torch.float32) == "low_latency"
+        assert _chosen(64, 2, torch.bfloat16) == "low_latency"
+        x = ctx.ones(16)
+        ctx.ccl.all_reduce(x)
+        assert seen == [16]
+        ctx.ccl.all_reduce(ctx.ones(16, dtype=torch.int32))
+        assert seen == [16]  # not for int32: a built-in ran
+    with _registered(attrs.evolve(better, name="test_three_ranks", world_sizes=range(3, 4))):
+        assert _chosen(64, 2, torch.float32) == "low_latency"
+        assert _chosen(64, 3, torch.float32) == "test_three_ranks"
+
+
+def test_an_algorithm_named_where_it_does_not_apply_is_refused_with_the_reason(ctx):
+    gluon_only = Algorithm(name="test_gluon_only", collective="all_gather", run=lambda call: None,
+                           languages={"gluon"})
+    with _registered(gluon_only):
+        x = ctx.ones(4)
+        with pytest.raises(IrisError, match=r"algorithm 'test_gluon_only' cannot run this call: it is implemented "
+                                            r"for gluon kernels, and this context's backend compiles triton kernels; "
+                                            r"choose one of \['direct'\]"):
+            ctx.ccl.all_gather(ctx.zeros(ctx.world_size * 4), x, algorithm="test_gluon_only")
 
 
 def test_unknown_algorithm_lists_the_registered_ones(ctx):
@@ -331,24 +372,26 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
         assert repeats == [a.data_ptr(), a.data_ptr(), b.data_ptr()]
         with pytest.raises(IrisError, match="not contiguous"):  # a different layout is checked again
             ctx.ccl.broadcast(ctx.ones(4, 4).t(), algorithm="test_repeating")
-        ctx.ccl.workspace(ctx.ccl.workspace(1).numel() + 1024)  # growing the workspace drops every repeat
+        ctx.workspaces.get("collectives", ctx.workspaces.get("collectives", 1).numel() + 1024)  # drops every repeat
         ctx.ccl.broadcast(a, algorithm="test_repeating")
         assert runs == [a.data_ptr(), b.data_ptr(), a.data_ptr()]
 
 
 def test_low_latency_all_reduce_refuses_large_calls(ctx):
     t = ctx.ones(low_latency.MAX_BYTES // 4 + 1)
-    with pytest.raises(IrisError, match="at most 1024 KiB per rank.*'one_shot' or 'two_shot'"):
+    with pytest.raises(IrisError, match=r"'low_latency' cannot run this call: it takes at most 1 MiB per rank, this "
+                                        r"call has 1048580 bytes; choose one of \['one_shot', 'sentinel', 'two_shot'\]"):
         ctx.ccl.all_reduce(t, algorithm="low_latency")
     ctx.free(t)
 
 
 def test_sentinel_all_reduce_refuses_integers_and_large_calls(ctx):
     t = ctx.ones(8, dtype=torch.int32)
-    with pytest.raises(IrisError, match="sentinel algorithm takes float16, bfloat16 or float32 tensors.*torch.int32"):
+    with pytest.raises(IrisError, match="'sentinel' cannot run this call: it takes bfloat16, float16, float32 tensors, "
+                                        "this call has int32"):
         ctx.ccl.all_reduce(t, algorithm="sentinel")
     big = ctx.ones(sentinel.MAX_BYTES // 4 + 1)
-    with pytest.raises(IrisError, match="at most 8 MiB per rank.*'one_shot' or 'two_shot'"):
+    with pytest.raises(IrisError, match=r"at most 8 MiB per rank.*\['one_shot', 'two_shot'\]"):
         ctx.ccl.all_reduce(big, algorithm="sentinel")
     ctx.free(t)
     ctx.free(big)
@@ -362,41 +405,41 @@ def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_grap
     # seen in a repeated collective (which asks for no workspace) or in a workspace request (as
     # fused operations make per call).
     with iris.create(heap_size="1MiB", device=ctx.device.type) as c:
-        old = c.ccl.workspace(4096, name="graphed")
+        old = c.workspaces.get("graphed", 4096)
         old.fill_(5)
         x = c.ones(4)
         c.ccl.all_reduce(x)  # the warm-up call before capturing
-        monkeypatch.setattr(ccl_mixin, "_capturing", lambda device: True)
+        monkeypatch.setattr(workspaces_module, "capturing", lambda device: True)
         if captured == "repeated_collective":
             c.ccl.all_reduce(x)
         else:
-            c.ccl.workspace(16, name="graphed")
+            c.workspaces.get("graphed", 16)
         with pytest.raises(IrisError, match="cannot happen inside a CUDA graph capture; before capturing, make one "
                                             "call of each size and dtype"):
-            c.ccl.workspace(8192, name="graphed")
-        monkeypatch.setattr(ccl_mixin, "_capturing", lambda device: False)
-        new = c.ccl.workspace(8192, name="graphed")
+            c.workspaces.get("graphed", 8192)
+        monkeypatch.setattr(workspaces_module, "capturing", lambda device: False)
+        new = c.workspaces.get("graphed", 8192)
         others = [c.full((4096,), 9, dtype=torch.uint8) for _ in range(3)]  # would take the freed memory
         assert new.numel() >= 8192 and bool((old == 5).all())
         assert all(not _overlaps(old, t) for t in [new, *others])
         # Once no graph will replay, the kept workspace goes back to the heap.
         used = c.heap.allocator.used_bytes
-        c.ccl.release_graph_buffers()
-        assert c.heap.allocator.used_bytes <= used - 4096 and not c.ccl.graph_captured
+        c.workspaces.release_graph_buffers()
+        assert c.heap.allocator.used_bytes <= used - 4096 and not c.workspaces.graph_captured
 
 
 def _one_rank_captured_worker(rank: int, device: str) -> bytes:
     report = RankReport(rank)
     ctx = iris.create(heap_size="1MiB", device=device)
-    ctx.ccl.workspace(4096, name="graphed")
+    ctx.workspaces.get("graphed", 4096)
     if rank == 0:  # only rank 0 captured a call that used it
-        ccl_mixin._capturing = lambda device: True
-        ctx.ccl.workspace(16, name="graphed")
-        ccl_mixin._capturing = lambda device: False
-    ctx.ccl.workspace(8192, name="graphed")
+        workspaces_module.capturing = lambda device: True
+        ctx.workspaces.get("graphed", 16)
+        workspaces_module.capturing = lambda device: False
+    ctx.workspaces.get("graphed", 8192)
     offsets = ctx.comm.all_gather_object(ctx.heap.offset_of(ctx.empty(4096, dtype=torch.uint8)))
     report.check("captured/heaps_still_match", len(set(offsets)) == 1)
-    report.check("captured/known_on_every_rank", ctx.ccl.graph_captured)
+    report.check("captured/known_on_every_rank", ctx.workspaces.graph_captured)
     ctx.barrier()
     ctx.destroy()
     return report.packed()
@@ -416,7 +459,7 @@ def _low_latency_slot_flags(rank: int, n: int) -> list[list[int]]:
     for _ in range(2):
         ctx.ccl.all_reduce(x, algorithm="low_latency")
     # The calls' own workspace (the same request: one 64-bit word per 32-bit payload word).
-    ws, region_bytes = ctx.ccl.slot_regions(n * 8, name="low_latency", fill=0)
+    ws, region_bytes = ctx.workspaces.slot_regions("low_latency", n * 8, fill=0)
     words, capacity, peer = ws.view(torch.int64), region_bytes // 8, 1 - rank
     flags = [sorted(set((words[(slot * 2 + peer) * capacity:][:n] >> 32).tolist())) for slot in (0, 1)]
     ctx.destroy()

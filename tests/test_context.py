@@ -18,9 +18,9 @@ import torch.distributed as dist
 
 import iris
 from iris.backend import DeviceOps
-from iris.context import ContextBase, context_class
+from iris.context import Context, ContextBase, context_class
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin
+from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin, WorkspacesMixin
 from iris.registry import get_backend
 
 HEAP = "4MiB"
@@ -74,19 +74,28 @@ def heap_offset(ctx, tensor: torch.Tensor) -> int:
 
 
 def test_context_class_mro_order():
-    from iris_triton import TritonDeviceOps
+    from iris_triton.backend import TritonContext, TritonDeviceOps
 
     cls = context_class(_triton_backend())
     mro = cls.__mro__
-    expected = [TritonDeviceOps, LoggingMixin, FailStopMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase]
+    expected = [TritonDeviceOps, Context, LoggingMixin, FailStopMixin, WorkspacesMixin, HeapMixin, TensorMixin,
+                CCLMixin, ContextBase, DeviceOps]
     assert [c for c in mro if c in expected] == expected
     assert mro[0] is cls and mro[1] is TritonDeviceOps  # the backend's host side is leftmost
-    assert mro[-2:] == (ContextBase, object)  # the terminal base is rightmost
+    # The terminal base is the last with state; DeviceOps after it only declares the contract.
+    assert mro[-3:] == (ContextBase, DeviceOps, object)
     # The fail-stop guard comes before the heap and the collectives: its barrier() and destroy()
     # wrap theirs (a heap symmetry error or a host barrier timeout fails the context, and a failed
     # context's teardown does not wait for peers).
     assert mro.index(FailStopMixin) < mro.index(HeapMixin) < mro.index(CCLMixin)
-    assert mro.index(DeviceOps) < mro.index(LoggingMixin)  # DeviceOps stays with its subclass
+    assert cls is TritonContext  # declared in source
+
+
+def test_a_composed_context_class_derives_from_the_backend_and_the_core():
+    from iris_triton.backend import TritonDeviceOps
+
+    composed = context_class(attrs.evolve(_triton_backend(), name="composed", context_class=None))
+    assert composed.__mro__[1:3] == (TritonDeviceOps, Context) and composed.__name__ == "ComposedContext"
 
 
 def test_one_cached_class_per_backend_with_a_readable_name():
@@ -94,8 +103,8 @@ def test_one_cached_class_per_backend_with_a_readable_name():
     assert context_class(triton) is context_class(triton)
     assert context_class(triton).__name__ == "TritonContext"
     assert context_class(triton).__qualname__ == "TritonContext"
-    assert context_class(triton).__module__ == "iris.context"
-    other = attrs.evolve(triton, name="my-echo_backend")
+    assert context_class(triton).__module__ == "iris_triton.backend"
+    other = attrs.evolve(triton, name="my-echo_backend", context_class=None)
     assert context_class(other) is not context_class(triton)
     assert context_class(other).__name__ == "MyEchoBackendContext"
     assert context_class(get_backend("gluon")).__name__ == "GluonContext"
@@ -110,7 +119,7 @@ def test_contexts_of_one_backend_share_the_class(make_context):
 
 @needs_interpreter
 def test_in_process_backend_gets_its_own_context_class(make_context, global_backends):
-    mine = attrs.evolve(_triton_backend(), name="echo-inproc")
+    mine = attrs.evolve(_triton_backend(), name="echo-inproc", context_class=None)
     iris.register_backend("echo-inproc", mine)
     ctx = make_context(backend="echo-inproc")
     assert type(ctx).__name__ == "EchoInprocContext"

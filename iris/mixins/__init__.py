@@ -5,5 +5,6 @@ from iris.mixins.failstop import FailStopMixin
 from iris.mixins.heap import HeapMixin
 from iris.mixins.logging import LoggingMixin
 from iris.mixins.tensors import TensorMixin
+from iris.mixins.workspaces import WorkspacesMixin
 
-__all__ = ["CCLMixin", "FailStopMixin", "HeapMixin", "LoggingMixin", "TensorMixin"]
+__all__ = ["CCLMixin", "FailStopMixin", "HeapMixin", "LoggingMixin", "TensorMixin", "WorkspacesMixin"]

@@ -1,18 +1,16 @@
 """CCLMixin: the ``ctx.ccl`` namespace of collectives.
 
 ``ctx.ccl`` checks a call (devices, dtypes, sizes, contiguity), then dispatches it to a
-registered algorithm (:mod:`iris.collectives`). The namespace owns what algorithms share: the
-synchronisation words on the heap and named workspaces on the heap (one per protocol, e.g. the
-collectives' data workspace), each growing, collectively, to the largest call seen. Calls after
-the first of a given size and dtype allocate nothing and never wait on the host, so they can be
-captured in a CUDA graph (make one call of each size and dtype before capturing: a call that
-would grow a workspace during a capture raises). A workspace that grows after a capture stays
-allocated on every rank, unused by new calls, for the graphs captured with its address.
+registered algorithm (:mod:`iris.collectives`): the one named, or the automatic choice. The
+algorithms keep their buffers in the context's workspaces (:mod:`iris.workspaces`), so calls
+after the first of a given size and dtype allocate nothing and never wait on the host, and can
+be captured in a CUDA graph.
 
 A call identical to an earlier one (the same tensors by address, size, dtype and layout, the
 same options) skips the checks and the algorithm's preparation: the algorithm's *repeat* of the
 earlier launch runs instead, which keeps the host's cost per call low when calls are not
-captured in a graph.
+captured in a graph. Repeats are dropped whenever a workspace is replaced (they launch with its
+address).
 """
 
 from __future__ import annotations
@@ -22,26 +20,14 @@ from typing import Callable
 
 import torch
 
-from iris.collectives import REDUCE_OPS, Algorithm, CollectiveCall, algorithm_registry, choose
+from iris.collectives import (REDUCE_OPS, SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall,
+                               algorithm_registry, choose)
 from iris.errors import IrisError
 
-__all__ = ["CCLMixin", "Collectives", "SUPPORTED_DTYPES"]
+__all__ = ["CCLMixin", "Collectives"]
 
-#: Element types every collective accepts.
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-#: Programs (thread blocks) per collective kernel on CPU ranks, where Triton's interpreter runs
-#: them one after another.
-CPU_PROGRAMS = 2
 #: Most repeats kept (the oldest is dropped first); each is a few addresses and a callable.
 MAX_REPEATS = 256
-#: Byte alignment of the regions of :meth:`Collectives.slot_regions`.
-REGION_ALIGNMENT = 256
-
-
-def _capturing(device: torch.device) -> bool:
-    """Whether work enqueued now on ``device`` is being captured into a CUDA graph (read from the
-    current device's current stream: iris launches on the current device, the context's)."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _identity(tensor) -> tuple | None:
@@ -76,102 +62,10 @@ class Collectives:
 
     def __init__(self, context):
         self._context = context
-        device = context.device
-        #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
-        #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
-        #: ``p`` of its peers; a small call launches fewer.
-        self.programs = context.get_cu_count() if device.type == "cuda" else CPU_PROGRAMS
-        self._sync: torch.Tensor | None = None
-        self._workspaces: dict[str, torch.Tensor] = {}
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
-        #: Whether a call was captured into a CUDA graph: graphs may then hold workspace addresses.
-        self._graph_captured = False
-        #: Buffers outgrown after a capture, kept allocated for the graphs that use them: heap
-        #: workspaces by name, other buffers (:meth:`keep_for_graphs`) with the name None.
-        self._kept_for_graphs: list[tuple[str | None, torch.Tensor]] = []
-
-    # -- what algorithms share ----------------------------------------------------------------
-
-    def sync_state(self) -> torch.Tensor:
-        """int32 words on the heap: per program, its call count and its signal count, then one
-        flag per program and peer (written by that peer), then two slots (by call parity) of one
-        header per program and peer, where that peer announces its call (its number and
-        signature). Zeroed once, never reset."""
-        if self._sync is None:
-            words = self.programs * (2 + 3 * self._context.world_size)
-            self._sync = self._context.zeros(words, dtype=torch.int32)
-            self._context.barrier()  # every peer's flags exist and are zero before anyone signals
-        return self._sync
-
-    def workspace(self, nbytes: int, *, name: str = "data", fill: int | None = None) -> torch.Tensor:
-        """At least ``nbytes`` of heap (uint8), the same on every rank: the workspace ``name``
-        (algorithms with their own protocol keep their own). ``fill``: the value of every byte
-        when allocated (None: left as allocated). Grows collectively, with a host barrier, the
-        first time a call needs more than before (an IrisError during a CUDA graph capture);
-        otherwise allocates nothing. The outgrown workspace is freed, or, once a call was
-        captured, kept for the graphs that launch with its address."""
-        capturing = _capturing(self._context.device)
-        self._graph_captured |= capturing  # e.g. fused operations, which ask for their buffers per call
-        current = self._workspaces.get(name)
-        if current is None or current.numel() < nbytes:
-            ctx = self._context
-            if capturing:
-                raise IrisError(f"workspace {name!r} must grow to {nbytes} bytes, which takes a host barrier and an "
-                                f"allocation on every rank and cannot happen inside a CUDA graph capture; before "
-                                f"capturing, make one call of each size and dtype (which can change the algorithm)")
-            ctx.barrier()  # no peer is still writing into the old workspace
-            if current is not None:
-                self._repeats.clear()  # they launch with the old workspace's address
-                del self._workspaces[name]
-                # Kept or freed alike on every rank, or the ranks' heaps would no longer match.
-                self._graph_captured = any(ctx.comm.all_gather_object(self._graph_captured))
-                if self._graph_captured:
-                    self._kept_for_graphs.append((name, current))
-                    ctx.info(f"workspace {name!r} grew after a CUDA graph capture; its old {current.numel()} bytes "
-                             f"stay allocated for the graphs captured with them")
-                else:
-                    ctx.free(current)
-            self._workspaces[name] = ctx.empty(nbytes, dtype=torch.uint8)
-            if fill is not None:
-                self._workspaces[name].fill_(fill)
-            ctx.barrier()  # every rank's new workspace is there, filled, before anyone writes into it
-        return self._workspaces[name]
-
-    def slot_regions(self, nbytes: int, *, name: str, fill: int) -> tuple[torch.Tensor, int]:
-        """The workspace ``name`` laid out as two slots (for alternate calls) of one region per
-        rank, each region at least ``nbytes`` and a multiple of ``REGION_ALIGNMENT`` bytes (which
-        keeps every region's vectors aligned): the workspace (uint8) and its regions' bytes. The
-        layout follows the workspace's size, not the call's, so calls of any size and dtype use
-        the same slots; it changes only when the workspace grows, collectively. ``fill`` as for
-        :meth:`workspace`."""
-        regions = 2 * self._context.world_size
-        aligned = -(-nbytes // REGION_ALIGNMENT) * REGION_ALIGNMENT
-        space = self.workspace(regions * aligned, name=name, fill=fill)
-        return space, space.numel() // regions // REGION_ALIGNMENT * REGION_ALIGNMENT
-
-    @property
-    def graph_captured(self) -> bool:
-        """Whether a call was captured into a CUDA graph, which may hold buffer addresses since:
-        outgrown buffers are then kept, not freed."""
-        return self._graph_captured
-
-    def keep_for_graphs(self, buffer: torch.Tensor) -> None:
-        """Keep ``buffer`` (outside the heap, outgrown after a capture) allocated for the graphs
-        that use it, until :meth:`release_graph_buffers`."""
-        self._kept_for_graphs.append((None, buffer))
-
-    def release_graph_buffers(self) -> None:
-        """Free the buffers kept for CUDA graphs captured before they were outgrown, and forget
-        those captures: outgrown buffers are freed again until the next capture. Collective;
-        call it once no graph captured so far will be replayed."""
-        ctx = self._context
-        ctx.barrier()  # no rank still replays into them
-        for name, buffer in self._kept_for_graphs:
-            if name is not None:
-                ctx.free(buffer)
-        self._kept_for_graphs.clear()
-        self._graph_captured = False
+        #: The workspaces' generation the repeats were launched with.
+        self._repeats_generation = 0
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -180,14 +74,19 @@ class Collectives:
         return algorithm_registry(collective).names()
 
     def _algorithm(self, collective: str, name: str | None, input: torch.Tensor) -> Algorithm:
-        name = name or choose(collective, input.numel() * input.element_size(), self._context.world_size, input.dtype)
+        ctx = self._context
+        shape = CallShape(collective=collective, nbytes=input.numel() * input.element_size(),
+                          world_size=ctx.world_size, dtype=input.dtype, device_type=ctx.device.type,
+                          language=ctx.kernel_language)
+        if name is None:
+            return choose(shape)
         registry = algorithm_registry(collective)
         algorithm = registry.get(name)
-        frontend = getattr(self._context, "frontend", None)
-        if frontend is not None and frontend.name not in algorithm.frontends:
-            raise IrisError(f"{collective} algorithm {name!r} is implemented for {sorted(algorithm.frontends)} "
-                            f"kernels, but this context's backend compiles {frontend.name} kernels; choose one of "
-                            f"{registry.names()}")
+        refusal = algorithm.refusal(shape)
+        if refusal is not None:
+            runs = [other for other in registry.names() if registry.get(other).refusal(shape) is None]
+            raise IrisError(f"{collective}: algorithm {name!r} cannot run this call: {refusal}; choose one of "
+                            f"{runs} or None (the automatic choice)")
         return algorithm
 
     # -- checks ---------------------------------------------------------------------------------
@@ -238,8 +137,9 @@ class Collectives:
         key = (collective, algorithm, op, src, output_identity,
                output_identity if input is output else _identity(input))
         debug = self._context.config.debug
-        if not self._graph_captured and _capturing(self._context.device):
-            self._graph_captured = True  # a repeat asks for no workspace: noticed here
+        workspaces = self._context.workspaces
+        workspaces.note_capture()  # a repeat asks for no workspace: a capture is noticed here
+        self._forget_outdated_repeats()
         repeat = None if debug else self._repeats.get(key)
         if repeat is not None:
             repeat()
@@ -253,9 +153,17 @@ class Collectives:
         repeat = chosen.run(CollectiveCall(context=self._context, collective=collective, output=output, input=input,
                                            op=op, src=src))
         if repeat is not None:
+            self._forget_outdated_repeats()  # the call may have grown a workspace
             if len(self._repeats) >= MAX_REPEATS:
                 del self._repeats[next(iter(self._repeats))]
             self._repeats[key] = repeat
+
+    def _forget_outdated_repeats(self) -> None:
+        """Drop the repeats if a workspace was replaced since they were launched (they hold its address)."""
+        generation = self._context.workspaces.generation
+        if self._repeats_generation != generation:
+            self._repeats.clear()
+            self._repeats_generation = generation
 
     def _check_same_call_on_every_rank(self, collective, algorithm, op, src, output, input) -> None:
         """Debug mode: every rank makes the same call (collective, options, shapes, dtypes), or
@@ -278,9 +186,9 @@ class Collectives:
 
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None) -> torch.Tensor:
         """Reduce ``tensor`` across ranks (sum, max or min) in place; every rank gets the same
-        result. ``algorithm``: ``"low_latency"``, ``"sentinel"`` (floats), ``"one_shot"``,
-        ``"two_shot"`` or any registered one; by default chosen by size, world size and dtype
-        (:func:`iris.collectives.choose`)."""
+        result. ``algorithm``: any registered one (:meth:`algorithms`; the Triton backend has
+        ``"low_latency"``, ``"sentinel"`` (floats), ``"one_shot"`` and ``"two_shot"``); by default
+        chosen by size, world size and dtype (:func:`iris.collectives.choose`)."""
         self._run("all_reduce", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "all_reduce", tensor),
                   op=_reduce_op_name(op))
         return tensor
@@ -344,7 +252,8 @@ class Collectives:
 
 class CCLMixin:
     """Adds ``ccl``, the :class:`Collectives` namespace bound to this context. Requires
-    ``barrier()`` (ContextBase) and the heap's constructors (TensorMixin)."""
+    ``barrier()``, ``comm``, ``config``, ``device``, ``world_size``, ``_call`` (FailStopMixin),
+    ``workspaces`` (WorkspacesMixin) and ``kernel_language`` (the backend's DeviceOps)."""
 
     @cached_property
     def ccl(self) -> Collectives:

@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import iris as _iris
 from iris.backend import Backend
+from iris.context import Context
 from iris_gluon.frontend import GLUON
 from iris_triton.backend import TritonDeviceOps
 
-__all__ = ["GluonBackend", "GluonDeviceOps", "iris"]
+__all__ = ["GluonBackend", "GluonContext", "GluonDeviceOps", "iris"]
 
 
 class GluonDeviceOps(TritonDeviceOps):
     """Host side of the Gluon backend: the Triton backend's (device barrier, timeouts), with
     iris's kernels compiled by Gluon. GPUs only: Gluon has no interpreter."""
 
+    kernel_language = "gluon"
     frontend = GLUON
+
+
+class GluonContext(GluonDeviceOps, Context):
+    """iris context of the ``"gluon"`` backend."""
 
 
 GluonBackend = Backend(
     name="gluon",
     device_ops=GluonDeviceOps,
+    context_class=GluonContext,
     device_types={"cuda"},
     unsupported_device_hint=(
         "Gluon kernels compile only for GPUs and Gluon has no interpreter; on CPU ranks use "

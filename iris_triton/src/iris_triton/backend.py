@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+from collections.abc import Mapping
 from functools import cached_property
 
 import torch
 
 from iris.backend import Backend, DeviceOps
+from iris.context import Context
 from iris.errors import IrisError
 from iris_triton.frontend import TRITON
+from iris_triton.tuning import CPU_PROGRAMS
 from iris_triton.waits import describe_failure
 
-__all__ = ["TritonBackend", "TritonDeviceOps"]
+__all__ = ["TritonBackend", "TritonContext", "TritonDeviceOps", "interpreter_runs_kernel_loops"]
+
+
+def interpreter_runs_kernel_loops() -> bool:
+    """Whether Triton's interpreter can run loops with runtime bounds here: Triton 3.6's fails
+    under numpy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars")."""
+    import numpy
+    from packaging.version import Version
+
+    return Version(importlib.metadata.version("triton")) >= Version("3.9") or Version(numpy.__version__) < Version("2.4")
 
 
 class _MappedHostMemory:
@@ -29,15 +42,14 @@ class _MappedHostMemory:
 
 
 class TritonDeviceOps(DeviceOps):
-    """Host side of the Triton backend: ``device_barrier()``, the fused operations ``ops``, and the
-    fault words its kernels record give-ups in (:mod:`iris_triton.waits`). On CPU ranks, kernels
-    run in Triton's interpreter.
-
-    Requires ``device``, ``config``, ``rank``, ``world_size``, ``zeros``, ``get_heap_bases`` and
-    ``_call`` (FailStopMixin).
+    """Host side of the Triton backend: ``device_barrier()``, the fused operations ``ops``, the
+    collectives' protocol state (``programs``, :meth:`collective_sync`), and the fault words its
+    kernels record give-ups in (:mod:`iris_triton.waits`). On CPU ranks, kernels run in Triton's
+    interpreter. Uses what the core provides to a backend (:mod:`iris.backend`).
     """
 
-    #: The language this backend compiles iris's kernels in.
+    kernel_language = "triton"
+    #: The front end this backend compiles iris's kernel sources with (:mod:`iris_triton.frontend`).
     frontend = TRITON
 
     @classmethod
@@ -48,6 +60,16 @@ class TritonDeviceOps(DeviceOps):
                 "set before Triton is imported; launch with iris.spawn(...) or `iris run`, or export "
                 "TRITON_INTERPRET=1"
             )
+
+    @classmethod
+    def unavailable_reason(cls, device_type: str) -> str | None:
+        if device_type == "cpu" and not interpreter_runs_kernel_loops():
+            return "this Triton's interpreter cannot run runtime-bounded loops with this numpy; pin numpy<2.4"
+        return None
+
+    @classmethod
+    def rank_environment(cls, device_type: str) -> Mapping[str, str]:
+        return {"TRITON_INTERPRET": "1"} if device_type == "cpu" else {}
 
     def _setup(self) -> None:
         super()._setup()
@@ -68,6 +90,18 @@ class TritonDeviceOps(DeviceOps):
         from iris_triton.barrier import state_words
 
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
+        #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
+        #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
+        #: ``p`` of its peers; a small call launches fewer.
+        self.programs = self.get_cu_count() if self.device.type == "cuda" else CPU_PROGRAMS
+
+    def collective_sync(self) -> torch.Tensor:
+        """The collectives' int32 sync words on the heap (a workspace): per program, its call count
+        and its signal count, then one flag per program and peer (written by that peer), then two
+        slots (by call parity) of one header per program and peer, where that peer announces its
+        call (its number and signature). Zeroed once, never reset."""
+        words = self.programs * (2 + 3 * self.world_size)
+        return self.workspaces.get("collective_sync", 4 * words, fill=0).view(torch.int32)
 
     def _recorded_failure(self) -> str | None:
         """A give-up recorded by this rank's kernels, as a message (None when there is none)."""
@@ -106,4 +140,15 @@ class TritonDeviceOps(DeviceOps):
                                         self.rank, self.world_size, self.timeout_ns, num_warps=1)
 
 
-TritonBackend = Backend(name="triton", device_ops=TritonDeviceOps, device_types={"cuda", "cpu"})
+    def _demo_steps(self, inputs: list) -> dict:
+        from iris_triton.demo import ring_store_step
+
+        return {"remote store into the next rank": lambda: ring_store_step(self, inputs)}
+
+
+class TritonContext(TritonDeviceOps, Context):
+    """iris context of the ``"triton"`` backend."""
+
+
+TritonBackend = Backend(name="triton", device_ops=TritonDeviceOps, device_types={"cuda", "cpu"},
+                        context_class=TritonContext, device_api="iris_triton")

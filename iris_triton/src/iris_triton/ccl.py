@@ -42,6 +42,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import combine, widen
+from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, collective_shape
 from iris_triton.waits import peers_announced, poison_blocks, site_code, wait_or_record
 
 __all__ = [
@@ -308,25 +309,6 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
 
 # -- launching -----------------------------------------------------------------------------------------
 
-#: Launch shapes per device type, by the call's input bytes per rank: the first entry whose limit
-#: (None: any size) holds it. A shape is elements per block, blocks per group (unrolled), most
-#: rounds per program and call (each one signal more), and warps. It may change from one call to
-#: the next: a rank's calls run one after another on its stream, and every shape alternates the
-#: workspace slots alike. On 2 x H200, with the rounds pipelined, more and smaller rounds measured faster as
-#: the size grows (sweeps of benchmarks/ccl_configs.py in benchmarks/NOTES-archive.md).
-CONFIGS = {
-    "cuda": ((16 << 20, dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8)),
-             (64 << 20, dict(BLOCK=8192, ROUND=2, SYNCS=16, num_warps=16)),
-             (None, dict(BLOCK=8192, ROUND=1, SYNCS=32, num_warps=16))),
-    "cpu": ((None, dict(BLOCK=64, ROUND=2, SYNCS=2)),),
-}
-
-
-def launch_config(device_type: str, nbytes: int) -> dict:
-    """The launch shape (:data:`CONFIGS`) of a call moving ``nbytes`` per rank."""
-    return next(shape for limit, shape in CONFIGS[device_type] if limit is None or nbytes <= limit)
-
-
 #: Offsets are 32-bit: a workspace larger than this many elements needs the call split.
 MAX_WORKSPACE_ELEMENTS = 2**31 - 1
 #: Byte alignment of the two workspace slots (keeps 16-byte vector accesses).
@@ -340,18 +322,18 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
     ctx = call.context
     element_size = call.input.element_size()
     slot_bytes = -(-slot_elements * element_size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
-    workspace = ctx.ccl.workspace(2 * slot_bytes)
+    workspace = ctx.workspaces.get("collectives", 2 * slot_bytes)
     stride = workspace.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT // element_size  # between the halves
     if 2 * stride > MAX_WORKSPACE_ELEMENTS:
         raise IrisError(f"{call.collective}: {call.input.numel()} elements per rank is too large for one call "
                         f"(workspace offsets are 32-bit); split it into smaller calls")
     ws = workspace[: 2 * stride * element_size].view(call.input.dtype)
     front = ctx.frontend
-    shape = launch_config(ctx.device.type, call.input.numel() * element_size)
-    grid = (max(1, min(ctx.ccl.programs, triton.cdiv(m, shape["BLOCK"]))),)
+    shape = collective_shape(ctx.device.type, call.input.numel() * element_size)
+    grid = (max(1, min(ctx.programs, triton.cdiv(m, shape["BLOCK"]))),)
     return front.launch(
         collective_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
-        sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, faults=ctx.faults, host_faults=ctx.host_faults, n=n, m=m,
+        sync=ctx.collective_sync(), programs=ctx.programs, faults=ctx.faults, host_faults=ctx.host_faults, n=n, m=m,
         out_numel=call.output.numel(), stride=stride, timeout_ns=ctx.timeout_ns, signature=call.signature,
         CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
         MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, SITE=site_code(call.collective), **shape)
@@ -395,7 +377,8 @@ ALL_TO_ALL_DIRECT = Algorithm(name="direct", collective="all_to_all", run=_all_t
 REDUCE_SCATTER_DIRECT = Algorithm(name="direct", collective="reduce_scatter", run=_reduce_scatter,
                                   description="every rank pushes segment q to rank q, which reduces")
 ALL_REDUCE_ONE_SHOT = Algorithm(name="one_shot", collective="all_reduce", run=_all_reduce_one_shot,
-                                description="every rank receives every input and reduces")
+                                description="every rank receives every input and reduces",
+                                priority=10, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
 ALL_REDUCE_TWO_SHOT = Algorithm(name="two_shot", collective="all_reduce", run=_all_reduce_two_shot,
                                 description="reduce-scatter then all-gather of the reduced segments, one round behind")
 BROADCAST_DIRECT = Algorithm(name="direct", collective="broadcast", run=_broadcast,

@@ -72,7 +72,7 @@ class _Sync:
 
     def __init__(self, context, name: str):
         world = context.world_size
-        words = context.ccl.workspace(4 * (2 + 2 * world), name=f"{name}_sync", fill=0).view(torch.int32)
+        words = context.workspaces.get(f"{name}_sync", 4 * (2 + 2 * world), fill=0).view(torch.int32)
         self.pushes, self.calls = words[0:1], words[1:2]
         self.arrived, self.freed = words[2:2 + world], words[2 + world:2 + 2 * world]
 
@@ -140,7 +140,7 @@ class CopyEngineOps:
     def _buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A heap buffer of ``shape``, the same on every rank (grown collectively when needed)."""
         nbytes = math.prod(shape) * dtype.itemsize
-        space = self._context.ccl.workspace(nbytes, name=f"copy_engine_{name}")
+        space = self._context.workspaces.get(f"copy_engine_{name}", nbytes)
         return space[:nbytes].view(dtype).view(shape)
 
     def _scratch(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -150,8 +150,9 @@ class CopyEngineOps:
         tensor reuses."""
         nbytes = math.prod(shape) * dtype.itemsize
         if self._scratch_space is None or self._scratch_space.numel() < nbytes:
-            if self._scratch_space is not None and self._context.ccl.graph_captured:
-                self._context.ccl.keep_for_graphs(self._scratch_space)
+            workspaces = self._context.workspaces
+            if self._scratch_space is not None and workspaces.graph_captured:
+                workspaces.keep_for_graphs(self._scratch_space)
             self._scratch_space = torch.empty(nbytes, dtype=torch.uint8, device=self._context.device)
         return self._scratch_space[:nbytes].view(dtype).view(shape)
 

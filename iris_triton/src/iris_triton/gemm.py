@@ -13,17 +13,7 @@ import triton.language as tl
 
 from iris_triton.context import INTERPRETING
 
-__all__ = ["GEMM_CONFIGS", "tile_coordinates", "tile_product"]
-
-#: Tile shape and launch options per device type. On H200 a 128 x 256 tile with 64-wide K steps,
-#: 8 warps and 3 pipeline stages measured 80-92% of cuBLAS in a plain persistent loop on the
-#: tensor-parallel shapes of benchmarks/fused.py (benchmarks/NOTES.md); the interpreter runs the
-#: smallest tiles ``tl.dot`` accepts.
-GEMM_CONFIGS = {
-    "cuda": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-    "cpu": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2),
-}
-
+__all__ = ["tile_coordinates", "tile_product"]
 
 #: Triton 3.6's interpreter returns garbage from ``tl.dot`` of bf16 operands (fp16 and fp32 are
 #: right), so interpreted products widen bf16 to fp32 first; compiled ones never do.

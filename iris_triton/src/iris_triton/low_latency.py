@@ -25,7 +25,8 @@ link round trips per call, which dominate small calls. Here the data signals its
   so these calls interleave with the other collectives'.
 
 Every word costs twice its payload on the link, so this wins only where latency dominates;
-the automatic choice (:func:`iris.collectives.choose`) takes it for small calls.
+the automatic choice (:func:`iris.collectives.choose`) takes it for small calls
+(:data:`iris_triton.tuning.ALL_REDUCE_CHOSEN_UP_TO`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ import triton
 import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
-from iris.errors import IrisError
 from iris_triton.calls import LANES, call_number, count_call, header_value
 from iris_triton.reductions import reduce_in_rank_order
+from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, LOW_LATENCY_SHAPES
 from iris_triton.waits import poison_blocks, publish, read_when_arrived, site_code
 
-__all__ = ["ALL_REDUCE_LOW_LATENCY", "LAUNCH_SHAPES", "MAX_BYTES", "low_latency_kernel"]
+__all__ = ["ALL_REDUCE_LOW_LATENCY", "MAX_BYTES", "low_latency_kernel"]
 
 _PAYLOAD_MASK: tl.constexpr = tl.constexpr(0xFFFFFFFF)
 #: What a wait of this kernel that gives up records (:mod:`iris_triton.waits`).
@@ -151,10 +152,6 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
         poison_blocks(dctx, out, n, n, tl.program_id(0), tl.num_programs(0), ELEMENTS)
 
 
-#: Launch shape per device type: 64-bit words per block (a power of two, at least 4) and warps.
-#: On 2 x H200 256 words x 4 warps was fastest or tied from 8 KiB to 1 MiB among 7 shapes
-#: (benchmarks/NOTES-archive.md).
-LAUNCH_SHAPES = {"cuda": dict(BLOCK=256, num_warps=4), "cpu": dict(BLOCK=64)}
 #: Most bytes per rank a call may have: the workspace holds twice the input per peer and slot,
 #: which is worth it only where latency dominates (the automatic choice stops far below).
 MAX_BYTES = 1 << 20
@@ -162,17 +159,14 @@ MAX_BYTES = 1 << 20
 
 def _all_reduce(call: CollectiveCall):
     ctx, n, size = call.context, call.input.numel(), call.input.element_size()
-    if n * size > MAX_BYTES:
-        raise IrisError(f"all_reduce: the low_latency algorithm takes at most {MAX_BYTES >> 10} KiB per rank, this "
-                        f"call has {n * size} bytes; use algorithm='one_shot' or 'two_shot' (or the automatic choice)")
     words = triton.cdiv(n * size, 4)
-    ws, region_bytes = ctx.ccl.slot_regions(words * 8, name="low_latency", fill=0)
-    shape = LAUNCH_SHAPES[ctx.device.type]
+    ws, region_bytes = ctx.workspaces.slot_regions("low_latency", words * 8, fill=0)
+    shape = LOW_LATENCY_SHAPES[ctx.device.type]
     front = ctx.frontend
-    grid = (max(1, min(ctx.ccl.programs, triton.cdiv(words, shape["BLOCK"]))),)
+    grid = (max(1, min(ctx.programs, triton.cdiv(words, shape["BLOCK"]))),)
     return front.launch(
         low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
-        ws=ws.view(torch.int64), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs, faults=ctx.faults,
+        ws=ws.view(torch.int64), sync=ctx.collective_sync(), programs=ctx.programs, faults=ctx.faults,
         host_faults=ctx.host_faults, n=n, words=words, capacity=region_bytes // 8, timeout_ns=ctx.timeout_ns,
         signature=call.signature, CTX=front.device_context,
         RANK=ctx.rank, WORLD=ctx.world_size, OP=call.op, SIZE=size, **shape)
@@ -180,4 +174,5 @@ def _all_reduce(call: CollectiveCall):
 
 ALL_REDUCE_LOW_LATENCY = Algorithm(
     name="low_latency", collective="all_reduce", run=_all_reduce,
-    description="one-shot with a flag in every 64-bit word: no fence, no separate signal; for small calls")
+    description="one-shot with a flag in every 64-bit word: no fence, no separate signal; for small calls",
+    max_bytes=MAX_BYTES, priority=30, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["low_latency"])

@@ -12,9 +12,8 @@ Each operation checks its tensors, then runs one of three methods and returns ``
 (:func:`communication_share`): on GPUs the copy engines run when there is enough to hide
 (:data:`COPY_ENGINE_MIN_SHARE`), otherwise the sequential path; the decision is logged at debug
 level. CPU ranks run the fused kernels (the path worth testing there; there is no cuBLAS to
-lose against). On 2 x H200 the copy engines measured 1.04-1.39x against cuBLAS then NCCL on the
-Llama-3-70B TP=2 layers, the fused kernels 0.77-1.11x (their Triton GEMM runs at 80-92% of
-cuBLAS): benchmarks/NOTES.md.
+lose against). The estimate's rates and threshold are in :mod:`iris_triton.tuning`; how each
+method compares on GPUs is in benchmarks/NOTES.md.
 
 The buffers every method needs (a gathered ``A`` or a receive buffer; flags; call counts) live on
 the heap, are allocated collectively the first time a call needs more than before, and are
@@ -34,29 +33,15 @@ import triton
 from iris.errors import IrisError
 from iris_triton.copy_engine import CopyEngineOps
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
-from iris_triton.gemm import GEMM_CONFIGS
+from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_SHAPES, LINK_BYTES_PER_SECOND,
+                                PUSH_BLOCK_K, PUSH_PROGRAMS)
 
-__all__ = ["COPY_ENGINE_MIN_SHARE", "FusedOps", "METHODS", "communication_share"]
+__all__ = ["FusedOps", "METHODS", "communication_share"]
 
 #: Element types of the operations.
 DTYPES = (torch.bfloat16, torch.float16)
 #: What ``method=`` accepts (None: the automatic choice).
 METHODS = ("copy_engine", "fused", "sequential")
-#: The automatic choice on GPUs overlaps with the copy engines when the communication's estimated
-#: time is at least this share of the product's: below it, splitting the product and the few
-#: synchronising kernels cost more than the little there is to hide. Llama-3-70B's MLP up at TP=2
-#: (3.3%) measured 1.04-1.06x with the copy engines and 1.00-1.09x sequential on 2 x H200.
-COPY_ENGINE_MIN_SHARE = 0.02
-#: Estimates for that decision on GPUs: bf16 tensor-core rate and link bandwidth measured on
-#: H200 (benchmarks/NOTES.md).
-GEMM_FLOPS_PER_SECOND = 700e12
-LINK_BYTES_PER_SECOND = 365e9
-#: Programs of the kernel that pushes rows of A to the peers (fused all_gather_matmul); the GEMM
-#: gets the remaining multiprocessors, so both kernels always run at once.
-PUSH_PROGRAMS = {"cuda": 8, "cpu": 1}
-PUSH_BLOCK_K = {"cuda": 128, "cpu": 16}
-
-
 def communication_share(flops: int, sent: int) -> float:
     """Estimated time to send ``sent`` bytes per rank over the link, over the time of ``flops``
     of bf16 product on the GPU."""
@@ -70,7 +55,7 @@ SLOT_ALIGNMENT = 128
 
 @attrs.frozen
 class _Buffers:
-    """Heap buffers of one fused kernel, views of two of ``ctx.ccl``'s named workspaces: data
+    """Heap buffers of one fused kernel, views of two of the context's named workspaces: data
     (two slots, ``slot_stride`` elements apart) and int32 state words ``[calls of the GEMM
     programs, calls of the push programs, flags[world, flag_stride]]``. Both layouts follow the
     buffers' sizes, which only grow (collectively), not the call's shape: calls of different shapes
@@ -90,9 +75,9 @@ class _Buffers:
         """``name``'s buffers for slots of ``slot_elements`` and ``flag_stride`` flags per rank."""
         programs, world = context.get_cu_count(), context.world_size
         data_bytes = 2 * (slot_elements + SLOT_ALIGNMENT) * dtype.itemsize
-        data = context.ccl.workspace(data_bytes, name=f"{name}_data").view(dtype)
-        state = context.ccl.workspace(4 * (2 * programs + world * flag_stride), name=f"{name}_state",
-                                      fill=0).view(torch.int32)
+        data = context.workspaces.get(f"{name}_data", data_bytes).view(dtype)
+        state = context.workspaces.get(f"{name}_state", 4 * (2 * programs + world * flag_stride),
+                                       fill=0).view(torch.int32)
         return cls(programs=programs, flag_stride=(state.numel() - 2 * programs) // world,
                    slot_stride=data.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT, data=data,
                    gemm_calls=state[:programs], push_calls=state[programs:2 * programs], flags=state[2 * programs:])
@@ -143,7 +128,7 @@ class FusedOps:
             gathered = torch.empty(ctx.world_size * m, K, dtype=a_shard.dtype, device=ctx.device)
             ctx.ccl.all_gather(gathered, a_shard.contiguous())
             return torch.matmul(gathered, b, out=out)
-        config = GEMM_CONFIGS[ctx.device.type]
+        config = GEMM_SHAPES[ctx.device.type]
         block_m = config["BLOCK_M"]
         buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype, triton.cdiv(m, block_m))
         push_programs = min(PUSH_PROGRAMS[ctx.device.type], triton.cdiv(m, block_m))
@@ -185,7 +170,7 @@ class FusedOps:
             return self._copy_engine.matmul_reduce_scatter(out, a, b)
         if method == "sequential":
             return ctx.ccl.reduce_scatter(out, torch.matmul(a, b))
-        config = GEMM_CONFIGS[ctx.device.type]
+        config = GEMM_SHAPES[ctx.device.type]
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
         buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
         matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](

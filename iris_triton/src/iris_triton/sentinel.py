@@ -32,13 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.collectives import SENTINEL_DTYPES, Algorithm, CollectiveCall
-from iris.errors import IrisError
+from iris.collectives import Algorithm, CollectiveCall
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import reduce_in_rank_order
+from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, SENTINEL_SHAPES
 from iris_triton.waits import peers_announced, poison_blocks, publish, read_when_arrived, site_code
 
-__all__ = ["ALL_REDUCE_SENTINEL", "LAUNCH_SHAPES", "MAX_BYTES", "SENTINEL_BYTE", "sentinel_kernel"]
+__all__ = ["ALL_REDUCE_SENTINEL", "MAX_BYTES", "SENTINEL_BYTE", "SENTINEL_DTYPES", "sentinel_kernel"]
 
 #: The value of every byte of the workspace where no data is.
 SENTINEL_BYTE = 0xFF
@@ -129,10 +129,8 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
         poison_blocks(dctx, out, n, n, tl.program_id(0), tl.num_programs(0), BLOCK)
 
 
-#: Launch shape per device type: elements per block (even, so a block's first element starts a
-#: 32-bit word), blocks a program pushes ahead of the one it reduces, and warps. On 2 x H200 a lag
-#: of 1 beat pushing every block first at 4-8 MiB per rank (benchmarks/NOTES-archive.md, v15).
-LAUNCH_SHAPES = {"cuda": dict(BLOCK=2048, LAG=1, num_warps=8), "cpu": dict(BLOCK=64, LAG=1)}
+#: The dtypes it takes: an all-ones element is a NaN in each.
+SENTINEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Most bytes per rank a call may have: the workspace holds two slots of every rank's input.
 MAX_BYTES = 8 << 20
 #: The workspace seen as integers of the elements' size.
@@ -140,22 +138,15 @@ _BITS = {2: torch.int16, 4: torch.int32}
 
 
 def _all_reduce(call: CollectiveCall):
-    ctx, n, size, dtype = call.context, call.input.numel(), call.input.element_size(), call.input.dtype
-    if dtype not in SENTINEL_DTYPES:
-        raise IrisError(f"all_reduce: the sentinel algorithm takes float16, bfloat16 or float32 tensors (an all-ones "
-                        f"element marks missing data), this call has {dtype}; use algorithm='one_shot', 'two_shot' or "
-                        f"'low_latency' (or the automatic choice)")
-    if n * size > MAX_BYTES:
-        raise IrisError(f"all_reduce: the sentinel algorithm takes at most {MAX_BYTES >> 20} MiB per rank, this call "
-                        f"has {n * size} bytes; use algorithm='one_shot' or 'two_shot' (or the automatic choice)")
+    ctx, n, size = call.context, call.input.numel(), call.input.element_size()
     world = ctx.world_size
-    ws, region_bytes = ctx.ccl.slot_regions(n * size, name="sentinel", fill=SENTINEL_BYTE)
-    shape = LAUNCH_SHAPES[ctx.device.type]
+    ws, region_bytes = ctx.workspaces.slot_regions("sentinel", n * size, fill=SENTINEL_BYTE)
+    shape = SENTINEL_SHAPES[ctx.device.type]
     front = ctx.frontend
-    grid = (max(1, min(ctx.ccl.programs, triton.cdiv(n, shape["BLOCK"]))),)
+    grid = (max(1, min(ctx.programs, triton.cdiv(n, shape["BLOCK"]))),)
     return front.launch(
         sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
-        ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.ccl.sync_state(), programs=ctx.ccl.programs,
+        ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.collective_sync(), programs=ctx.programs,
         faults=ctx.faults, host_faults=ctx.host_faults, n=n, capacity=region_bytes // size, timeout_ns=ctx.timeout_ns,
         signature=call.signature, CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
 
@@ -163,4 +154,5 @@ def _all_reduce(call: CollectiveCall):
 ALL_REDUCE_SENTINEL = Algorithm(
     name="sentinel", collective="all_reduce", run=_all_reduce,
     description="one-shot into a workspace that holds a NaN sentinel until data lands: no fence, no flag, "
-                "the bytes of a one-shot; floating-point tensors")
+                "the bytes of a one-shot; floating-point tensors",
+    dtypes=SENTINEL_DTYPES, max_bytes=MAX_BYTES, priority=20, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["sentinel"])

@@ -1,0 +1,94 @@
+"""Every tuned choice of the Triton backend, in one place: launch shapes, the sizes up to which the
+automatic choice takes each all_reduce algorithm, the fused operations' tiles and their method
+estimate.
+
+Each table is keyed by device type (``"cuda"``, ``"cpu"``) where it differs between GPUs and CPU
+ranks. The GPU values were measured on 2 x H200 over NVLink; each comment names the benchmark and
+the result it came from (``benchmarks/NOTES.md`` says how they were run, ``NOTES-archive.md`` has
+the sweeps). The CPU values only keep Triton's interpreter fast (it runs programs one after
+another); they are not measurements. Other GPUs, world sizes and links have not been measured:
+there the GPU values are a starting point, not a tuning.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ALL_REDUCE_CHOSEN_UP_TO",
+    "COLLECTIVE_SHAPES",
+    "COPY_ENGINE_MIN_SHARE",
+    "CPU_PROGRAMS",
+    "GEMM_FLOPS_PER_SECOND",
+    "GEMM_SHAPES",
+    "LINK_BYTES_PER_SECOND",
+    "LOW_LATENCY_SHAPES",
+    "PUSH_BLOCK_K",
+    "PUSH_PROGRAMS",
+    "SENTINEL_SHAPES",
+    "collective_shape",
+]
+
+#: Programs (thread blocks) per collective kernel on CPU ranks (on GPUs: one per multiprocessor).
+CPU_PROGRAMS = 2
+
+# -- collectives (iris_triton.ccl) --------------------------------------------------------------------
+
+#: Launch shapes of the collective kernel by the call's input bytes per rank: the first entry whose
+#: limit (None: any size) holds it. A shape is elements per block, blocks per round (unrolled),
+#: most rounds per program and call, and warps. From the sweeps of ``benchmarks/ccl_configs.py``
+#: (NOTES-archive.md), checked in ``results/ccl-triton-2026-11-30-v17.json``.
+COLLECTIVE_SHAPES = {
+    "cuda": ((16 << 20, dict(BLOCK=4096, ROUND=4, SYNCS=8, num_warps=8)),
+             (64 << 20, dict(BLOCK=8192, ROUND=2, SYNCS=16, num_warps=16)),
+             (None, dict(BLOCK=8192, ROUND=1, SYNCS=32, num_warps=16))),
+    "cpu": ((None, dict(BLOCK=64, ROUND=2, SYNCS=2)),),
+}
+
+#: Launch shape of the low-latency all_reduce: 64-bit words per block (a power of two, at least 4)
+#: and warps. From ``benchmarks/ccl_configs.py --all-reduce low_latency`` (NOTES-archive.md).
+LOW_LATENCY_SHAPES = {"cuda": dict(BLOCK=256, num_warps=4), "cpu": dict(BLOCK=64)}
+
+#: Launch shape of the sentinel all_reduce: elements per block (even), blocks a program pushes
+#: ahead of the one it reduces, and warps. From ``benchmarks/ccl_configs.py --all-reduce sentinel``
+#: (NOTES-archive.md, v15).
+SENTINEL_SHAPES = {"cuda": dict(BLOCK=2048, LAG=1, num_warps=8), "cpu": dict(BLOCK=64, LAG=1)}
+
+#: For the automatic choice of an all_reduce algorithm: the most bytes per rank each is chosen
+#: for, by world size (``None``: the other world sizes; a missing algorithm has no limit). Of the
+#: algorithms within their limit, the one of highest priority runs (low_latency, then sentinel,
+#: then one_shot, then two_shot). From ``results/ccl-triton-2026-11-30-v17.json`` and the v16 run
+#: (NOTES-archive.md) on 2 ranks; 3 ranks and more are untuned guesses, and take no sentinel.
+ALL_REDUCE_CHOSEN_UP_TO = {
+    "low_latency": {2: 256 << 10, None: 64 << 10},
+    "sentinel": {2: 8 << 20, None: 0},
+    "one_shot": {2: 8 << 20, 3: 1 << 20, None: 256 << 10},
+}
+
+
+def collective_shape(device_type: str, nbytes: int) -> dict:
+    """The launch shape (:data:`COLLECTIVE_SHAPES`) of a call moving ``nbytes`` per rank."""
+    return next(shape for limit, shape in COLLECTIVE_SHAPES[device_type] if limit is None or nbytes <= limit)
+
+
+# -- fused operations (iris_triton.ops, iris_triton.fused) ------------------------------------------------
+
+#: Tile shape and launch options of the fused kernels' matrix product. The GPU tile is from
+#: ``benchmarks/fused.py`` (``results/fused-2026-11-30-v7.json``); the CPU one is the smallest
+#: ``tl.dot`` accepts.
+GEMM_SHAPES = {
+    "cuda": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+    "cpu": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2),
+}
+
+#: Programs of the kernel that pushes rows of A to the peers (fused all_gather_matmul; the GEMM
+#: gets the remaining multiprocessors, so both kernels always run at once), and its K step.
+PUSH_PROGRAMS = {"cuda": 8, "cpu": 1}
+PUSH_BLOCK_K = {"cuda": 128, "cpu": 16}
+
+#: The automatic method of ``ctx.ops`` on GPUs overlaps with the copy engines when the
+#: communication's estimated time is at least this share of the product's, else runs the
+#: product and the collective in sequence (``results/fused-2026-11-30-v7.json``).
+COPY_ENGINE_MIN_SHARE = 0.02
+#: The estimate's rates: bf16 tensor-core product and link bandwidth on H200
+#: (``results/fused-2026-11-30-v7.json``, ``results/rma_bandwidth-triton-2026-11-30-run7.png``).
+GEMM_FLOPS_PER_SECOND = 700e12
+LINK_BYTES_PER_SECOND = 365e9
