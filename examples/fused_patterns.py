@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 import iris
-from iris_triton.gemm import GEMM_CONFIGS, tile_coordinates, tile_product
+from iris_triton.gemm import tile_coordinates, tile_product
+from iris_triton.tuning import GEMM_SHAPES
 
 
 @triton.jit
@@ -65,7 +66,7 @@ def run(rank: int, m: int, k: int, n: int) -> list[tuple[str, bool, float]]:
     results = []
 
     # 1. GEMM + all-scatter: every rank has all of A, B split by columns.
-    config = GEMM_CONFIGS[device.type]
+    config = GEMM_SHAPES[device.type]
     a = a_full.to(torch.bfloat16).to(device)
     b_mine = b_full[:, rank * n:(rank + 1) * n].contiguous().to(device)
     c = ctx.zeros(world * m, world * n, dtype=torch.bfloat16)
