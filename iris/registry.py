@@ -8,6 +8,16 @@ is cached.
 
 Set ``IRIS_DISABLE_PLUGIN_AUTOLOAD=1`` for hermetic runs: then only what is registered in
 process (including the built-ins) exists.
+
+There is no way to unregister one name (on purpose: a plugin in use must not vanish), but code
+that registers plugins for a while, tests above all, can put a whole registry back as it was:
+:meth:`PluginRegistry.snapshot` returns a :class:`RegistrySnapshot` (what is registered and
+what is loaded), :meth:`PluginRegistry.restore` puts it back, and
+:meth:`PluginRegistry.restored` does both around a ``with`` block::
+
+    with iris.registry.backends.restored():
+        iris.register_backend("mine", MyBackend)
+        ...                                   # "mine" is gone after the block, whatever happened
 """
 
 from __future__ import annotations
@@ -16,9 +26,11 @@ import importlib
 import os
 import sys
 import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib.metadata import entry_points
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import attrs
 
@@ -28,13 +40,14 @@ __all__ = [
     "AUTOLOAD_OPT_OUT_ENV",
     "PluginEntry",
     "PluginRegistry",
-    "backends",
-    "registry",
-    "register_backend",
-    "get_backend",
+    "RegistrySnapshot",
     "available_backends",
-    "is_backend_available",
+    "backends",
+    "get_backend",
     "heap_providers",
+    "is_backend_available",
+    "register_backend",
+    "registry",
 ]
 
 AUTOLOAD_OPT_OUT_ENV = "IRIS_DISABLE_PLUGIN_AUTOLOAD"
@@ -57,6 +70,23 @@ class PluginEntry:
 
     def describe(self) -> str:
         return f"distribution {self.distribution!r}" if self.distribution else "in-process registration"
+
+
+def _read_only(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@attrs.frozen
+class RegistrySnapshot:
+    """What one :class:`PluginRegistry` held at one moment (from :meth:`PluginRegistry.snapshot`),
+    for :meth:`PluginRegistry.restore` to put back."""
+
+    registry: PluginRegistry = attrs.field(repr=lambda r: f"<{r.kind} registry>")
+    """The registry it was taken from (the only one it restores; compared by identity)."""
+    entries: Mapping[str, PluginEntry] = attrs.field(converter=_read_only)
+    """Name -> :class:`PluginEntry`, as registered then (read-only)."""
+    loaded: Mapping[str, Any] = attrs.field(converter=_read_only, repr=lambda m: repr(sorted(m)))
+    """Name -> plugin object, for the plugins loaded then (read-only)."""
 
 
 def _autoload_disabled() -> bool:
@@ -212,6 +242,37 @@ class PluginRegistry:
         except self.error:
             return False
         return True
+
+    def snapshot(self) -> RegistrySnapshot:
+        """What is registered and loaded now, for :meth:`restore` to put back."""
+        with self._lock:
+            return RegistrySnapshot(self, self._entries, self._loaded)
+
+    def restore(self, snapshot: RegistrySnapshot) -> None:
+        """Put back what ``snapshot`` (taken from this registry) holds: names registered since are
+        gone, names replaced since (``clobber=True``) are the old plugins again, and plugins first
+        loaded since load again on next use. :attr:`entries` (and views of it, like
+        :data:`registry`) stay the same live objects."""
+        if not isinstance(snapshot, RegistrySnapshot):
+            raise TypeError(f"restore() takes a RegistrySnapshot from snapshot(), got {type(snapshot).__name__}")
+        if snapshot.registry is not self:
+            raise ValueError(f"this snapshot is of another registry ({snapshot.registry.kind!r} plugins); "
+                             f"it cannot restore this {self.kind!r} registry")
+        with self._lock:
+            self._entries.clear()
+            self._entries.update(snapshot.entries)
+            self._loaded.clear()
+            self._loaded.update(snapshot.loaded)
+
+    @contextmanager
+    def restored(self) -> Iterator[PluginRegistry]:
+        """A ``with`` block (yielding this registry) after which the registry is as it was before,
+        even when the block raised: :meth:`snapshot` on entry, :meth:`restore` on exit."""
+        snapshot = self.snapshot()
+        try:
+            yield self
+        finally:
+            self.restore(snapshot)
 
 
 #: The backends: entry-point group ``iris.backends``.

@@ -1,5 +1,5 @@
 """Multi-rank tests with pytest: a marker that runs a test on N ranks, and helpers for tests that
-spawn ranks themselves. Installed as a pytest plugin (entry point ``pytest11``), so any project
+spawn ranks themselves. iris installs a pytest plugin (entry point ``pytest11``), so any project
 with iris installed can write::
 
     import pytest
@@ -20,6 +20,10 @@ the values the parent resolved.
 
 For tests that want one spawn to make many checks: :func:`spawn_reports` runs a worker on N
 ranks that fills a :class:`RankReport`; :func:`assert_rank_checks` asserts on every rank's.
+
+The plugin pytest loads is the top-level module ``iris_pytest_plugin``: it registers the marker
+and the ``rank_ctx`` fixture without importing torch or iris, and imports this module only when
+a marked test runs (:func:`run_marked_test`), so projects that do not use the marker pay nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ import pickle
 import socket
 import traceback
 import zlib
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -46,6 +51,7 @@ __all__ = [
     "interpreted_device",
     "interpreter_runs_kernel_loops",
     "rank_device",
+    "run_marked_test",
     "run_on_ranks",
     "seeded_generator",
     "spawn_reports",
@@ -126,7 +132,7 @@ class RankReport(dict):
         try:
             yield
             self[f"{name}/completed"] = True
-        except Exception:
+        except Exception:  # noqa: BLE001 - recorded in the report, which the parent asserts on
             self[f"{name}/completed"] = f"rank {self.rank}: {traceback.format_exc()[-3000:]}"
 
     def packed(self) -> bytes:
@@ -178,11 +184,11 @@ def _run_test_on_rank(rank: int, test: Callable, arguments: dict[str, Any], opti
     failures = []
     try:
         test(rank_ctx=ctx, **arguments)
-    except BaseException:  # reported to the parent, which fails the test with every rank's traceback
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test with every rank's traceback
         failures.append(traceback.format_exc()[-MAX_TRACEBACK:])
     try:
         ctx.destroy()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - reported like the body's failure
         failures.append("ctx.destroy() raised after the test body:\n" + traceback.format_exc()[-MAX_TRACEBACK:])
     return "\n".join(failures) or None
 
@@ -210,24 +216,13 @@ def run_on_ranks(test: Callable, nprocs: int, *, timeout: float = 120, arguments
         pytest.fail(f"the test failed on {len(report)} of {nprocs} ranks:\n" + "\n".join(report), pytrace=False)
 
 
-def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", f"{MARKER}(n, backend=None, heap_size=None, timeout=120): run the test on "
-                                       "n ranks (GPUs when enough are visible, else CPU ranks), each with its own "
-                                       "context passed as rank_ctx")
-
-
-@pytest.fixture
-def rank_ctx(request):
-    """The context of the rank a ``@pytest.mark.iris_ranks(n)`` test runs on (made in each rank)."""
-    if request.node.get_closest_marker(MARKER) is None:
-        raise pytest.UsageError(f"rank_ctx is only for tests marked @pytest.mark.{MARKER}(n)")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
+def run_marked_test(pyfuncitem) -> None:
+    """Run a test marked ``@pytest.mark.iris_ranks(n, **options)`` on its ranks (what the plugin's
+    ``pytest_pyfunc_call`` does for such tests): the marker's options go to
+    :func:`run_on_ranks`, the test's other arguments (parameters, fixture values) to every rank."""
     marker = pyfuncitem.get_closest_marker(MARKER)
     if marker is None:
-        return None
+        raise pytest.UsageError(f"{pyfuncitem.nodeid} is not marked @pytest.mark.{MARKER}(n)")
     nprocs = marker.args[0] if marker.args else marker.kwargs.get("n")
     if not isinstance(nprocs, int) or nprocs < 1:
         raise pytest.UsageError(f"@pytest.mark.{MARKER} needs a number of ranks >= 1, got {nprocs!r}")
@@ -235,4 +230,3 @@ def pytest_pyfunc_call(pyfuncitem):
     arguments = {name: pyfuncitem.funcargs[name] for name in inspect.signature(pyfuncitem.obj).parameters
                  if name != "rank_ctx"}
     run_on_ranks(pyfuncitem.obj, nprocs, arguments=arguments, **options)
-    return True

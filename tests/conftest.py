@@ -3,18 +3,15 @@ The multi-rank helpers come from iris's pytest plugin, ``iris.testing``."""
 
 import os
 
+import pytest
 import torch
+
+HAS_CUDA = torch.cuda.is_available()
 
 # CPU ranks run Triton kernels in Triton's interpreter, which reads TRITON_INTERPRET when Triton
 # is imported: set it before any test imports Triton (and before iris.create(device="cpu")).
-if not torch.cuda.is_available():
+if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-import iris  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,6 +28,8 @@ def pytest_collection_modifyitems(config, items):
 def ctx():
     """A single-rank, in-process context with a 64 MiB heap, on the GPU when one is visible,
     else on the CPU. Shared by the whole session: tests free what they allocate in bulk."""
+    import iris
+
     owns_process_group = not torch.distributed.is_initialized()
     context = iris.create(heap_size="64MiB", device="cuda" if HAS_CUDA else "cpu")
     yield context
@@ -52,14 +51,9 @@ def clean_iris_env(monkeypatch):
 
 @pytest.fixture
 def global_backends():
-    """The process-wide backend registry, restored after the test. There is no public way to
-    unregister a backend (on purpose), so the registry's private tables are put back."""
+    """The process-wide backend registry, put back as it was after the test (what the test
+    registered is gone, what it replaced is back): :meth:`iris.registry.PluginRegistry.restored`."""
     from iris.registry import backends
 
-    entries, loaded = dict(backends._entries), dict(backends._loaded)
-    yield backends
-    with backends._lock:
-        backends._entries.clear()
-        backends._entries.update(entries)
-        backends._loaded.clear()
-        backends._loaded.update(loaded)
+    with backends.restored():
+        yield backends

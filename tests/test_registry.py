@@ -46,7 +46,7 @@ def run_python(code: str, *, cwd: Path, env: dict[str, str] | None = None, drop:
     child_env.update(env or {})
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=cwd, env=child_env, capture_output=True, text=True, timeout=180,
+        cwd=cwd, env=child_env, capture_output=True, text=True, timeout=180, check=False,
     )
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -400,6 +400,71 @@ def test_registry_view_is_read_only_and_live(global_backends):
     assert view["echo-inproc"].target == "iris_triton:TritonBackend"
     assert view["echo-inproc"].distribution is None
     assert isinstance(backends.known, MappingProxyType)
+
+
+# -- snapshot and restore -----------------------------------------------------------------------
+
+
+def test_restore_removes_later_registrations_and_brings_back_what_was_there():
+    original = attrs.evolve(_triton_backend(), name="kept")
+    registry = PluginRegistry("backend", None, error=BackendNotFoundError, builtins={"kept": original})
+    registry.register("lazy", "iris_triton:TritonBackend")
+    assert registry.get("kept") is original
+    view = registry.entries
+    snapshot = registry.snapshot()
+    assert snapshot.registry is registry
+    assert set(snapshot.entries) == {"kept", "lazy"} and set(snapshot.loaded) == {"kept"}
+
+    registry.register("added", object())
+    replacement = attrs.evolve(_triton_backend(), name="kept", unsupported_device_hint="other")
+    registry.register("kept", replacement, clobber=True)
+    assert registry.get("kept") is replacement and registry.get("lazy") is _triton_backend()
+    assert snapshot.entries["kept"].target is original  # the snapshot does not follow the registry
+    assert "added" not in snapshot.entries and set(snapshot.loaded) == {"kept"}
+
+    registry.restore(snapshot)
+    assert registry.names() == ["kept", "lazy"]
+    assert registry.get("kept") is original  # the replaced plugin is back, loaded as before
+    with pytest.raises(BackendNotFoundError, match="unknown backend 'added'"):
+        registry.get("added")
+    assert registry.entries is view and "added" not in view  # the live view shows the restored table
+    assert registry.snapshot() == snapshot
+    assert registry.get("lazy") is _triton_backend()  # loaded after the snapshot: loads again
+
+
+def test_a_snapshot_is_read_only_and_restores_only_its_registry():
+    registry, other = PluginRegistry("backend", None), PluginRegistry("heap provider", None)
+    registry.register("a", "pkg:A")
+    snapshot = registry.snapshot()
+    with pytest.raises(TypeError):
+        snapshot.entries["b"] = snapshot.entries["a"]  # type: ignore[index]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        snapshot.entries = {}  # type: ignore[misc]
+    with pytest.raises(ValueError, match="another registry .*'backend'.*'heap provider'"):
+        other.restore(snapshot)
+    with pytest.raises(TypeError, match="RegistrySnapshot"):
+        registry.restore({"a": "pkg:A"})  # type: ignore[arg-type]
+    assert other.names() == [] and registry.names() == ["a"]
+
+
+def test_restored_puts_the_registry_back_even_when_the_block_raises():
+    registry = PluginRegistry("backend", None, error=BackendNotFoundError)
+    registry.register("before", "pkg:Before")
+    with pytest.raises(RuntimeError, match="inside"), registry.restored() as same:
+        assert same is registry
+        registry.register("during", "pkg:During")
+        registry.register("before", "pkg:Other", clobber=True)
+        raise RuntimeError("inside")
+    assert registry.names() == ["before"]
+    assert registry.entries["before"].target == "pkg:Before"
+
+
+def test_the_global_backends_restored_after_a_registration():
+    names = iris.available_backends()
+    with backends.restored():
+        iris.register_backend("echo-inproc", "iris_triton:TritonBackend")
+        assert iris.registry.get_backend("echo-inproc") is _triton_backend()
+    assert iris.available_backends() == names and "echo-inproc" not in iris.registry.registry
 
 
 @pytest.mark.parametrize("name", ["nope", "", None])

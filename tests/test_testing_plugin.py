@@ -1,16 +1,26 @@
-"""iris's pytest plugin (``iris.testing``): the ``iris_ranks`` marker runs a test on N ranks.
+"""iris's pytest plugin (``iris_pytest_plugin``, machinery in ``iris.testing``): the ``iris_ranks``
+marker runs a test on N ranks.
 
 The marked tests below are module-level functions taking ``rank_ctx``: each rank makes its own
-context and runs the body; the plugin fails the test with every failing rank's traceback.
+context and runs the body; the plugin fails the test with every failing rank's traceback. The
+plugin loads in every pytest run where iris is installed, so it must not import torch (seconds)
+in projects that do not use it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
 import torch
 
+import iris.testing
+import iris_pytest_plugin
 from iris.testing import rank_device
 
 pytest_plugins = ["pytester"]
@@ -104,3 +114,63 @@ def test_rank_ctx_without_the_marker_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*only for tests marked @pytest.mark.iris_ranks*"])
+
+
+# -- the plugin in a project that does not use it ----------------------------------------------------------
+
+#: A conftest for the unrelated project: at the end of the session, what was imported, and whether
+#: iris's plugin was loaded (its entry point's name is "iris") with its marker.
+SESSION_RECORDER = """
+import json
+import sys
+from pathlib import Path
+
+
+def pytest_sessionfinish(session):
+    modules = sorted(m for m in sys.modules if m in ("torch", "triton", "iris") or m.startswith(("torch.", "iris.")))
+    Path(__file__).with_name("session.json").write_text(json.dumps({
+        "modules": modules,
+        "plugin": session.config.pluginmanager.hasplugin("iris"),
+        "marker": any(line.startswith("iris_ranks(") for line in session.config.getini("markers")),
+    }))
+"""
+
+
+def _iris_entry_point() -> str | None:
+    found = [ep.value for ep in importlib.metadata.entry_points(group="pytest11") if ep.name == "iris"]
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize(("args", "outcome"), [
+    (["--collect-only", "-q"], "2 tests collected"),
+    (["-q", "-m", "not iris_ranks"], "1 passed, 1 deselected"),
+], ids=["collect-only", "run-unmarked"])
+def test_a_project_that_does_not_use_the_plugin_does_not_import_torch(tmp_path, args, outcome):
+    entry_point = _iris_entry_point()
+    if entry_point is None:
+        pytest.skip("iris is not installed as a distribution here (no pytest11 entry point): pip install -e .")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the project's root: nothing of iris's tests/
+    (tmp_path / "conftest.py").write_text(SESSION_RECORDER)
+    (tmp_path / "test_plain.py").write_text("def test_arithmetic():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "test_marked.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.iris_ranks(2)
+        def test_marked(rank_ctx):
+            pass
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"pytest failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    assert outcome in proc.stdout
+    session = json.loads((tmp_path / "session.json").read_text())
+    assert session["plugin"] and session["marker"], f"iris's plugin was not loaded: {session}"
+    assert session["modules"] == [], (f"the plugin (entry point {entry_point!r}) imported {session['modules']}; "
+                                      f"if it names iris.testing, reinstall iris (pip install -e .)")
+
+
+def test_the_plugin_and_the_machinery_agree_on_the_marker():
+    assert iris_pytest_plugin.MARKER == iris.testing.MARKER == "iris_ranks"
+    assert _iris_entry_point() in (None, "iris_pytest_plugin")
