@@ -130,8 +130,9 @@ class Algorithm:
     def refusal(self, shape: CallShape) -> str | None:
         """Why this algorithm cannot run a call of ``shape``, or None when it can."""
         if self.languages and shape.language not in self.languages:
+            compiles = f"{shape.language} kernels" if shape.language else "no such kernels"
             return (f"it is implemented for {', '.join(sorted(self.languages))} kernels, and this context's backend "
-                    f"compiles {shape.language} kernels")
+                    f"compiles {compiles}")
         if shape.device_type not in self.device_types:
             return f"it runs on {', '.join(sorted(self.device_types))} devices, not {shape.device_type}"
         if self.dtypes is not None and shape.dtype not in self.dtypes:

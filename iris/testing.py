@@ -28,7 +28,6 @@ a marked test runs (:func:`run_marked_test`), so projects that do not use the ma
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import pickle
 import socket
@@ -42,6 +41,7 @@ import pytest
 import torch
 
 import iris
+from iris.config import DEFAULT_BACKEND
 
 __all__ = [
     "RankReport",
@@ -49,7 +49,6 @@ __all__ = [
     "backend_rank_device",
     "free_loopback_port",
     "interpreted_device",
-    "interpreter_runs_kernel_loops",
     "rank_device",
     "run_marked_test",
     "run_on_ranks",
@@ -65,39 +64,33 @@ MAX_TRACEBACK = 8000
 # -- where ranks run --------------------------------------------------------------------------------------
 
 
-def interpreter_runs_kernel_loops() -> bool:
-    """Whether Triton's interpreter can run loops with runtime bounds here: Triton 3.6's fails
-    under numpy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars")."""
-    import numpy
-    from packaging.version import Version
-
-    return Version(importlib.metadata.version("triton")) >= Version("3.9") or Version(numpy.__version__) < Version("2.4")
-
-
-def rank_device(nprocs: int) -> str:
-    """GPU ranks when there is one GPU per rank, else CPU ranks (Triton's interpreter); skips
-    the test when this interpreter cannot run iris's kernels."""
+def rank_device(nprocs: int, backend: str | None = None) -> str:
+    """GPU ranks when there is one GPU per rank, else CPU ranks; skips the test when the backend's
+    kernels cannot run on CPU ranks here (:func:`interpreted_device`)."""
     if torch.cuda.device_count() >= nprocs:
         return "cuda"
-    return interpreted_device()
+    return interpreted_device(backend)
 
 
-def interpreted_device() -> str:
-    """``"cpu"`` for ranks whose kernels run in Triton's interpreter; skips the test when this
-    interpreter cannot run iris's kernels (as on a GPU machine with a newer numpy)."""
-    if not interpreter_runs_kernel_loops():
-        pytest.skip("this Triton's interpreter cannot run runtime-bounded loops with this numpy; pin numpy<2.4")
+def interpreted_device(backend: str | None = None) -> str:
+    """``"cpu"``, for CPU ranks (the Triton backend runs its kernels there in Triton's
+    interpreter); skips the test when the backend (default: the default backend) says its kernels
+    cannot run on CPU ranks in this installation (``DeviceOps.unavailable_reason``: Triton 3.6's
+    interpreter with numpy >= 2.4, say)."""
+    reason = iris.registry.get_backend(backend or DEFAULT_BACKEND).device_ops.unavailable_reason("cpu")
+    if reason is not None:
+        pytest.skip(reason)
     return "cpu"
 
 
 def backend_rank_device(backend: str, nprocs: int) -> str:
     """:func:`rank_device`, skipping when ``backend``'s kernels do not run there (Gluon needs GPUs)."""
-    device = rank_device(nprocs)
     runs_on = iris.registry.get_backend(backend).device_types
+    device = "cuda" if torch.cuda.device_count() >= nprocs else "cpu"
     if device not in runs_on:
         pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {nprocs} ranks here are "
                     f"{device} ranks")
-    return device
+    return rank_device(nprocs, backend)
 
 
 def free_loopback_port() -> int:

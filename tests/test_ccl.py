@@ -337,16 +337,10 @@ def test_unknown_algorithm_lists_the_registered_ones(ctx):
 
 @contextmanager
 def _registered(algorithm: Algorithm):
-    """``algorithm`` registered in process for the block, then removed (there is no public way to
-    unregister, on purpose, so the registry's private tables are edited)."""
-    register_algorithm(algorithm)
-    try:
+    """``algorithm`` registered in process for the block, then the registry as it was."""
+    with algorithm_registry(algorithm.collective).restored():
+        register_algorithm(algorithm)
         yield algorithm
-    finally:
-        registry = algorithm_registry(algorithm.collective)
-        with registry._lock:
-            registry._entries.pop(algorithm.name)
-            registry._loaded.pop(algorithm.name, None)
 
 
 def test_a_registered_algorithm_is_selectable(ctx):

@@ -138,38 +138,63 @@ def test_builtin_backends_come_from_their_distributions():
     assert iris.available_backends() == sorted(iris.available_backends())
 
 
+_ECHO_RANK_SCRIPT = """
+import json, os, sys
+import torch
+import iris, iris.registry
+
+ctx = iris.create(backend="echo", device="cpu", heap_size="4MiB")
+rank, world = ctx.rank, ctx.world_size
+inputs = [torch.randn(1000, generator=torch.Generator().manual_seed(7 + r)) for r in range(world)]
+summed, largest = inputs[rank].clone(), inputs[rank].clone()
+ctx.ccl.all_reduce(summed)  # the automatic choice: the plugin's algorithm is the only one that applies
+ctx.ccl.all_reduce(largest, "max", algorithm="echo_peer_views")
+ctx.device_barrier()
+try:
+    ctx.ccl.all_reduce(torch.ones(4), algorithm="one_shot")
+    refused = ""
+except iris.IrisError as error:
+    refused = str(error)
+out = {
+    "rank": rank, "world": world, "cls": type(ctx).__name__, "backend": ctx.backend,
+    "names": iris.available_backends(), "algorithms": ctx.ccl.algorithms("all_reduce"),
+    "distribution": iris.registry.registry["echo"].distribution, "module": sys.modules["iris_echo"].__file__,
+    "mro": [c.__name__ for c in type(ctx).__mro__],
+    "sum_ok": torch.allclose(summed, torch.stack(inputs).sum(0), atol=1e-5),
+    "max_ok": torch.equal(largest, torch.stack(inputs).max(0).values),
+    "refused": refused,
+}
+ctx.destroy()
+os.write(1, (json.dumps(out) + "\\n").encode())
+"""
+
+
 @pytest.mark.slow
-def test_third_party_plugin_is_discovered_and_creates_context(plugin_sites, tmp_path):
-    """The echo plugin, installed for real, is listed and builds an `EchoContext` on CPU."""
+def test_a_minimal_third_party_backend_runs_collectives_on_two_ranks(plugin_sites, tmp_path):
+    """The echo plugin (docs/plugins.md's minimal backend: its own DeviceOps, no Triton), installed
+    for real, makes EchoContexts on 2 CPU ranks whose all_reduce (its own algorithm, chosen
+    automatically) matches torch's on random data."""
     site = plugin_sites["echo"]
-    result = run_python(
-        """
-        import json, sys
-        import iris, iris.registry
-        names = iris.available_backends()
-        with iris.create(backend="echo", device="cpu", heap_size="4MiB") as ctx:
-            import iris_triton
-            out = {
-                "names": names,
-                "cls": type(ctx).__name__,
-                "backend": ctx.backend,
-                "heap_size": ctx.heap_size,
-                "triton_ops": isinstance(ctx, iris_triton.TritonDeviceOps),
-                "distribution": iris.registry.registry["echo"].distribution,
-                "module": sys.modules["iris_echo"].__file__,
-            }
-        print(json.dumps(out))
-        """,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(site), "TRITON_INTERPRET": "1"},
-    )
-    assert "echo" in result["names"] and "triton" in result["names"]
-    assert result["cls"] == "EchoContext"
-    assert result["backend"] == "echo"
-    assert result["heap_size"] == 4 << 20
-    assert result["triton_ops"] is True
-    assert result["distribution"] == "iris-echo-plugin"
-    assert Path(result["module"]).is_relative_to(site)  # the installed copy, not the fixture source
+    script = tmp_path / "echo_ranks.py"
+    script.write_text(_ECHO_RANK_SCRIPT)
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_")}
+    child_env["PYTHONPATH"] = str(site)
+    proc = subprocess.run([sys.executable, "-m", "iris.cli", "run", "--cpu", "-n", "2", str(script)], cwd=tmp_path,
+                          env=child_env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"ranks failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    results = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                     key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == [0, 1], proc.stdout
+    for result in results:
+        assert result["world"] == 2 and result["cls"] == "EchoContext" and result["backend"] == "echo"
+        assert "echo" in result["names"] and "triton" in result["names"]
+        assert "TritonDeviceOps" not in result["mro"] and result["mro"][1:3] == ["EchoDeviceOps", "Context"]
+        assert "echo_peer_views" in result["algorithms"]
+        assert result["sum_ok"] is True and result["max_ok"] is True
+        assert "algorithm 'one_shot' cannot run this call: it is implemented for gluon, triton kernels, and " \
+               "this context's backend compiles no such kernels; choose one of ['echo_peer_views']" in result["refused"]
+        assert result["distribution"] == "iris-echo-plugin"
+        assert Path(result["module"]).is_relative_to(site)  # the installed copy, not the fixture source
 
 
 @pytest.mark.slow
