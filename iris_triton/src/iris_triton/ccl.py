@@ -41,7 +41,7 @@ import triton.language as tl
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
-from iris_triton.reductions import combine, widen
+from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, collective_shape
 from iris_triton.waits import peers_announced, poison_blocks, site_code, wait_or_record
 
@@ -114,18 +114,23 @@ def _block_start(g, k, ROUND: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _own_block(args):
+    own, received, offs, mask, m = args
+    return tl.load(own + offs, mask=mask)
+
+
+@triton.jit
+def _received_block(q, args):
+    """Peer q's block, from its region of the workspace slot; it arrived (the caller waited)."""
+    own, received, offs, mask, m = args
+    return tl.load(received + q * m + offs, mask=mask), True
+
+
+@triton.jit
 def _reduce(own, received, offs, mask, m, OP: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Every rank's block reduced in rank order (so every rank computing it gets the same bits):
     this rank's from ``own``, peer q's from ``received + q * m``."""
-    for q in tl.static_range(WORLD):
-        if q == RANK:
-            x = widen(tl.load(own + offs, mask=mask))
-        else:
-            x = widen(tl.load(received + q * m + offs, mask=mask))
-        if q == 0:
-            acc = x
-        else:
-            acc = combine(acc, x, OP)
+    acc, _ = reduce_in_rank_order(_own_block, _received_block, (own, received, offs, mask, m), RANK, WORLD, OP)
     return acc.to(own.dtype.element_ty)
 
 
