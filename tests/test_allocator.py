@@ -284,18 +284,6 @@ def test_free_of_an_offset_never_allocated_is_value_error():
         alloc.free(-256)
 
 
-def test_find_block_locates_the_containing_block():
-    alloc = HeapAllocator(MiB)
-    a = alloc.allocate(1000)
-    b = alloc.allocate(10)
-    assert alloc.find_block(a) == (a, 1024)
-    assert alloc.find_block(a + 1023) == (a, 1024)
-    assert alloc.find_block(b + 5) == (b, 256)
-    assert alloc.find_block(b + 256) is None
-    alloc.free(a)
-    assert alloc.find_block(a + 10) is None
-
-
 # -- long random sequences ------------------------------------------------------------------------
 
 

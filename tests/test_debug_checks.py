@@ -164,7 +164,6 @@ def _write_checks(report: RankReport, rank: int, world: int) -> None:
     peer = (rank + 1) % world
     x = ctx.zeros(64)
     base = ctx.heap.offset_of(x)
-    report.check("write/free_heap_after_the_tensor", ctx.heap.allocator.find_block(base + 256) is None)
     ctx.barrier()
     # Allocated on the peer and after a barrier: the write lands.
     report["write/allocated_lands"] = _write(ctx, x, 0, 64, peer) == ""

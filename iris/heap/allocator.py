@@ -77,14 +77,6 @@ class HeapAllocator:
         """Size of the allocated block starting at ``offset``, or None."""
         return self._allocated.get(offset)
 
-    def find_block(self, offset: int) -> tuple[int, int] | None:
-        """``(start, size)`` of the allocated block containing byte ``offset``, or None."""
-        starts = sorted(self._allocated)
-        i = bisect.bisect_right(starts, offset) - 1
-        if i >= 0 and offset < starts[i] + self._allocated[starts[i]]:
-            return starts[i], self._allocated[starts[i]]
-        return None
-
     @property
     def free_bytes(self) -> int:
         return sum(self._free_sizes)
