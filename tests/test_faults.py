@@ -296,7 +296,7 @@ def _resident_kib() -> int:
 def _soak_worker(rank: int, device: str, ops: int) -> bytes:
     import triton
 
-    from iris.demo_kernels import ring_store_kernel
+    from iris_triton.demo import ring_store_kernel
     from iris.testing import seeded_generator
 
     report = RankReport(rank)
