@@ -10,6 +10,7 @@ timed. Runs on all GPUs when there are at least two, else on CPU ranks (--nprocs
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -56,7 +57,7 @@ def _run(rank: int, nbytes: int, repeats: int) -> dict:
         for name, kernel in (("all_load", all_load_kernel), ("all_store", all_store_kernel)):
             gathered = ctx.zeros(world, n)
             ctx.barrier()
-            launch = lambda: kernel[grid](slices, gathered, n, *args, RANK=rank, WORLD=world, BLOCK=block)
+            launch = functools.partial(kernel[grid], slices, gathered, n, *args, RANK=rank, WORLD=world, BLOCK=block)
             launch()
             ctx.barrier()
             correct = torch.equal(gathered, expected)

@@ -64,7 +64,7 @@ class DeviceOps(metaclass=abc.ABCMeta):
         the same on every rank. The default: none."""
         return {}
 
-    @classmethod
+    @classmethod  # noqa: B027 (an optional hook: nothing to check by default)
     def check_environment(cls, device) -> None:
         """Raise IrisError if this process cannot run the backend's kernels on ``device``;
         called by ``create`` before any collective set-up, so a bad environment fails fast."""

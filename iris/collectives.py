@@ -139,7 +139,8 @@ class Algorithm:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
             return f"it takes {names} tensors, this call has {str(shape.dtype).removeprefix('torch.')}"
         if shape.world_size not in self.world_sizes:
-            return f"it runs on world sizes {self.world_sizes.start}..{self.world_sizes.stop - 1}, not {shape.world_size}"
+            sizes = f"{self.world_sizes.start}..{self.world_sizes.stop - 1}"
+            return f"it runs on world sizes {sizes}, not {shape.world_size}"
         if self.max_bytes is not None and shape.nbytes > self.max_bytes:
             return f"it takes at most {_size(self.max_bytes)} per rank, this call has {shape.nbytes} bytes"
         return None

@@ -373,8 +373,9 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
 
 def test_low_latency_all_reduce_refuses_large_calls(ctx):
     t = ctx.ones(low_latency.MAX_BYTES // 4 + 1)
-    with pytest.raises(IrisError, match=r"'low_latency' cannot run this call: it takes at most 1 MiB per rank, this "
-                                        r"call has 1048580 bytes; choose one of \['one_shot', 'sentinel', 'two_shot'\]"):
+    with pytest.raises(IrisError, match=r"'low_latency' cannot run this call: it takes at most 1 MiB per rank, "
+                                        r"this call has 1048580 bytes; choose one of "
+                                        r"\['one_shot', 'sentinel', 'two_shot'\]"):
         ctx.ccl.all_reduce(t, algorithm="low_latency")
     ctx.free(t)
 
@@ -490,7 +491,8 @@ def test_single_rank_collectives_are_identities(ctx):
         (lambda c: c.ccl.all_reduce(torch.ones(4, dtype=torch.uint8, device=c.device)), "dtype torch.uint8"),
         (lambda c: c.ccl.all_reduce(torch.ones(4, 4, device=c.device).t()), "not contiguous"),
         (lambda c: c.ccl.all_reduce(torch.ones(4, device=c.device), op="prod"), "op must be one of"),
-        (lambda c: c.ccl.all_gather(torch.ones(3, device=c.device), torch.ones(4, device=c.device)), "needs world_size"),
+        (lambda c: c.ccl.all_gather(torch.ones(3, device=c.device), torch.ones(4, device=c.device)),
+         "needs world_size"),
         (lambda c: c.ccl.all_gather(torch.ones(4, dtype=torch.int32, device=c.device), torch.ones(4, device=c.device)),
          "differs from input dtype"),
         (lambda c: c.ccl.reduce_scatter(torch.ones(3, device=c.device), torch.ones(4, device=c.device)),

@@ -137,7 +137,8 @@ def test_empty_env_variables_count_as_unset(monkeypatch):
     assert ContextConfig.from_env() == ContextConfig()
 
 
-@pytest.mark.parametrize(("value", "expected"), [("1", True), ("true", True), ("ON", True), ("0", False), ("no", False)])
+@pytest.mark.parametrize(("value", "expected"),
+                         [("1", True), ("true", True), ("ON", True), ("0", False), ("no", False)])
 def test_debug_from_env(monkeypatch, value, expected):
     monkeypatch.setenv("IRIS_DEBUG", value)
     assert ContextConfig.from_env().debug is expected

@@ -238,7 +238,7 @@ def test_context_manager_destroys():
     assert ctx.destroyed
     assert repr(ctx) == "<TritonContext destroyed>"
     with pytest.raises(IrisError, match="was destroyed"):
-        ctx.heap
+        _ = ctx.heap
     ctx.destroy()  # idempotent
     assert t.tolist() == [0, 1, 2, 3, 4]  # tensors still alive keep their memory
 

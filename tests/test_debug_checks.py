@@ -73,7 +73,8 @@ def _write(ctx, dst, offset: int, n: int, peer: int, how: str = "store") -> str:
 
 def _caught(message: str, rank: int, peer: int, offset: int, what: str) -> bool | str:
     """Whether ``message`` is the debug check's report of ``what`` at ``offset`` (else the message)."""
-    wanted = f"rank {rank} {'wrote to' if what == 'unallocated' else 'addressed'} rank {peer}'s heap at byte offset {offset},"
+    verb = "wrote to" if what == "unallocated" else "addressed"
+    wanted = f"rank {rank} {verb} rank {peer}'s heap at byte offset {offset},"
     return (message.startswith("IrisError: iris (IRIS_DEBUG)") and wanted in message) or message or "not caught"
 
 

@@ -487,7 +487,7 @@ def test_a_dead_peer_makes_every_call_raise_with_nan_outputs():
                 specs.append((f"{how}/{world}/{seed}", dead_peer_worker, world, (how, ops, victim, seed, T)))
     results = run_worlds(specs, parallel=3)
     problems = []
-    for (name, _, world, args), result in zip(specs, results):
+    for (name, _, _world, args), result in zip(specs, results):
         victim = args[2]
         expected_exit = -signal.SIGKILL if args[0] == "sigkill" else 0
         if result.exitcodes[victim] != expected_exit:
@@ -528,7 +528,7 @@ def test_a_peer_killed_during_the_call_never_yields_a_wrong_value():
                           (op, victim, seed, kill_after, late, T)))
     results = run_worlds(specs, parallel=4)
     problems = []
-    for (name, _, world, args), result in zip(specs, results):
+    for (name, _, _world, args), result in zip(specs, results):
         victim = args[1]
         if result.exitcodes[victim] != -signal.SIGKILL:
             problems.append(f"{name}: the victim exited with {result.exitcodes[victim]}")
@@ -549,7 +549,7 @@ def test_a_peer_late_by_more_than_the_timeout():
             specs.append((f"late/{world}/{seed}", late_peer_worker, world, (ops, victim, seed, late, T, True)))
     results = run_worlds(specs, parallel=2)
     problems = []
-    for (name, _, world, args), result in zip(specs, results):
+    for (name, _, _world, args), result in zip(specs, results):
         victim = args[1]
         problems += _survivor_problems(result, victim, T, must_raise=True, upper=T + LOADED_SLACK)
         rep = result.reports[victim]

@@ -404,11 +404,13 @@ def test_debug_mode_stops_a_kernel_that_leaves_the_heap(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
                           env={k: v for k, v in os.environ.items() if not k.startswith("IRIS_")})
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"the process ended with {proc.returncode} (a write landed outside the heap?)\n{out[-3000:]}"
+    assert proc.returncode == 0, (f"the process ended with {proc.returncode} (a write landed outside the heap?)\n"
+                                  f"{out[-3000:]}")
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
     assert lines.get("inside") == "WROTE 64.0", out[-3000:]
     assert lines.get("masked off") == "WROTE", out[-3000:]  # masked-off lanes are not checked
-    stopped = r"STOPPED IrisError: iris \(IRIS_DEBUG\): rank 0 addressed rank 0's heap at byte offset {}, outside the heap of 4194304 bytes"
+    stopped = (r"STOPPED IrisError: iris \(IRIS_DEBUG\): rank 0 addressed rank 0's heap at byte offset {}, outside "
+               r"the heap of 4194304 bytes")
     assert re.match(stopped.format(r"-?\d+") + r".* target unchanged$", lines.get("off the heap", "")), out[-3000:]
     assert re.match(stopped.format(4194304), lines.get("first byte past the end", "")), out[-3000:]
     assert proc.stdout.rstrip().endswith("EXITING"), out[-3000:]

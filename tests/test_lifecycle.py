@@ -283,7 +283,8 @@ def _listening(pid: int) -> list[str]:
 def _heap_worker(rank: int) -> dict:
     ctx = iris.create(heap_size="8MiB", device="cpu")
     report = {
-        "maps": [line.split(None, 5)[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "iris" in line],
+        "maps": [line.split(None, 5)[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                 if "iris" in line],
         "fds": [target for target in map(_fd_target, os.listdir("/proc/self/fd")) if "iris" in target],
         "launcher_listens_on": _listening(os.getppid()),
     }

@@ -642,7 +642,8 @@ def test_randint_keyword_forms_like_torch(ctx, dev):
 def test_failing_fill_frees_its_block(ctx, dev):
     # The meta check passes, the fill fails: the block must go back to the heap.
     expect_like_torch(ctx, lambda: ctx.randint(5, 5, (10,)), lambda: torch.randint(5, 5, (10,), device=dev))
-    expect_like_torch(ctx, lambda: ctx.rand(10, dtype=torch.int32), lambda: torch.rand(10, dtype=torch.int32, device=dev))
+    expect_like_torch(ctx, lambda: ctx.rand(10, dtype=torch.int32),
+                      lambda: torch.rand(10, dtype=torch.int32, device=dev))
     expect_like_torch(ctx, lambda: ctx.full((10,), 300, dtype=torch.int8),
                       lambda: torch.full((10,), 300, dtype=torch.int8, device=dev))
 

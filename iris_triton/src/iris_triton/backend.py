@@ -25,7 +25,8 @@ def interpreter_runs_kernel_loops() -> bool:
     import numpy
     from packaging.version import Version
 
-    return Version(importlib.metadata.version("triton")) >= Version("3.9") or Version(numpy.__version__) < Version("2.4")
+    triton_version = Version(importlib.metadata.version("triton"))
+    return triton_version >= Version("3.9") or Version(numpy.__version__) < Version("2.4")
 
 
 class _MappedHostMemory:

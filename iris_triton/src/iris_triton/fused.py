@@ -96,7 +96,8 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, faults,
 @triton.jit
 def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faults, host_faults, capacity, m, N, K,
                                  stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride,
-                                 slot_stride, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 slot_stride, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
+                                 BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                  EVEN_K: tl.constexpr):
     """``out`` (``m x N``) := row block ``RANK`` (rows ``[RANK * m, (RANK + 1) * m)``) of

@@ -176,7 +176,8 @@ class FusedOps:
         matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
             a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, ctx.get_heap_bases(), ctx.faults,
             ctx.host_faults, buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            out.stride(0), out.stride(1), buffers.flag_stride, buffers.slot_stride, ctx.timeout_ns, RANK=ctx.rank, WORLD=ctx.world_size,
+            out.stride(0), out.stride(1), buffers.flag_stride, buffers.slot_stride, ctx.timeout_ns, RANK=ctx.rank,
+            WORLD=ctx.world_size,
             EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 

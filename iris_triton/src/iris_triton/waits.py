@@ -25,7 +25,8 @@ from triton.runtime.jit import constexpr_function
 from iris_triton import device
 from iris_triton.clock import INTERPRETING, now_ns
 
-__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "peers_announced", "poison", "poison_blocks", "publish",
+__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "peers_announced", "poison", "poison_blocks",
+           "publish",
            "read_published", "read_when_arrived", "record_failure", "site_code", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
