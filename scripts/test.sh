@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up .venv (scripts/setup.sh) and run the test suite, then the multi-rank tests on the newest
-# Triton and numpy (scripts/test_latest.sh). Extra arguments go to pytest, on .venv only.
+# Set up .venv (scripts/setup.sh), check the code with ruff (pyproject.toml's [tool.ruff]) and run
+# the test suite, then the multi-rank tests on the newest Triton and numpy (scripts/test_latest.sh).
+# Extra arguments go to pytest, on .venv only (no lint then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -8,6 +9,7 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 status=0
+.venv/bin/ruff check . || status=$?
 .venv/bin/python -m pytest -q || status=$?
 scripts/test_latest.sh || status=$?
 exit $status
