@@ -16,6 +16,8 @@ recompute it) and compared with ``torch.equal`` against the expected tensor buil
 
 from __future__ import annotations
 
+import ast
+import inspect
 import sys
 import time
 from datetime import timedelta
@@ -27,10 +29,11 @@ import triton
 import triton.language as tl
 
 import iris
-from iris.testing import RankReport, backend_rank_device, seeded_generator, spawn_reports
 import iris_triton
 from iris.errors import IrisTimeoutError
+from iris.testing import RankReport, backend_rank_device, seeded_generator, spawn_reports
 from iris_triton.clock import now_ns
+from iris_triton.context import DeviceContext, method_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -357,7 +360,7 @@ def _check_movement(ctx, report: RankReport) -> None:
             BLOCK=BLOCK)
         ctx.barrier()  # every rank's remote writes have landed
 
-        def data(q):
+        def data(q, dtype=dtype):
             return _peer_data(q, dtype, N, 0)
 
         tail_other = torch.full((PAD - N,), OTHER).to(dtype)
@@ -559,16 +562,16 @@ def _check_flags(ctx, report: RankReport) -> None:
         results = torch.full((2 * RING_ROUNDS,), -1, dtype=torch.int32, device=device)
         cmp_results = torch.full((15,), -1, dtype=torch.int32, device=device)
         ctx.barrier()
-        _launch(ctx, _ring_kernel, (1,), ctx.get_device_context(), flags, mailbox, messages_of(rank).to(device), received, results,
-                           cmp_results, ctx.get_heap_bases(), n, nxt, RING_ROUNDS, ctx.timeout_ns, SHORT_TIMEOUT_NS,
-                RANK=rank, WORLD=world, API=api == "ctx", BLOCK=BLOCK)
+        _launch(ctx, _ring_kernel, (1,), ctx.get_device_context(), flags, mailbox, messages_of(rank).to(device),
+                received, results, cmp_results, ctx.get_heap_bases(), n, nxt, RING_ROUNDS, ctx.timeout_ns,
+                SHORT_TIMEOUT_NS, RANK=rank, WORLD=world, API=api == "ctx", BLOCK=BLOCK)
         ctx.barrier()
         results, cmp_results = results.cpu().tolist(), cmp_results.cpu().tolist()
         report.check(f"flags/{api}/waits_succeeded", results[0::2] == [1] * RING_ROUNDS)
         report.check(f"flags/{api}/signal_returned_old", results[1::2] == list(range(RING_ROUNDS)))
         report.check(f"flags/{api}/messages_arrived", torch.equal(received.cpu()[:, :n], messages_of(prv)[:, :n]))
         report.check(f"flags/{api}/own_flag", flags.cpu().tolist() == [RING_ROUNDS, 0])
-        for i, (cmp, delta, expected) in enumerate(CMP_CASES):
+        for i, (cmp, _delta, expected) in enumerate(CMP_CASES):
             report.check(f"flags/{api}/cmp_{cmp}_{'holds' if expected else 'times_out'}",
                          cmp_results[i] == int(expected))
         report.check(f"flags/{api}/timeout_unset_local", cmp_results[12] == 0)
@@ -865,3 +868,88 @@ def test_message_passing_example(reports):
         pytest.skip("the example runs on two ranks")
     checks = _assert_all_true(reports, "message_passing/", "message_passing")
     assert len(checks) == 2
+
+
+# -- one list of device functions: the free functions and the context methods agree ------------------------
+
+
+#: The device contexts' methods (the header of each method's source) with upstream iris's
+#: signatures, which the methods generated from the device functions must keep (``translate``
+#: also takes the free function's ``mask``, for the debug checks).
+UPSTREAM_METHODS = {
+    "translate": "def translate(self, ptr, to_rank, mask=None):",
+    "load": 'def load(self, ptr, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""), '
+            'volatile: tl.constexpr = False):',
+    "store": 'def store(self, ptr, value, to_rank, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):',
+    "get": "def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None):",
+    "put": "def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None):",
+    "copy": "def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None):",
+    **{f"atomic_{op}": f"def atomic_{op}(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None, "
+                       "scope: tl.constexpr = None):"
+       for op in ("add", "sub", "xchg", "and", "or", "xor", "min", "max")},
+    "atomic_cas": "def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = None, scope: tl.constexpr = None):",
+    "signal": "def signal(self, ptr, value, to_rank, sem: tl.constexpr = None, scope: tl.constexpr = None):",
+    "wait_until": 'def wait_until(self, ptr, value, rank, timeout_ns, CMP: tl.constexpr = tl.constexpr("ge"), '
+                  'sem: tl.constexpr = None, scope: tl.constexpr = None):',
+}
+
+
+def _device_contexts() -> dict[str, type]:
+    from iris_gluon import IrisDeviceCtx
+
+    return {"DeviceContext": DeviceContext, "IrisDeviceCtx": IrisDeviceCtx}
+
+
+def _python_function(fn):
+    """The Python function of a ``@triton.jit`` (or interpreted) function, or ``fn`` itself."""
+    return getattr(fn, "fn", fn)
+
+
+def _parameters(fn) -> list[tuple[str, str, str]]:
+    """``(kind, name, "annotation = default")`` of every parameter of ``fn``. Annotations are compared
+    by name (the free functions' are strings: iris_triton.device postpones them), defaults by repr."""
+    out = []
+    for p in inspect.signature(_python_function(fn)).parameters.values():
+        annotation = "" if p.annotation is p.empty else getattr(p.annotation, "__name__", p.annotation)
+        annotation = str(annotation).removeprefix("tl.")
+        default = "" if p.default is p.empty else repr(p.default)
+        out.append((p.kind.name, p.name, f"{annotation} = {default}"))
+    return out
+
+
+def test_the_device_functions_are_one_list():
+    names = list(iris_triton.device.DEVICE_FUNCTIONS)
+    assert iris_triton.device.__all__ == names
+    assert iris_triton.DEVICE_FUNCTIONS is iris_triton.device.DEVICE_FUNCTIONS
+    assert set(names) <= set(iris_triton.__all__)
+    assert set(UPSTREAM_METHODS) <= set(names)
+    for name in names:
+        assert getattr(iris_triton, name) is getattr(iris_triton.device, name), name
+        # ``iris.<name>``, as kernels written for upstream iris call them.
+        assert getattr(iris, name) is getattr(iris_triton.device, name), f"iris.{name}"
+
+
+@pytest.mark.parametrize("name", list(iris_triton.device.DEVICE_FUNCTIONS))
+def test_context_method_is_the_device_function_less_heap_bases_and_the_callers_rank(name):
+    caller = iris_triton.device.DEVICE_FUNCTIONS[name]
+    free = _parameters(getattr(iris_triton.device, name))
+    filled = {caller: "self.rank", "heap_bases": "self.heap_bases"}
+    assert set(filled) <= {param for _, param, _ in free}, f"{name} has no parameter {caller} or heap_bases"
+    expected = [("POSITIONAL_OR_KEYWORD", "self", " = ")] + [p for p in free if p[1] not in filled]
+    for cls_name, cls in _device_contexts().items():
+        method = getattr(cls, name)
+        assert _parameters(method) == expected, f"{cls_name}.{name}"
+        # Its body passes every argument on in its place, the context's rank and heap bases for the two dropped.
+        source = inspect.getsource(_python_function(method))
+        assert source == method_source(name), f"{cls_name}.{name}"
+        call = ast.parse(source).body[0].body[-1].value
+        assert ast.unparse(call.func) == f"device.{name}", f"{cls_name}.{name}"
+        assert [ast.unparse(arg) for arg in call.args] == [filled.get(p, p) for _, p, _ in free], f"{cls_name}.{name}"
+        assert not call.keywords
+
+
+@pytest.mark.parametrize("name", list(UPSTREAM_METHODS))
+def test_context_methods_keep_upstream_signatures(name):
+    for cls_name, cls in _device_contexts().items():
+        header = inspect.getsource(_python_function(getattr(cls, name))).splitlines()[0]
+        assert header == UPSTREAM_METHODS[name], f"{cls_name}.{name}"

@@ -332,3 +332,29 @@ def test_fused_kernels_push_vectors_then_release_a_flag(ptx, kernel):
 def test_every_kernel_compiled_except_the_bogus_comparison(ptx):
     assert set(ptx["errors"]) == {"wait_cmp_bogus"}, {k: v[-1500:] for k, v in ptx["errors"].items()}
     assert len(ptx["ops"]) >= 90
+
+
+# -- the device contexts' methods, compiled ----------------------------------------------------------------
+
+_METHODS_SCRIPT = """
+import json
+import triton
+from iris_gluon import IrisDeviceCtx
+from iris_triton.context import DeviceContext, method_source
+from iris_triton.device import DEVICE_FUNCTIONS
+print(json.dumps({name: {"jit": isinstance(getattr(DeviceContext, name), triton.runtime.JITFunction),
+                         "source": getattr(DeviceContext, name).src == method_source(name),
+                         "gluon_shares": getattr(IrisDeviceCtx, name) is getattr(DeviceContext, name)}
+                  for name in DEVICE_FUNCTIONS}))
+"""
+
+
+def test_context_methods_are_jit_functions_of_their_generated_source():
+    # Compiled (no interpreter), every generated method is a @triton.jit function whose source,
+    # the one Triton and Gluon compile, is the generated one, and Gluon's context shares it.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _METHODS_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=KERNELS.parent, check=False)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    methods = json.loads(proc.stdout)
+    assert methods and all(all(checks.values()) for checks in methods.values()), methods

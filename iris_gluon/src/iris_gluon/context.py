@@ -6,10 +6,11 @@ Built from ``ctx.get_device_context()`` as in upstream iris's Gluon kernels::
     offs = dctx.block_offsets(buf, start, BLOCK)
     x = dctx.load(buf + offs, from_rank=peer, mask=offs < n)
 
-Its methods are those of the Triton backend's ``DeviceContext`` (shared, not copied:
-:class:`iris_triton.context.DeviceMethods`). What differs: rank and world size are read from the
-context tensor at run time, so one compiled kernel serves every rank, and ``block_offsets`` lays
-a block out explicitly, as Gluon requires.
+Its methods are those of the Triton backend's ``DeviceContext``, one per device function
+(``iris_triton.device.DEVICE_FUNCTIONS``): the very functions of
+:class:`iris_triton.context.DeviceMethods`, generated there, not written again. What differs:
+rank and world size are read from the context tensor at run time, so one compiled kernel serves
+every rank, and ``block_offsets`` lays a block out explicitly, as Gluon requires.
 """
 # No `from __future__ import annotations`: Triton aggregates read the field annotations as types.
 

@@ -2,49 +2,15 @@
 
 Inside ``@triton.jit`` kernels use the free functions (``iris_triton.load(ptr, to_rank, from_rank,
 heap_bases, ...)``, also reachable as ``iris.load``) or the :class:`DeviceContext` aggregate.
+The device functions are those listed in :data:`DEVICE_FUNCTIONS` (``iris_triton.device.__all__``),
+re-exported here as they are.
 """
 
+from iris_triton import device
 from iris_triton.backend import TritonBackend, TritonDeviceOps
 from iris_triton.context import DeviceContext
-from iris_triton.device import (
-    atomic_add,
-    atomic_and,
-    atomic_cas,
-    atomic_max,
-    atomic_min,
-    atomic_or,
-    atomic_sub,
-    atomic_xchg,
-    atomic_xor,
-    copy,
-    get,
-    load,
-    put,
-    signal,
-    store,
-    translate,
-    wait_until,
-)
+from iris_triton.device import *  # noqa: F403 (exactly the device functions: iris_triton.device.__all__)
+from iris_triton.device import DEVICE_FUNCTIONS
 
-__all__ = [
-    "DeviceContext",
-    "TritonBackend",
-    "TritonDeviceOps",
-    "atomic_add",
-    "atomic_and",
-    "atomic_cas",
-    "atomic_max",
-    "atomic_min",
-    "atomic_or",
-    "atomic_sub",
-    "atomic_xchg",
-    "atomic_xor",
-    "copy",
-    "get",
-    "load",
-    "put",
-    "signal",
-    "store",
-    "translate",
-    "wait_until",
-]
+__all__ = ["DEVICE_FUNCTIONS", "DeviceContext", "TritonBackend", "TritonDeviceOps"]
+__all__ += device.__all__

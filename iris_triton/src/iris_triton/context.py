@@ -1,11 +1,5 @@
 """``DeviceContext``: the device API bound to one rank, built from ``ctx.get_device_context()``.
 
-The methods live in :class:`DeviceMethods`, which the Gluon backend's ``IrisDeviceCtx`` shares
-(:func:`with_device_methods`): they call the free functions of :mod:`iris_triton.device`, which
-compile under both Triton's and Gluon's front end (a callee is compiled in its caller's
-language). Only how a context is built differs: here rank and world size are compile-time
-constants.
-
 Inside a kernel::
 
     dctx = DeviceContext.initialize(context_tensor, RANK, WORLD_SIZE)
@@ -13,7 +7,12 @@ Inside a kernel::
     dctx.store(buf + offs, x, to_rank=peer, mask=mask)
 
 The methods are the free functions of :mod:`iris_triton.device` with the caller's rank and the
-heap bases filled in.
+heap bases filled in. They are generated, one per entry of
+:data:`iris_triton.device.DEVICE_FUNCTIONS`, into :class:`DeviceMethods`, which the Gluon
+backend's ``IrisDeviceCtx`` shares (:func:`with_device_methods`): they call the free functions,
+which compile under both Triton's and Gluon's front end (a callee is compiled in its caller's
+language). Only how a context is built differs: here rank and world size are compile-time
+constants.
 
 Compiled, ``DeviceContext`` is a Triton aggregate whose methods are ``@triton.jit`` functions.
 Triton's interpreter (CPU ranks) cannot attach interpreted functions to an aggregate, so there
@@ -22,15 +21,20 @@ other Python code inside a kernel.
 """
 # No `from __future__ import annotations`: Triton aggregates read the field annotations as types.
 
+import ast
+import inspect
+import linecache
+import textwrap
+
 import triton
 import triton.language as tl
 from triton import knobs
-from triton.runtime.jit import constexpr_function
 from triton.language.core import _aggregate as aggregate
+from triton.runtime.jit import constexpr_function
 
 from iris_triton import device
 
-__all__ = ["DeviceContext", "DeviceMethods", "with_device_methods"]
+__all__ = ["DeviceContext", "DeviceMethods", "method_source", "with_device_methods"]
 
 
 INTERPRETING = bool(knobs.runtime.interpret)
@@ -44,90 +48,67 @@ def _constructor(fn):
     return fn if INTERPRETING else constexpr_function(fn)
 
 
+def method_source(name: str) -> str:
+    """The source of the device contexts' method ``name``: the parameters of the free function
+    ``iris_triton.device.<name>`` (names, annotations and defaults as written there) less
+    ``heap_bases`` and the caller's rank (``DEVICE_FUNCTIONS[name]``), and a body that calls the
+    free function with every argument in its place, ``self.heap_bases`` and ``self.rank`` for the
+    two dropped. For ``load`` (the caller's rank is ``to_rank``; the header is one line)::
+
+        def load(self, ptr, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""),
+                 volatile: tl.constexpr = False):
+            return device.load(ptr, self.rank, from_rank, self.heap_bases, mask, other, cache_modifier, volatile)
+    """
+    source = textwrap.dedent(inspect.getsource(getattr(device, name).fn))
+    args = ast.parse(source).body[0].args
+    if args.posonlyargs or args.vararg or args.kwonlyargs or args.kwarg:
+        raise TypeError(f"iris_triton.device.{name}: a device function takes plain parameters only")
+    filled = {device.DEVICE_FUNCTIONS[name]: "self.rank", "heap_bases": "self.heap_bases"}
+    defaults = [None] * (len(args.args) - len(args.defaults)) + args.defaults
+    params, call = ["self"], []
+    for param, default in zip(args.args, defaults):
+        if param.arg in filled:
+            if default is not None:
+                raise TypeError(f"iris_triton.device.{name}: {param.arg} must not have a default")
+            call.append(filled.pop(param.arg))
+        else:
+            text = ast.get_source_segment(source, param)  # the name and its annotation
+            if default is not None:
+                equals = " = " if param.annotation else "="
+                text += equals + ast.get_source_segment(source, default)
+            params.append(text)
+            call.append(param.arg)
+    if filled:
+        raise TypeError(f"iris_triton.device.{name} has no parameter {', '.join(filled)}")
+    return f"def {name}({', '.join(params)}):\n    return device.{name}({', '.join(call)})\n"
+
+
+def _generate_method(name: str):
+    """The method ``name`` compiled from :func:`method_source`, ``@triton.jit`` when compiling.
+    Triton's and Gluon's JIT read a function's source (``inspect.getsource``), so the source is
+    registered with :mod:`linecache` under the file name it is compiled with."""
+    source = method_source(name)
+    filename = f"<iris_triton.context: DeviceMethods.{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace = {"__name__": __name__, "device": device, "tl": tl}
+    exec(compile(source, filename, "exec", dont_inherit=True), namespace)
+    method = namespace[name]
+    method.__qualname__ = f"DeviceMethods.{name}"
+    method.__doc__ = (f":func:`iris_triton.device.{name}` with the context's rank as "
+                      f"``{device.DEVICE_FUNCTIONS[name]}`` and its ``heap_bases``.")
+    return _method(method)
+
+
 class DeviceMethods:
-    """The device API of one rank: every method is the :mod:`iris_triton.device` function of
-    the same name with ``self.rank`` as the caller and ``self.heap_bases`` filled in. A subclass
-    declares the fields ``rank``, ``world_size`` and ``heap_bases`` and how to build itself."""
+    """The device API of one rank: for every device function (``DEVICE_FUNCTIONS``), the method
+    that calls it with ``self.rank`` as the caller's rank and ``self.heap_bases``, generated below
+    (:func:`method_source` shows its source). A subclass declares the fields ``rank``,
+    ``world_size`` and ``heap_bases`` and how to build itself."""
 
-    @_method
-    def translate(self, ptr, to_rank):
-        return device.translate(ptr, self.rank, to_rank, self.heap_bases)
 
-    @_method
-    def load(self, ptr, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""),
-             volatile: tl.constexpr = False):
-        return device.load(ptr, self.rank, from_rank, self.heap_bases, mask, other, cache_modifier, volatile)
-
-    @_method
-    def store(self, ptr, value, to_rank, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):
-        device.store(ptr, value, self.rank, to_rank, self.heap_bases, mask, cache_modifier)
-
-    @_method
-    def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None):
-        device.get(from_ptr, to_ptr, from_rank, self.rank, self.heap_bases, mask, other)
-
-    @_method
-    def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None):
-        device.put(from_ptr, to_ptr, self.rank, to_rank, self.heap_bases, mask, other)
-
-    @_method
-    def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None):
-        device.copy(src_ptr, dst_ptr, from_rank, to_rank, self.rank, self.heap_bases, mask, other)
-
-    @_method
-    def atomic_add(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                   scope: tl.constexpr = None):
-        return device.atomic_add(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_sub(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                   scope: tl.constexpr = None):
-        return device.atomic_sub(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_xchg(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                    scope: tl.constexpr = None):
-        return device.atomic_xchg(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_and(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                   scope: tl.constexpr = None):
-        return device.atomic_and(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_or(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                  scope: tl.constexpr = None):
-        return device.atomic_or(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_xor(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                   scope: tl.constexpr = None):
-        return device.atomic_xor(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_min(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                   scope: tl.constexpr = None):
-        return device.atomic_min(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_max(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None,
-                   scope: tl.constexpr = None):
-        return device.atomic_max(ptr, val, self.rank, to_rank, self.heap_bases, mask, sem, scope)
-
-    @_method
-    def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = None,
-                   scope: tl.constexpr = None):
-        return device.atomic_cas(ptr, cmp, val, self.rank, to_rank, self.heap_bases, sem, scope)
-
-    @_method
-    def signal(self, ptr, value, to_rank, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
-        return device.signal(ptr, value, self.rank, to_rank, self.heap_bases, sem, scope)
-
-    @_method
-    def wait_until(self, ptr, value, rank, timeout_ns, CMP: tl.constexpr = tl.constexpr("ge"),
-                   sem: tl.constexpr = None, scope: tl.constexpr = None):
-        return device.wait_until(ptr, value, self.rank, rank, self.heap_bases, timeout_ns, CMP, sem, scope)
+for _name in device.DEVICE_FUNCTIONS:
+    setattr(DeviceMethods, _name, _generate_method(_name))
+del _name
 
 
 def with_device_methods(cls):

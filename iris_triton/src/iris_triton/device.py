@@ -24,25 +24,35 @@ from iris.errors import IrisError
 from iris.heap.symmetric import MAP_GRANULE
 from iris_triton.clock import INTERPRETING, now_ns
 
-__all__ = [
-    "translate",
-    "load",
-    "store",
-    "get",
-    "put",
-    "copy",
-    "atomic_add",
-    "atomic_sub",
-    "atomic_xchg",
-    "atomic_and",
-    "atomic_or",
-    "atomic_xor",
-    "atomic_min",
-    "atomic_max",
-    "atomic_cas",
-    "signal",
-    "wait_until",
-]
+#: The device functions, each with its parameter that takes the caller's own rank: the one list
+#: of the device API. Each is defined below as a ``@triton.jit`` function, exported as
+#: ``iris_triton.<name>`` (``iris.<name>`` in kernels), and is a method of the device contexts
+#: (Triton's ``DeviceContext``, Gluon's ``IrisDeviceCtx``), which :mod:`iris_triton.context`
+#: generates from the function: the same parameters less ``heap_bases`` and the caller's rank,
+#: for which it passes the context's ``heap_bases`` and ``rank``. E.g. ``load(ptr, to_rank,
+#: from_rank, heap_bases, mask=None, ...)`` is the method ``load(self, ptr, from_rank, mask=None,
+#: ...)``. Adding a device function is listing it here and defining it below; nothing else.
+DEVICE_FUNCTIONS: dict[str, str] = {
+    "translate": "from_rank",
+    "load": "to_rank",
+    "store": "from_rank",
+    "get": "to_rank",
+    "put": "from_rank",
+    "copy": "cur_rank",
+    "atomic_add": "from_rank",
+    "atomic_sub": "from_rank",
+    "atomic_xchg": "from_rank",
+    "atomic_and": "from_rank",
+    "atomic_or": "from_rank",
+    "atomic_xor": "from_rank",
+    "atomic_min": "from_rank",
+    "atomic_max": "from_rank",
+    "atomic_cas": "from_rank",
+    "signal": "from_rank",
+    "wait_until": "cur_rank",
+}
+
+__all__ = list(DEVICE_FUNCTIONS)
 
 #: Every heap base is a multiple of this many bytes (cudaMalloc and mmap both guarantee it).
 HEAP_BASE_ALIGNMENT: tl.constexpr = tl.constexpr(256)
@@ -232,56 +242,64 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), -_like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), -_like(val, ptr), mask=mask,
+                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                 scope: tl.constexpr = None):
     """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xchg(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xchg(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+                          sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise and with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_and(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_and(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
               scope: tl.constexpr = None):
     """Atomic bitwise or with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_or(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_or(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+                        sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic bitwise xor with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xor(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_xor(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic minimum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_min(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_min(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None):
     """Atomic maximum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_max(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask, sem=_sem(sem), scope=_scope(scope))
+    return tl.atomic_max(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
