@@ -152,4 +152,4 @@ class TritonContext(TritonDeviceOps, Context):
 
 
 TritonBackend = Backend(name="triton", device_ops=TritonDeviceOps, device_types={"cuda", "cpu"},
-                        context_class=TritonContext, device_api="iris_triton")
+                        context_class=TritonContext, device_api="iris_triton.kernel_api")
