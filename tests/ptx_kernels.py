@@ -31,7 +31,7 @@ from iris_triton import ccl, low_latency, sentinel
 from iris_triton.barrier import device_barrier_kernel
 from iris_triton.frontend import TRITON
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
-from iris_triton.gemm import GEMM_CONFIGS
+from iris_triton.tuning import GEMM_SHAPES, LOW_LATENCY_SHAPES, SENTINEL_SHAPES, collective_shape
 
 TARGET = GPUTarget("cuda", 90, 32)
 SEMS = ("relaxed", "acquire", "release", "acq_rel")
@@ -356,12 +356,12 @@ def _ccl_specs(frontend) -> dict:
     types = {name: "*bf16" for name in ("inp", "out", "ws")}
     types.update(sync="*i32")
     out = {}
+    shape = {k: v for k, v in collective_shape("cuda", 1 << 20).items() if k != "num_warps"}
+    divisible = ("context", "inp", "out", "ws", "sync", "faults", "host_faults", "m", "stride")
     for name, (push, middle, consume) in CCL_STEPS.items():
         constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle, CONSUME=consume,
-                          OP="sum", SRC=1, SITE=2, **{k: v for k, v in ccl.launch_config("cuda", 1 << 20).items() if k != "num_warps"})
-        out[f"{prefix}ccl_{name}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
-                                           divisible=("context", "inp", "out", "ws", "sync", "faults", "host_faults", "m",
-                                                      "stride"))
+                          OP="sum", SRC=1, SITE=2, **shape)
+        out[f"{prefix}ccl_{name}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types, divisible)
     return out
 
 
@@ -371,9 +371,9 @@ def _announcing_all_reduce_specs(frontend) -> dict:
     shapes; Gluon's keys get a ``gluon:`` prefix."""
     prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
     kernels = {  # the low-latency kernel takes the element size; the sentinel kernel reads it off its pointers
-        "low_latency": (low_latency.low_latency_kernel, low_latency.LAUNCH_SHAPES, "words",
+        "low_latency": (low_latency.low_latency_kernel, LOW_LATENCY_SHAPES, "words",
                         (("bf16", {"SIZE": 2}, "*i64"), ("fp32", {"SIZE": 4}, "*i64"), ("i64", {"SIZE": 8}, "*i64"))),
-        "sentinel": (sentinel.sentinel_kernel, sentinel.LAUNCH_SHAPES, "n", (("bf16", {}, "*i16"), ("fp32", {}, "*i32"))),
+        "sentinel": (sentinel.sentinel_kernel, SENTINEL_SHAPES, "n", (("bf16", {}, "*i16"), ("fp32", {}, "*i32"))),
     }
     out = {}
     for name, (kernel, shapes, count, cases) in kernels.items():
@@ -390,7 +390,7 @@ def _announcing_all_reduce_specs(frontend) -> dict:
 def _fused_specs() -> dict:
     """The fused GEMM + communication kernels, bf16, with the GPU tile shape; unit strides
     (last dimensions) are constants, as Triton's launcher specializes them."""
-    config = {k: v for k, v in GEMM_CONFIGS["cuda"].items() if k not in OPTIONS}
+    config = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k not in OPTIONS}
     types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
     types.update(flags="*i32", calls="*i32")
     divisible = ("shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "faults", "host_faults", "heap_bases",
@@ -400,10 +400,10 @@ def _fused_specs() -> dict:
         "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, BLOCK_M=config["BLOCK_M"], BLOCK_K=128,
                                                         stride_sk=1), types, divisible),
         "fused_all_gather_matmul": _spec(all_gather_matmul_kernel,
-                                         dict(RANK=0, WORLD=2, EVEN_K=True, **config, **{k: 1 for k in ("stride_bn", "stride_on")}),
+                                         dict(RANK=0, WORLD=2, EVEN_K=True, **config, stride_bn=1, stride_on=1),
                                          types, divisible),
-        "fused_matmul_reduce_scatter": _spec(matmul_reduce_scatter_kernel, dict(RANK=0, WORLD=2, EVEN_K=True, **config, **unit),
-                                             types, divisible),
+        "fused_matmul_reduce_scatter": _spec(matmul_reduce_scatter_kernel,
+                                             dict(RANK=0, WORLD=2, EVEN_K=True, **config, **unit), types, divisible),
     }
 
 
@@ -474,7 +474,8 @@ def compile_all() -> dict:
         try:
             source_class = GluonASTSource if name.startswith("gluon:") else triton.compiler.ASTSource
             source = source_class(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-            options = {k: v for k, v in GEMM_CONFIGS["cuda"].items() if k in OPTIONS} if name.startswith("fused_") else {}
+            fused = name.startswith("fused_")
+            options = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k in OPTIONS} if fused else {}
             ptx = triton.compile(source, target=TARGET, options=options).asm["ptx"]
             ops[name], marks[name] = memory_instructions(ptx), markers(ptx)
         except Exception:  # reported to the test, which decides whether the failure was expected
