@@ -1,7 +1,7 @@
 """Matrix products overlapped with copy-engine transfers: cuBLAS computes, the DMA engines move.
 
 The fused kernels of :mod:`iris_triton.fused` move data with the multiprocessors and compute
-with a Triton GEMM, which on H200 runs at 80-92% of cuBLAS. Here the product is split by the
+with a Triton GEMM, which runs below cuBLAS (benchmarks/NOTES.md). Here the product is split by the
 rows that ranks own, each part a ``torch.matmul`` at cuBLAS's speed, and the data moves by
 ``copy_`` into the peer's heap (a device-to-device copy over NVLink, done by the copy engines,
 taking no multiprocessor from the GEMM) on a second stream, while the other part computes:

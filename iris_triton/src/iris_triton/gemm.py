@@ -37,7 +37,7 @@ def tile_product(a, b, rows, cols, K, stride_am, stride_ak, stride_bk, stride_bn
     """``(acc, row offsets, column offsets)``: the float32 ``BLOCK_M x BLOCK_N`` tile
     ``(tile_row, tile_col)`` of ``A @ B``, rows past ``rows`` and columns past ``cols`` zero.
     ``EVEN_K`` (``K`` a multiple of ``BLOCK_K``) drops the masks along K: unmasked loads keep
-    the pipelined copies simple (4-9% faster on H200)."""
+    the pipelined copies simple (faster on GPUs: benchmarks/NOTES.md)."""
     offs_m = tile_row * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tile_col * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
