@@ -8,28 +8,53 @@ on a fresh copy of the input but timed on the same buffer call after call (the v
 costs nothing; a copy per call would add a local copy of the input to every figure). Results go to
 ``benchmarks/runs/ccl-<date>.json`` (or ``--out``) with one PNG per collective.
 
-    python -m benchmarks.ccl [--min 8KiB] [--max 256MiB | --sizes 70MiB,...] [--backend triton] [--out DIR]
+With ``--cpu`` the ranks are 2 CPU ranks (Triton's interpreter): gloo is the baseline and the
+reference instead of NCCL, SymmetricMemory and CUDA graphs are left out, the eager calls are timed
+by the host clock, and the defaults are tiny (128 B and 1 KiB, one call, two repeats); the results
+go to ``ccl-<backend>-cpu-<date>.json``. The times say nothing of speed: such a run checks the
+benchmark, its checks, JSON and plots where there is no GPU.
+
+    python -m benchmarks.ccl [--cpu] [--min 8KiB] [--max 256MiB | --sizes 70MiB,...] [--backend triton] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import warnings
 
 import torch
 import torch.distributed as dist
 
 import iris
-from benchmarks.common import per_call_us
+from benchmarks.common import (
+    add_device_option,
+    per_call_us,
+    ranks_label,
+    require_matplotlib,
+    resolve,
+    spawn_jobs,
+    synchronize,
+    write_results,
+)
 from iris.config import parse_size
 from iris_triton import low_latency, sentinel
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+#: The torch.distributed backend every implementation is checked against, per device type.
+BASELINE = {"cuda": "nccl", "cpu": "gloo"}
+#: How calls are timed, per device type.
+MODES = {"cuda": ("graph", "eager"), "cpu": ("eager",)}
+#: Defaults per device type: CPU ranks interpret every kernel, a call takes a large fraction of a second.
+DEFAULTS = {"cuda": {"min": "8KiB", "max": "256MiB", "calls": 20, "repeats": 15},
+            "cpu": {"min": "128", "max": "1KiB", "calls": 1, "repeats": 2}}
 
 
 def _implementations(ctx, collective: str, n: int, world: int):
     """``{name: (timed call, checked call, output tensor)}`` for one collective at ``n`` bf16
-    elements of input; the checked call starts from the input, the timed call may not."""
+    elements of input; the checked call starts from the input, the timed call may not. The
+    torch.distributed baseline is named after its backend (:data:`BASELINE`)."""
     device, bf16 = ctx.device, torch.bfloat16
+    baseline = BASELINE[device.type]
     g = torch.Generator(device).manual_seed(ctx.rank)
     x = ctx.randn(n, dtype=bf16, generator=g)  # heap input, as an iris user would allocate it
     impls = {}
@@ -39,22 +64,24 @@ def _implementations(ctx, collective: str, n: int, world: int):
             if algorithm in limits and n * 2 > limits[algorithm]:
                 continue
             buf = ctx.empty(n, dtype=bf16)
-            impls[f"iris_{algorithm}"] = _in_place(buf, x, lambda b=buf, a=algorithm: ctx.ccl.all_reduce(b, algorithm=a))
-        nccl = torch.empty(n, dtype=bf16, device=device)
-        impls["nccl"] = _in_place(nccl, x, lambda: dist.all_reduce(nccl))
-        impls.update(_symmetric_memory(x))
+            impls[f"iris_{algorithm}"] = _in_place(buf, x,
+                                                   lambda b=buf, a=algorithm: ctx.ccl.all_reduce(b, algorithm=a))
+        ref = torch.empty(n, dtype=bf16, device=device)
+        impls[baseline] = _in_place(ref, x, lambda: dist.all_reduce(ref))
+        if device.type == "cuda":  # SymmetricMemory needs GPUs
+            impls.update(_symmetric_memory(x))
     elif collective == "all_gather":
         out, ref = ctx.empty(world * n, dtype=bf16), torch.empty(world * n, dtype=bf16, device=device)
         impls["iris"] = _same(lambda: ctx.ccl.all_gather(out, x), out)
-        impls["nccl"] = _same(lambda: dist.all_gather_into_tensor(ref, x), ref)
+        impls[baseline] = _same(lambda: dist.all_gather_into_tensor(ref, x), ref)
     elif collective == "reduce_scatter":
         out, ref = ctx.empty(n // world, dtype=bf16), torch.empty(n // world, dtype=bf16, device=device)
         impls["iris"] = _same(lambda: ctx.ccl.reduce_scatter(out, x), out)
-        impls["nccl"] = _same(lambda: dist.reduce_scatter_tensor(ref, x), ref)
+        impls[baseline] = _same(lambda: dist.reduce_scatter_tensor(ref, x), ref)
     else:
         out, ref = ctx.empty(n, dtype=bf16), torch.empty(n, dtype=bf16, device=device)
         impls["iris"] = _same(lambda: ctx.ccl.all_to_all(out, x), out)
-        impls["nccl"] = _same(lambda: dist.all_to_all_single(ref, x), ref)
+        impls[baseline] = _same(lambda: dist.all_to_all_single(ref, x), ref)
     return impls
 
 
@@ -88,8 +115,10 @@ def _symmetric_memory(x: torch.Tensor) -> dict:
 
 
 def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) -> list[dict]:
+    # torch.distributed's all_gather_into_tensor and reduce_scatter_tensor: deprecated names, not news here.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     ctx = iris.create(backend, heap_size=24 * max(sizes) + (256 << 20))
-    world = ctx.world_size
+    world, baseline, modes = ctx.world_size, BASELINE[ctx.device.type], MODES[ctx.device.type]
     rows = []
     for collective in COLLECTIVES:
         for size in sizes:
@@ -98,12 +127,12 @@ def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) ->
             results = {}
             for name, (_, checked, out) in impls.items():
                 checked()
-                torch.cuda.synchronize()
+                synchronize(ctx.device)
                 results[name] = out.float().cpu()
             row = {"collective": collective, "bytes": size,
-                   "correct": {name: bool(torch.allclose(r, results["nccl"], rtol=1e-2, atol=1e-2))
+                   "correct": {name: bool(torch.allclose(r, results[baseline], rtol=1e-2, atol=1e-2))
                                for name, r in results.items()}}
-            for mode in ("graph", "eager"):
+            for mode in modes:
                 row[mode] = {}
                 for name, (fn, _, _) in impls.items():
                     mine = per_call_us(ctx, fn, calls if size <= (32 << 20) else 4, repeats, mode == "graph")
@@ -114,7 +143,9 @@ def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) ->
     return rows
 
 
-def plot(rows: list[dict], path_stem) -> list:
+def plot(rows: list[dict], path_stem, where: str = "2 x H200") -> list:
+    """One PNG per collective, ``<path_stem>-<collective>.png``: every implementation's time
+    against the size, per timing mode of the rows; ``where`` names the ranks in the titles."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +156,7 @@ def plot(rows: list[dict], path_stem) -> list:
         mine = [r for r in rows if r["collective"] == collective]
         fig, ax = plt.subplots(figsize=(8, 5))
         for mode, style in (("graph", "-"), ("eager", ":")):
-            names = dict.fromkeys(name for r in mine for name in r[mode])  # some run only at some sizes
+            names = dict.fromkeys(name for r in mine for name in r.get(mode, ()))  # some run only at some sizes
             for name in names:
                 measured = [r for r in mine if name in r[mode]]
                 ax.plot([r["bytes"] for r in measured], [r[mode][name] for r in measured], style, marker="o",
@@ -134,47 +165,68 @@ def plot(rows: list[dict], path_stem) -> list:
         ax.set_yscale("log")
         ax.set_xlabel("bytes of input per rank (bf16)")
         ax.set_ylabel("us per call (slowest rank, median)")
-        ax.set_title(f"{collective}, 2 x H200")
+        ax.set_title(f"{collective}, {where}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = f"{path_stem}-{collective}.png"
         fig.savefig(path, dpi=110)
+        plt.close(fig)
         paths.append(path)
     return paths
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--min", default="8KiB")
-    parser.add_argument("--max", default="256MiB")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ccl", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--min", default=None, help="smallest size per rank (default 8KiB; 128 B with --cpu)")
+    parser.add_argument("--max", default=None, help="largest size per rank (default 256MiB; 1 KiB with --cpu)")
     parser.add_argument("--sizes", default=None, help="sizes per rank instead of --min to --max in steps of 8x, "
                                                       "e.g. 70MiB,96MiB")
     parser.add_argument("--backend", default="triton")
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=None, help="calls per timed sample (default 20; 1 with --cpu)")
+    parser.add_argument("--repeats", type=int, default=None, help="samples per figure (default 15; 2 with --cpu)")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    if torch.cuda.device_count() < 2:
-        raise SystemExit("benchmarks.ccl needs 2 GPUs")
-    from benchmarks.common import write_results
+    add_device_option(parser)
+    return resolve(parser.parse_args(argv), DEFAULTS)
 
+
+def jobs(args: argparse.Namespace) -> list[tuple]:
+    """What every rank runs: ``[(function, its arguments after the rank)]``."""
     sizes, size = [], parse_size(args.min)
     while size <= parse_size(args.max):
         sizes.append(size)
         size *= 8
     if args.sizes:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = iris.spawn(_run, 2, args.backend, sizes, args.calls, args.repeats, device="cuda")[0]
+    return [(_run, (args.backend, sizes, args.calls, args.repeats))]
+
+
+def report(args: argparse.Namespace, results: list) -> bool:
+    """Print rank 0's rows, write the JSON and the plots; whether every implementation matched
+    the baseline's result."""
+    rows = results[0]
     for row in rows:
-        print(f"{row['collective']:>15} {row['bytes']:>10} graph: "
-              + ", ".join(f"{k} {v:.1f}" for k, v in row["graph"].items())
-              + " | eager: " + ", ".join(f"{k} {v:.1f}" for k, v in row["eager"].items())
+        print(f"{row['collective']:>15} {row['bytes']:>10} "
+              + " | ".join(f"{mode}: " + ", ".join(f"{k} {v:.1f}" for k, v in row[mode].items())
+                           for mode in MODES[args.device])
               + ("" if all(row["correct"].values()) else f"  INCORRECT: {row['correct']}"))
-    path = write_results(f"ccl-{args.backend}", {"backend": args.backend, "unit": "us per call", "rows": rows},
-                         args.out)
-    plot(rows, str(path.with_suffix("")))
+    name = f"ccl-{args.backend}" + ("-cpu" if args.device == "cpu" else "")
+    timing = ("CUDA events around the calls, graph: captured as one CUDA graph" if args.device == "cuda"
+              else "host clock (time.perf_counter) around eager calls")
+    path = write_results(name, {"backend": args.backend, "unit": "us per call", "reference": BASELINE[args.device],
+                                "timing": timing, "calls": args.calls, "repeats": args.repeats, "rows": rows},
+                         args.out, args.device)
+    plot(rows, str(path.with_suffix("")), ranks_label(args.device))
     print(f"wrote {path} and its plots")
+    return all(all(row["correct"].values()) for row in rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    require_matplotlib()
+    if not report(args, spawn_jobs(args, jobs(args))):
+        raise SystemExit("some results differ from the baseline's (INCORRECT above)")
 
 
 if __name__ == "__main__":

@@ -1,41 +1,116 @@
-"""What every benchmark records beside its figures: when, where, and with which versions."""
+"""What every benchmark records beside its figures (when, where, and with which versions), and
+how it times a call: CUDA events (and CUDA graphs) on GPU ranks, the host clock on CPU ranks.
+
+On CPU ranks (``--cpu``: Triton's interpreter runs the kernels, ``TRITON_INTERPRET=1``) the
+figures say nothing about speed; such a run checks that the benchmarks, their checks, JSON and
+plots work, on machines without GPUs (CI).
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
 import platform
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 RUNS_DIR = Path(__file__).resolve().parent / "runs"
+#: What a run on CPU ranks measures, in its JSON.
+CPU_CAVEAT = "kernels run in Triton's interpreter (TRITON_INTERPRET=1): the times check the plumbing, not the speed"
 
 
-def environment() -> dict[str, Any]:
-    """Date, machine and software versions of this run."""
+def default_device() -> str:
+    """``"cuda"`` where a GPU is visible, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def environment(device: str | None = None) -> dict[str, Any]:
+    """Date, machine and software versions of this run, whose ranks ran on ``device``
+    (``"cuda"`` or ``"cpu"``; default: GPUs where one is visible)."""
+    import numpy
     import triton
 
     import iris
 
+    device = device or default_device()
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
+        "device": device,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "iris": iris.__version__,
     }
-    if torch.cuda.is_available():
+    if device == "cuda":
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         info["cuda"] = torch.version.cuda
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     else:
         info["cpus"] = os.cpu_count()
+        info["numpy"] = numpy.__version__
+        info["note"] = CPU_CAVEAT
     return info
+
+
+def ranks_label(device: str, world: int = 2) -> str:
+    """Where the ranks ran, for a plot's title: ``2 x NVIDIA H200`` or ``2 CPU ranks (...)``."""
+    if device == "cuda":
+        names = sorted({torch.cuda.get_device_name(i) for i in range(min(world, torch.cuda.device_count()))})
+        return f"{world} x {' + '.join(names)}"
+    return f"{world} CPU ranks (Triton's interpreter: not a measure of speed)"
+
+
+def require_matplotlib() -> None:
+    """Exit with a message naming the ``bench`` extra where matplotlib (the plots) is missing;
+    called before anything is measured."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("the benchmarks draw their plots with matplotlib, which is not installed: "
+                         "pip install 'iris[bench]' (or pip install matplotlib)") from None
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--cpu``: 2 CPU ranks instead of 2 GPUs."""
+    parser.add_argument("--cpu", action="store_true",
+                        help="2 CPU ranks (Triton's interpreter) instead of 2 GPUs, with tiny defaults: checks "
+                             "the benchmark, its JSON and plots; the times are not a measure of speed")
+
+
+def resolve(args: argparse.Namespace, defaults: dict[str, dict[str, Any]]) -> argparse.Namespace:
+    """Set ``args.device`` (``"cpu"`` with ``--cpu``, else ``"cuda"``) and every option left
+    unset (None) to its default on that device: ``defaults[device]``."""
+    args.device = "cpu" if args.cpu else "cuda"
+    for key, value in defaults[args.device].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def spawn_jobs(args: argparse.Namespace, jobs: list[tuple[Callable, tuple]]) -> list:
+    """Run each of ``jobs`` (``(fn, arguments)``: ``fn(rank, *arguments)`` on every rank) on 2
+    fresh ranks on ``args.device``; rank 0's results. ``python -m benchmarks.cpu`` runs the jobs
+    of several benchmarks in one launch instead."""
+    import iris
+
+    if args.device == "cuda" and torch.cuda.device_count() < 2:
+        raise SystemExit(f"the benchmark measures 2 GPUs; {torch.cuda.device_count()} visible (--cpu: CPU ranks)")
+    return [iris.spawn(fn, 2, *arguments, device=args.device)[0] for fn, arguments in jobs]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device``; nothing to wait for on CPU ranks, whose kernels
+    (Triton's interpreter) have run when their launch returns."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def summarize(samples: list[float]) -> dict[str, float]:
@@ -43,9 +118,11 @@ def summarize(samples: list[float]) -> dict[str, float]:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
 
-def write_results(name: str, payload: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path:
-    """Write ``payload`` plus the environment as ``<name>-<date>.json``; returns the path."""
-    record = {"benchmark": name, "environment": environment(), **payload}
+def write_results(name: str, payload: dict[str, Any], out_dir: str | os.PathLike | None = None,
+                  device: str | None = None) -> Path:
+    """Write ``payload`` plus the environment (ranks on ``device``, see :func:`environment`) as
+    ``<name>-<date>.json``; returns the path."""
+    record = {"benchmark": name, "environment": environment(device), **payload}
     directory = Path(out_dir) if out_dir else RUNS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     stamp = record["environment"]["date"][:10]
@@ -54,7 +131,7 @@ def write_results(name: str, payload: dict[str, Any], out_dir: str | os.PathLike
     return path
 
 
-def _warmed_graph(fn, calls: int, stream) -> "torch.cuda.CUDAGraph":
+def _warmed_graph(fn, calls: int, stream) -> torch.cuda.CUDAGraph:
     """``fn`` run three times (compiling, sizing workspaces), then ``calls`` calls of it captured
     on ``stream`` as one CUDA graph."""
     for _ in range(3):
@@ -79,10 +156,28 @@ def _sample_us(ctx, launch, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
+def _host_sample_us(ctx, fn, calls: int) -> float:
+    """Microseconds per call of ``fn`` by the host clock over ``calls`` calls, after a host
+    barrier of every rank."""
+    ctx.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) * 1e6 / calls
+
+
 def per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
     """This rank's median time per call of ``fn`` in microseconds: ``calls`` calls back to back
     between two CUDA events (captured as one CUDA graph when ``graph``, else launched eagerly),
-    ``repeats`` times, each after a host barrier of every rank."""
+    ``repeats`` times, each after a host barrier of every rank.
+
+    On CPU ranks the calls are timed by the host clock (``time.perf_counter``), without the
+    warm-up calls (the interpreter compiles nothing; call ``fn`` once before, as the checks
+    do), and ``graph`` must be False: CUDA graphs need GPUs."""
+    if ctx.device.type != "cuda":
+        if graph:
+            raise ValueError("CUDA graphs need GPU ranks; time CPU ranks' calls with graph=False")
+        return statistics.median(_host_sample_us(ctx, fn, calls) for _ in range(repeats))
     if graph:
         return interleaved_per_call_us(ctx, {"fn": fn}, calls, repeats)["fn"]
     for _ in range(3):
@@ -100,7 +195,15 @@ def interleaved_per_call_us(ctx, fns: dict, calls: int, repeats: int) -> dict[st
     """This rank's median time per call of each of ``fns`` (``{name: callable}``) in
     microseconds, under CUDA graphs: each is captured once (``calls`` calls in one graph), then
     every repeat replays each graph once, in turn, after a host barrier of every rank, so that
-    slow drifts of the clocks (a GPU warming up under a long product) hit every one alike."""
+    slow drifts of the clocks (a GPU warming up under a long product) hit every one alike.
+    On CPU ranks each is called eagerly instead, timed by the host clock (no warm-up: call each
+    once before)."""
+    if ctx.device.type != "cuda":
+        samples = {name: [] for name in fns}
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                samples[name].append(_host_sample_us(ctx, fn, calls))
+        return {name: statistics.median(values) for name, values in samples.items()}
     stream = torch.cuda.Stream(ctx.device)
     graphs = {name: _warmed_graph(fn, calls, stream) for name, fn in fns.items()}
     samples = {name: [] for name in fns}

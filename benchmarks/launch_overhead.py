@@ -60,7 +60,9 @@ def main() -> None:
     for name, median in medians.items():
         print(f"{name:8s} {median:6.2f} us per launch (host), rounds {min(samples[name]):.2f}-{max(samples[name]):.2f}")
     print(f"correct {correct}")
-    print(f"wrote {write_results('launch_overhead', {'unit': 'us per launch, host', 'correct': correct, 'launches': args.launches, 'median': medians, 'rounds': samples}, args.out)}")
+    path = write_results("launch_overhead", {"unit": "us per launch, host", "correct": correct,
+                                             "launches": args.launches, "median": medians, "rounds": samples}, args.out)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -20,6 +21,8 @@ from iris.errors import IrisError
 
 #: ``iris bench`` runs these modules of a source checkout's ``benchmarks`` package, with their
 #: arguments for a full run and for ``--quick``; each writes JSON and PNG files into ``--out``.
+#: ``iris bench --cpu`` runs them on 2 CPU ranks instead, in one launch (``benchmarks.cpu``),
+#: each with its own tiny ``--cpu`` defaults.
 BENCHMARKS = {
     "rma_bandwidth": ([], ["--min", "1MiB", "--max", "64MiB", "--repeats", "5", "--backends", "triton"]),
     "ccl": ([], ["--min", "8KiB", "--max", "4MiB", "--repeats", "5"]),
@@ -100,32 +103,43 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _benchmarks_root() -> Path:
-    """The source checkout whose ``benchmarks`` package ``iris bench`` runs."""
+    """The source checkout whose ``benchmarks`` package ``iris bench`` runs: the current
+    directory, else the one an editable install of iris points to."""
     for candidate in (Path.cwd(), Path(__file__).resolve().parent.parent):
         if (candidate / "benchmarks" / "common.py").is_file():
             return candidate
-    raise UsageError("iris bench runs the benchmarks of an iris source checkout; run it from the repository root")
+    raise UsageError("iris bench runs the benchmarks/ folder of an iris source checkout, which is not installed "
+                     "with the package: run it from the root of a clone of the iris repository (or install iris "
+                     "from one: pip install -e '.[bench]')")
 
 
 def bench(args: argparse.Namespace) -> int:
-    import torch
-    from tqdm import tqdm
-
     names = args.only.split(",") if args.only else list(BENCHMARKS)
     unknown = sorted(set(names) - set(BENCHMARKS))
     if unknown:
         raise UsageError(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
-    if torch.cuda.device_count() < 2:
-        raise UsageError(f"the benchmarks measure 2 GPUs against each other; {torch.cuda.device_count()} visible")
+    if not args.cpu:
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            raise UsageError(f"the benchmarks measure 2 GPUs against each other; {torch.cuda.device_count()} "
+                             "visible (--cpu runs them on CPU ranks: a check of the benchmarks, not of speed)")
     root = _benchmarks_root()
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("iris bench draws its plots with matplotlib, which is not installed: "
+                         "pip install 'iris[bench]'")
     out = Path(args.out).resolve() if args.out else root / "benchmarks" / "runs"
     out.mkdir(parents=True, exist_ok=True)
+    if args.cpu:
+        return _bench_cpu(names, root, out)
+    from tqdm import tqdm
+
     summary = []
     for name in tqdm(names, desc="iris bench", unit="benchmark"):
         full, quick = BENCHMARKS[name]
         command = [sys.executable, "-m", f"benchmarks.{name}", *(quick if args.quick else full), "--out", str(out)]
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=root, capture_output=True, text=True)
+        proc = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - start
         tqdm.write(proc.stdout.rstrip())
         if proc.returncode:
@@ -135,6 +149,17 @@ def bench(args: argparse.Namespace) -> int:
     for name, ok, seconds in summary:
         print(f"{name:16s} {'ok' if ok else 'FAILED':8s} {seconds:8.1f}")
     return 0 if all(ok for _, ok, _ in summary) else 1
+
+
+def _bench_cpu(names: list[str], root: Path, out: Path) -> int:
+    """``iris bench --cpu``: the benchmarks ``names`` on 2 CPU ranks started once for all of them
+    (``benchmarks.cpu``), their output as it comes; 0 when every benchmark's check passed."""
+    command = [sys.executable, "-m", "benchmarks.cpu", "--only", ",".join(names), "--out", str(out)]
+    start = time.perf_counter()
+    code = subprocess.run(command, cwd=root, check=False).returncode
+    print(f"iris bench --cpu: {'ok' if code == 0 else 'FAILED'} in {time.perf_counter() - start:.1f} s "
+          f"(JSON and PNG in {out})")
+    return code
 
 
 # -- iris run ------------------------------------------------------------------------------------------
@@ -223,8 +248,13 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("demo", help="spawn ranks and check remote stores and every collective against torch")
     p.add_argument("--nprocs", type=int, default=None, help="ranks (default: every GPU, else 2 CPU ranks)")
     p.set_defaults(handler=demo)
-    p = commands.add_parser("bench", help="run the benchmarks of a source checkout (2 GPUs), write JSON and plots")
+    p = commands.add_parser("bench", help="run the benchmarks of a source checkout (2 GPUs, or CPU ranks with "
+                                          "--cpu), write JSON and plots")
     p.add_argument("--quick", action="store_true", help="small sizes only: a short run")
+    p.add_argument("--cpu", action="store_true",
+                   help="run them on 2 CPU ranks (Triton's interpreter) instead, with tiny sizes, gloo for NCCL and "
+                        "no GPU-only baselines: checks the benchmarks, their JSON and plots (CI, no GPU needed); "
+                        "the times are not a measure of speed (--quick is implied)")
     p.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     p.add_argument("--out", default=None,
                    help="directory for JSON and PNG files (default benchmarks/runs, which git ignores)")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
+import math
 import re
 import shutil
 import subprocess
@@ -56,9 +59,9 @@ def test_demo_checks_every_step_against_torch():
         interpreted_device()  # the demo's CPU ranks: skips where the interpreter cannot run them
     proc = iris("demo", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    for step in ("remote store into the next rank", "device-side barrier", "all_reduce (sum, low-latency)",
-                 "all_reduce (sum, sentinel)", "all_reduce (sum, one-shot)", "all_reduce (max, two-shot)",
-                 "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+    for step in ("remote store into the next rank", "device-side barrier", "all_reduce (sum, low_latency)",
+                 "all_reduce (sum, sentinel)", "all_reduce (sum, one_shot)", "all_reduce (sum, two_shot)",
+                 "all_reduce (max, automatic choice)", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         assert any(line.startswith(step) and " ok " in line for line in proc.stdout.splitlines()), proc.stdout
 
 
@@ -160,4 +163,87 @@ def test_bench_without_gpus_says_what_it_needs():
     proc = iris("bench", "--quick")
     assert proc.returncode == 2
     assert proc.stderr == "iris: error: the benchmarks measure 2 GPUs against each other; " \
-                          f"{torch.cuda.device_count()} visible\n"
+                          f"{torch.cuda.device_count()} visible (--cpu runs them on CPU ranks: a check of the " \
+                          "benchmarks, not of speed)\n"
+
+
+def test_bench_without_matplotlib_names_the_bench_extra(monkeypatch, capsys):
+    from iris.cli import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "matplotlib" else find_spec(name, *args))
+    assert main(["bench", "--cpu"]) == 2
+    assert capsys.readouterr().err == ("iris: error: iris bench draws its plots with matplotlib, which is not "
+                                       "installed: pip install 'iris[bench]'\n")
+
+
+def test_bench_outside_a_source_checkout_says_where_the_benchmarks_are(tmp_path, monkeypatch, capsys):
+    import iris.cli
+
+    monkeypatch.chdir(tmp_path)  # no benchmarks/ here, nor beside an installed (not editable) iris
+    monkeypatch.setattr(iris.cli, "__file__", str(tmp_path / "site-packages" / "iris" / "cli.py"))
+    assert iris.cli.main(["bench", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("iris: error: iris bench runs the benchmarks/ folder of an iris source checkout, which "
+                            "is not installed with the package: run it from the root of a clone"), error
+    assert "pip install -e '.[bench]'" in error and error.count("\n") == 1, error
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def undated(path: Path) -> str:
+    """A benchmark's file name without its date: ``ccl-triton-cpu-all_reduce.png``."""
+    return re.sub(r"-\d{4}-\d{2}-\d{2}", "", path.name)
+
+
+def test_bench_on_cpu_ranks_writes_checked_results_and_plots(tmp_path):
+    interpreted_device()  # skips where this Triton's interpreter cannot run iris's kernels
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib: pip install 'iris[bench]'")
+    started = time.monotonic()
+    proc = iris("bench", "--cpu", "--out", str(tmp_path), timeout=600)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "iris bench --cpu: ok" in proc.stdout, proc.stdout
+    records = {undated(path): json.loads(path.read_text()) for path in tmp_path.glob("*.json")}
+    assert set(records) == {"ccl-triton-cpu.json", "rma_bandwidth-triton-cpu.json", "fused-cpu.json"}, sorted(records)
+    for record in records.values():
+        assert record["environment"]["device"] == "cpu" and "interpreter" in record["environment"]["note"]
+
+    ccl = records["ccl-triton-cpu.json"]
+    assert ccl["reference"] == "gloo" and ccl["unit"] == "us per call"
+    assert {(row["collective"], row["bytes"]) for row in ccl["rows"]} == {
+        (collective, size) for collective in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+        for size in (128, 1024)}
+    for row in ccl["rows"]:
+        assert set(row) == {"collective", "bytes", "correct", "eager"}, row  # no CUDA graphs on CPU ranks
+        iris_names = {"iris_low_latency", "iris_sentinel", "iris_one_shot", "iris_two_shot"} \
+            if row["collective"] == "all_reduce" else {"iris"}
+        assert set(row["eager"]) == set(row["correct"]) == iris_names | {"gloo"}, row
+        assert all(row["correct"].values()), row  # every implementation matched gloo's result
+        assert all(_positive(us) for us in row["eager"].values()), row
+
+    rma = records["rma_bandwidth-triton-cpu.json"]
+    assert [row["bytes"] for row in rma["rows"]] == [16 << 10, 64 << 10]
+    for row in rma["rows"]:
+        assert row["correct"] is True, row  # the store and load round trip matched torch
+        for mode in ("load", "store", "get", "put", "atomic_add", "torch_peer_copy"):
+            assert _positive(row[mode]["median_ms"]) and _positive(row[mode]["GBps"]), (mode, row)
+
+    fused = records["fused-cpu.json"]
+    assert fused["baseline"] == "torch+gloo" and {row["operation"] for row in fused["rows"]} == {
+        "all_gather_matmul", "matmul_reduce_scatter"}
+    for row in fused["rows"]:
+        assert set(row["ms"]) == {"torch+gloo", "iris_copy_engine", "iris_fused", "iris_sequential", "iris_auto"}
+        assert all(row["correct"].values()) and set(row["correct"]) == set(row["ms"]), row
+        assert all(_positive(ms) for ms in row["ms"].values()), row
+        assert all(_positive(x) for x in row["speedup"].values()), row
+
+    plots = sorted(undated(path) for path in tmp_path.glob("*.png"))
+    assert plots == [*(f"ccl-triton-cpu-{c}.png" for c in ("all_gather", "all_reduce", "all_to_all", "reduce_scatter")),
+                     "fused-cpu.png", "rma_bandwidth-triton-cpu.png"], plots
+    for path in tmp_path.glob("*.png"):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000, path
+    print(f"iris bench --cpu: {seconds:.1f} s")
