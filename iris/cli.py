@@ -229,8 +229,10 @@ def run(args: argparse.Namespace) -> int:
         return run_local([sys.executable, args.script, *args.script_args], args.nprocs, "cpu" if cpu else "cuda")
     env = dict(os.environ)
     if cpu:
-        # CPU ranks: Triton's interpreter, which reads this before Triton is imported.
-        env.update(TRITON_INTERPRET="1", IRIS_DEVICE="cpu")
+        # What the backend's CPU ranks need before it is imported (Triton's: its interpreter).
+        from iris.spawn import backend_environment
+
+        env.update(backend_environment("cpu"), IRIS_DEVICE="cpu")
     return subprocess.run(torchrun_command(args), check=False, env=env).returncode
 
 
