@@ -1,15 +1,15 @@
 """Collective launch shapes compared on 2 GPUs: bf16, per call under CUDA graphs, slowest rank.
 
 For each launch shape (elements per block, blocks per group, most exchanges per call, warps)
-every collective runs at every size with that shape forced (``iris_triton.ccl.CONFIGS``), is
+every collective runs at every size with that shape forced (``iris_triton.tuning.COLLECTIVE_SHAPES``), is
 checked against torch (all_reduce against NCCL's), then timed (an in-place all_reduce on its
 buffer as is, no copy per call): ``--calls`` calls captured in one
 graph, the median of 5 replays, the slowest rank's. Results go to
 ``benchmarks/runs/ccl_configs-<date>.json`` (or ``--out``); ``benchmarks/NOTES-archive.md`` says
-which shapes ``CONFIGS`` keeps. With ``--all-reduce low_latency`` the shapes (words per block,
-warps) of the low-latency all_reduce (``iris_triton.low_latency.LAUNCH_SHAPES``) are compared
+which shapes ``COLLECTIVE_SHAPES`` keeps. With ``--all-reduce low_latency`` the shapes (words per block,
+warps) of the low-latency all_reduce (``iris_triton.tuning.LOW_LATENCY_SHAPES``) are compared
 instead, against one-shot; with ``--all-reduce sentinel`` those of the sentinel all_reduce
-(elements per block, warps, blocks pushed ahead: ``iris_triton.sentinel.LAUNCH_SHAPES``).
+(elements per block, warps, blocks pushed ahead: ``iris_triton.tuning.SENTINEL_SHAPES``).
 
     python -m benchmarks.ccl_configs [--sizes 8KiB,512KiB,4MiB,32MiB,256MiB] [--shapes 4096x4x8x8,...]
                                      [--all-reduce low_latency|sentinel] [--out DIR]
@@ -25,16 +25,16 @@ import torch.distributed as dist
 import iris
 from benchmarks.common import per_call_us
 from iris.config import parse_size
-from iris_triton import ccl, low_latency, sentinel
+from iris_triton import tuning
 
 SHAPES = [(4096, 4, 8, 8), (4096, 2, 8, 8), (4096, 1, 8, 8), (4096, 4, 16, 8), (4096, 4, 4, 8), (8192, 2, 8, 8),
           (8192, 4, 8, 16), (2048, 4, 8, 4), (4096, 4, 8, 16), (4096, 2, 16, 8), (2048, 8, 8, 8), (4096, 1, 32, 8)]
 #: Per all_reduce algorithm with its own launch shapes: its shape table, the names of a shape's
 #: values, and the shapes compared by default.
 ALL_REDUCE_SHAPES = {
-    "low_latency": (low_latency.LAUNCH_SHAPES, ("BLOCK", "num_warps"),
+    "low_latency": (tuning.LOW_LATENCY_SHAPES, ("BLOCK", "num_warps"),
                     [(128, 2), (256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)]),
-    "sentinel": (sentinel.LAUNCH_SHAPES, ("BLOCK", "num_warps", "LAG"),
+    "sentinel": (tuning.SENTINEL_SHAPES, ("BLOCK", "num_warps", "LAG"),
                  [(2048, 8, 1 << 20), (1024, 4, 1 << 20), (4096, 8, 1 << 20), (4096, 16, 1 << 20), (1024, 4, 1),
                   (1024, 4, 2), (2048, 8, 1), (2048, 8, 2), (512, 4, 2), (4096, 8, 1)]),
 }
@@ -81,7 +81,7 @@ def _apply(shape: tuple, all_reduce: str | None) -> None:
         table["cuda"] = dict(zip(names, shape, strict=True))
     else:
         block, group, syncs, warps = shape
-        ccl.CONFIGS["cuda"] = ((None, dict(BLOCK=block, ROUND=group, SYNCS=syncs, num_warps=warps)),)
+        tuning.COLLECTIVE_SHAPES["cuda"] = ((None, dict(BLOCK=block, ROUND=group, SYNCS=syncs, num_warps=warps)),)
 
 
 def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int, all_reduce: str | None,
