@@ -18,7 +18,7 @@ venv_python="$venv/bin/python"
 if [ "$venv" = .venv-latest ]; then
   "$venv_python" -m pip install -q --disable-pip-version-check --upgrade triton numpy
 fi
-wanted=("${pins[@]}" "pytest>=8" "build" "ruff")
+wanted=("${pins[@]}" "pytest>=8" "build" "ruff" "matplotlib")
 "$venv_python" -c "import torch" 2>/dev/null || wanted+=("torch==2.13.0")
 "$venv_python" -c "import triton" 2>/dev/null || wanted+=("triton==3.6.0")
 "$venv_python" -m pip install -q --disable-pip-version-check "${wanted[@]}" -e . -e iris_triton -e iris_gluon
