@@ -487,7 +487,7 @@ def test_a_dead_peer_makes_every_call_raise_with_nan_outputs():
                 specs.append((f"{how}/{world}/{seed}", dead_peer_worker, world, (how, ops, victim, seed, T)))
     results = run_worlds(specs, parallel=3)
     problems = []
-    for (name, _, _world, args), result in zip(specs, results):
+    for (name, _, world, args), result in zip(specs, results):
         victim = args[2]
         expected_exit = -signal.SIGKILL if args[0] == "sigkill" else 0
         if result.exitcodes[victim] != expected_exit:
