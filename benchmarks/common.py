@@ -106,6 +106,16 @@ def spawn_jobs(args: argparse.Namespace, jobs: list[tuple[Callable, tuple]]) -> 
     return [iris.spawn(fn, 2, *arguments, device=args.device)[0] for fn, arguments in jobs]
 
 
+def run_command_line(argv: list[str] | None, parse_args: Callable, jobs: Callable, report: Callable,
+                     failure: str) -> None:
+    """A benchmark module's ``main``: parse ``argv``, run its jobs on 2 fresh ranks and report;
+    exits with ``failure`` when a result failed its check."""
+    args = parse_args(argv)
+    require_matplotlib()
+    if not report(args, spawn_jobs(args, jobs(args))):
+        raise SystemExit(failure)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device``; nothing to wait for on CPU ranks, whose kernels
     (Triton's interpreter) have run when their launch returns."""

@@ -38,9 +38,8 @@ from benchmarks.common import (
     add_device_option,
     interleaved_per_call_us,
     ranks_label,
-    require_matplotlib,
     resolve,
-    spawn_jobs,
+    run_command_line,
     synchronize,
     write_results,
 )
@@ -187,10 +186,7 @@ def report(args: argparse.Namespace, results: list) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    require_matplotlib()
-    if not report(args, spawn_jobs(args, jobs(args))):
-        raise SystemExit("some results differ from the baseline's (INCORRECT above)")
+    run_command_line(argv, parse_args, jobs, report, "some results differ from the baseline's (INCORRECT above)")
 
 
 if __name__ == "__main__":

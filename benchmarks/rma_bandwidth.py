@@ -28,9 +28,8 @@ import iris
 from benchmarks.common import (
     add_device_option,
     ranks_label,
-    require_matplotlib,
     resolve,
-    spawn_jobs,
+    run_command_line,
     synchronize,
     write_results,
 )
@@ -232,10 +231,7 @@ def report(args: argparse.Namespace, results: list) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    require_matplotlib()
-    if not report(args, spawn_jobs(args, jobs(args))):
-        raise SystemExit("the store and load check failed (correct: False above)")
+    run_command_line(argv, parse_args, jobs, report, "the store and load check failed (correct: False above)")
 
 
 if __name__ == "__main__":
