@@ -186,7 +186,7 @@ def _resolve_device(device: Any) -> torch.device:
 
 
 def create(backend: str | None = None, *, heap_size: int | str | None = None, device: Any = None,
-           **options: Any):
+           **options: Any) -> Context:
     """Create a context: a symmetric heap on every rank plus the device API of ``backend``.
 
     This is a collective operation: every rank calls it with the same arguments. The backend is
@@ -216,6 +216,6 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
     return context
 
 
-def iris(heap_size: int | str | None = None):
+def iris(heap_size: int | str | None = None) -> Context:
     """Upstream iris's spelling: ``iris.iris(heap_size)`` is ``create("triton", heap_size=...)``."""
     return create("triton", heap_size=heap_size)
