@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Callable
 
 import attrs
@@ -93,6 +94,10 @@ def _frozen_dtypes(dtypes) -> frozenset[torch.dtype] | None:
     return None if dtypes is None else frozenset(dtypes)
 
 
+def _frozen_limits(limits: Mapping) -> Mapping:
+    return MappingProxyType(dict(limits))
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class Algorithm:
     """An implementation of one collective, as registered under ``iris.ccl.<collective>``, with
@@ -106,23 +111,23 @@ class Algorithm:
     stream, without preparing it anew; ``ctx.ccl`` runs it instead of ``run`` for identical later
     calls (same tensors by address, size, dtype and layout, same options) until a workspace
     grows. None means every call goes through ``run``."""
-    description: str = ""
-    languages: frozenset[str] = attrs.field(default=frozenset({"triton", "gluon"}), converter=frozenset)
+    languages: frozenset[str] = attrs.field(converter=frozenset)
     """Kernel languages it is implemented in; a context whose backend compiles in another
     language (``DeviceOps.kernel_language``) cannot run it. Empty: it launches no kernel of a
     backend and runs on any."""
+    description: str = ""
     device_types: frozenset[str] = attrs.field(default=frozenset({"cuda", "cpu"}), converter=frozenset)
     """Device types it runs on."""
     dtypes: frozenset[torch.dtype] | None = attrs.field(default=None, converter=_frozen_dtypes)
     """Element types it takes (None: every one of :data:`SUPPORTED_DTYPES`)."""
-    world_sizes: range = range(1, 1 << 20)
-    """World sizes it runs on."""
+    world_sizes: range = attrs.field(default=range(1, 1 << 20), validator=attrs.validators.instance_of(range))
+    """World sizes it runs on (a ``range``)."""
     max_bytes: int | None = None
     """Most input bytes per rank it takes (None: no limit)."""
     priority: int = 0
     """The automatic choice takes, of the algorithms worth choosing for a call, the one of highest
     priority (then the first name in alphabetical order)."""
-    chosen_up_to: Mapping[int | None, int] = attrs.field(factory=dict)
+    chosen_up_to: Mapping[int | None, int] = attrs.field(factory=dict, converter=_frozen_limits)
     """For the automatic choice: the most bytes per rank it is worth choosing for, by world size;
     the key None holds the limit of the world sizes not listed. No limit where neither is given;
     0: never chosen automatically there."""
@@ -180,7 +185,26 @@ def choose(shape: CallShape) -> Algorithm:
     """The algorithm ``ctx.ccl`` runs for a call of ``shape`` when none is named: of the
     registered algorithms worth choosing for it (:meth:`Algorithm.worth_choosing`), the one of
     highest priority, then of the first name. A function of the declarations and the call's
-    shape only, hence the same on every rank."""
+    shape only, hence the same on every rank (with the same plugins installed: ``create()``
+    checks that). Remembered per shape until a registry changes."""
+    global _choices_made_with
+    if _choices_made_with != PluginRegistry.changes or len(_choices) >= MAX_CHOICES_KEPT:
+        _choices.clear()
+        _choices_made_with = PluginRegistry.changes
+    chosen = _choices.get(shape)
+    if chosen is None:
+        chosen = _choices[shape] = _choose(shape)
+    return chosen
+
+
+#: Most choices :func:`choose` remembers (all are forgotten at once beyond it).
+MAX_CHOICES_KEPT = 4096
+#: Choices of :func:`choose` by call shape, made while the registries had changed this many times.
+_choices: dict[CallShape, Algorithm] = {}
+_choices_made_with = -1
+
+
+def _choose(shape: CallShape) -> Algorithm:
     registry = algorithm_registry(shape.collective)
     candidates = [registry.get(name) for name in registry.names()]
     worth = [a for a in candidates if a.worth_choosing(shape)]

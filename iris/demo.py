@@ -51,7 +51,7 @@ def _collectives(ctx, inputs) -> dict[str, Callable[[], bool]]:
         return close(ctx.ccl.all_reduce(mine.clone(), op, algorithm=algorithm), expected)
 
     steps = {f"all_reduce (sum, {name})": functools.partial(all_reduce, name, "sum")
-             for name in ctx.ccl.algorithms("all_reduce")}
+             for name in ctx.ccl.algorithms("all_reduce", applying_to=mine)}
     return steps | {
         "all_reduce (max, automatic choice)": lambda: all_reduce(None, "max"),
         "all_gather": lambda: close(ctx.ccl.all_gather(torch.empty(world, ELEMENTS, device=ctx.device), mine),

@@ -133,6 +133,10 @@ class PluginRegistry:
     is reported with the ``pip install`` that provides it.
     """
 
+    #: How many times the contents of any registry changed (registrations, restores): what caches
+    #: a choice made from registered plugins compares, to drop it when the plugins change.
+    changes = 0
+
     def __init__(
         self,
         kind: str,
@@ -193,6 +197,7 @@ class PluginRegistry:
                 )
             self._entries[name] = PluginEntry(name=name, target=plugin)
             self._loaded.pop(name, None)
+            PluginRegistry.changes += 1
 
     def get(self, name: str) -> Any:
         """The plugin registered under ``name``, importing it on first use."""
@@ -263,6 +268,7 @@ class PluginRegistry:
             self._entries.update(snapshot.entries)
             self._loaded.clear()
             self._loaded.update(snapshot.loaded)
+            PluginRegistry.changes += 1
 
     @contextmanager
     def restored(self) -> Iterator[PluginRegistry]:

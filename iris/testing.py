@@ -42,6 +42,7 @@ import torch
 
 import iris
 from iris.config import DEFAULT_BACKEND
+from iris_pytest_plugin import MARKER
 
 __all__ = [
     "RankReport",
@@ -56,7 +57,6 @@ __all__ = [
     "spawn_reports",
 ]
 
-MARKER = "iris_ranks"
 #: Longest traceback text a rank sends back (results pass through one pipe).
 MAX_TRACEBACK = 8000
 
@@ -201,9 +201,11 @@ def run_on_ranks(test: Callable, nprocs: int, *, timeout: float = 120, arguments
                                     f"ranks ({type(error).__name__}: {error}); tests marked @pytest.mark.{MARKER} take "
                                     f"parameters and fixtures whose values pickle (tmp_path does; a lock or an open "
                                     f"file does not: make such things inside the test)") from error
-    device = backend_rank_device(options.get("backend") or "triton", nprocs)
+    backend = options.get("backend") or DEFAULT_BACKEND
+    device = backend_rank_device(backend, nprocs)
     with _rank_environment(timeout):
-        failures = iris.spawn(_run_test_on_rank, nprocs, test, arguments, options, device, device=device)
+        failures = iris.spawn(_run_test_on_rank, nprocs, test, arguments, options, device, device=device,
+                              backend=backend)
     report = [f"--- rank {rank} of {nprocs} ({device}) ---\n{text}" for rank, text in enumerate(failures) if text]
     if report:
         pytest.fail(f"the test failed on {len(report)} of {nprocs} ranks:\n" + "\n".join(report), pytrace=False)

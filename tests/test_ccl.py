@@ -345,7 +345,8 @@ def _registered(algorithm: Algorithm):
 
 def test_a_registered_algorithm_is_selectable(ctx):
     seen = []
-    with _registered(Algorithm(name="test_recorder", collective="broadcast", run=lambda call: seen.append(call.src))):
+    with _registered(Algorithm(name="test_recorder", collective="broadcast", languages=(),
+                               run=lambda call: seen.append(call.src))):
         ctx.ccl.broadcast(ctx.ones(3), src=0, algorithm="test_recorder")
         assert seen == [0]
         assert "test_recorder" in ctx.ccl.algorithms("broadcast")
@@ -358,7 +359,7 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
         runs.append(call.input.data_ptr())
         return lambda: repeats.append(call.input.data_ptr())
 
-    with _registered(Algorithm(name="test_repeating", collective="broadcast", run=run)):
+    with _registered(Algorithm(name="test_repeating", collective="broadcast", run=run, languages=())):
         a, b = ctx.ones(8), ctx.ones(8)
         for tensor in (a, a, a, b, b):
             ctx.ccl.broadcast(tensor, algorithm="test_repeating")
@@ -369,6 +370,48 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
         ctx.workspaces.get("collectives", ctx.workspaces.get("collectives", 1).numel() + 1024)  # drops every repeat
         ctx.ccl.broadcast(a, algorithm="test_repeating")
         assert runs == [a.data_ptr(), b.data_ptr(), a.data_ptr()]
+
+
+def test_a_registration_drops_the_repeats_and_choices_made_before(ctx):
+    # An identical call repeats the earlier launch, until the registered algorithms change: then
+    # the automatic choice is made again (a better algorithm registered since wins).
+    ran = []
+
+    def recording(name):
+        def run(call):
+            ran.append(name)
+            return lambda: ran.append(f"{name} repeat")
+
+        return run
+
+    first = Algorithm(name="test_first", collective="broadcast", run=recording("first"), languages=(), priority=100)
+    second = attrs.evolve(first, name="test_second", run=recording("second"), priority=200)
+    x = ctx.ones(8)
+    with _registered(first):
+        ctx.ccl.broadcast(x)
+        ctx.ccl.broadcast(x)
+        with _registered(second):
+            ctx.ccl.broadcast(x)
+            ctx.ccl.broadcast(x)
+    assert ran == ["first", "first repeat", "second", "second repeat"]
+
+
+def _one_more_algorithm_on_rank_1(rank: int) -> str:
+    if rank == 1:
+        register_algorithm(Algorithm(name="test_only_here", collective="broadcast", run=lambda call: None,
+                                     languages=()))
+    try:
+        iris.create(heap_size="1MiB", device="cpu").destroy()
+        return "created"
+    except IrisError as error:
+        return str(error)
+
+
+def test_ranks_with_different_algorithms_installed_cannot_create_a_context():
+    # The automatic choice would differ between them: every rank raises, listing each rank's.
+    for outcome in iris.spawn(_one_more_algorithm_on_rank_1, 2, device="cpu"):
+        assert "the ranks have different collective algorithms installed" in outcome, outcome
+        assert "'test_only_here'" in outcome and "install the same iris plugins on every rank" in outcome
 
 
 def test_low_latency_all_reduce_refuses_large_calls(ctx):

@@ -41,9 +41,10 @@ if not torch.cuda.is_available():
 import iris  # noqa: E402
 from iris.errors import IrisError  # noqa: E402
 from iris.testing import seeded_generator  # noqa: E402
-from iris_triton.backend import interpreter_runs_kernel_loops  # noqa: E402
+from iris_triton.backend import TritonDeviceOps  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not interpreter_runs_kernel_loops(),
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1"
+                                or TritonDeviceOps.unavailable_reason("cpu") is not None,
                                 reason="CPU ranks need Triton's interpreter (TRITON_INTERPRET=1 before Triton loads)")
 
 #: Rounds of random victims, seeds and timings on top of the short mode (0: short mode only).

@@ -128,6 +128,31 @@ def test_cpu_context_without_triton_interpret_is_a_clear_error(bare_interpreter)
     assert "iris.spawn" in bare_interpreter["error"]
 
 
+@pytest.mark.slow
+def test_triton_imported_before_triton_interpret_is_a_clear_error(tmp_path):
+    # A launcher (iris.spawn asks the backend what its ranks need) has Triton imported in compiled
+    # mode; setting the variable afterwards cannot change that, and a CPU context says so.
+    result = run_python(
+        """
+        import json, os
+        import iris
+        from iris.spawn import backend_environment
+        environment = backend_environment("cpu")
+        os.environ.update(environment)
+        try:
+            iris.create(device="cpu", heap_size="4MiB")
+            out = {"environment": environment}
+        except iris.IrisError as exc:
+            out = {"environment": environment, "error": str(exc)}
+        print(json.dumps(out))
+        """,
+        cwd=tmp_path,
+        drop=("TRITON_INTERPRET",),
+    )
+    assert result["environment"] == {"TRITON_INTERPRET": "1"}
+    assert "imported Triton before TRITON_INTERPRET=1 was set" in result.get("error", ""), result
+
+
 def test_builtin_backends_come_from_their_distributions():
     entries = iris.registry.registry
     assert entries["triton"].distribution == "iris-triton"

@@ -20,9 +20,10 @@ from typing import Callable
 
 import torch
 
-from iris.collectives import (REDUCE_OPS, SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall,
+from iris.collectives import (COLLECTIVES, REDUCE_OPS, SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall,
                                algorithm_registry, choose)
 from iris.errors import IrisError
+from iris.registry import PluginRegistry
 
 __all__ = ["CCLMixin", "Collectives"]
 
@@ -64,27 +65,35 @@ class Collectives:
         self._context = context
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
-        #: The workspaces' generation the repeats were launched with.
-        self._repeats_generation = 0
+        #: (workspaces' generation, registries' changes) when the repeats were made.
+        self._repeats_made_with = (0, PluginRegistry.changes)
 
     # -- discovery ------------------------------------------------------------------------------
 
-    def algorithms(self, collective: str) -> list[str]:
-        """Names of the algorithms registered for ``collective``."""
-        return algorithm_registry(collective).names()
+    def algorithms(self, collective: str, *, applying_to: torch.Tensor | None = None) -> list[str]:
+        """Names of the algorithms registered for ``collective``; with ``applying_to``, only those
+        that can run a call of this context with that input."""
+        names = algorithm_registry(collective).names()
+        if applying_to is None:
+            return names
+        shape = self._shape(collective, applying_to)
+        return [name for name in names if algorithm_registry(collective).get(name).refusal(shape) is None]
+
+    def _shape(self, collective: str, input: torch.Tensor) -> CallShape:
+        ctx = self._context
+        return CallShape(collective=collective, nbytes=input.numel() * input.element_size(),
+                         world_size=ctx.world_size, dtype=input.dtype, device_type=ctx.device.type,
+                         language=ctx.kernel_language)
 
     def _algorithm(self, collective: str, name: str | None, input: torch.Tensor) -> Algorithm:
-        ctx = self._context
-        shape = CallShape(collective=collective, nbytes=input.numel() * input.element_size(),
-                          world_size=ctx.world_size, dtype=input.dtype, device_type=ctx.device.type,
-                          language=ctx.kernel_language)
+        shape = self._shape(collective, input)
         if name is None:
             return choose(shape)
         registry = algorithm_registry(collective)
         algorithm = registry.get(name)
         refusal = algorithm.refusal(shape)
         if refusal is not None:
-            runs = [other for other in registry.names() if registry.get(other).refusal(shape) is None]
+            runs = self.algorithms(collective, applying_to=input)
             raise IrisError(f"{collective}: algorithm {name!r} cannot run this call: {refusal}; choose one of "
                             f"{runs} or None (the automatic choice)")
         return algorithm
@@ -159,11 +168,12 @@ class Collectives:
             self._repeats[key] = repeat
 
     def _forget_outdated_repeats(self) -> None:
-        """Drop the repeats if a workspace was replaced since they were launched (they hold its address)."""
-        generation = self._context.workspaces.generation
-        if self._repeats_generation != generation:
+        """Drop the repeats if a workspace was replaced since they were launched (they hold its
+        address) or a registry changed (the automatic choice may now be another algorithm)."""
+        now = (self._context.workspaces.generation, PluginRegistry.changes)
+        if self._repeats_made_with != now:
             self._repeats.clear()
-            self._repeats_generation = generation
+            self._repeats_made_with = now
 
     def _check_same_call_on_every_rank(self, collective, algorithm, op, src, output, input) -> None:
         """Debug mode: every rank makes the same call (collective, options, shapes, dtypes), or
@@ -251,9 +261,20 @@ class Collectives:
 
 
 class CCLMixin:
-    """Adds ``ccl``, the :class:`Collectives` namespace bound to this context. Requires
-    ``barrier()``, ``comm``, ``config``, ``device``, ``world_size``, ``_call`` (FailStopMixin),
-    ``workspaces`` (WorkspacesMixin) and ``kernel_language`` (the backend's DeviceOps)."""
+    """Adds ``ccl``, the :class:`Collectives` namespace bound to this context, and checks at
+    set-up that every rank has the same collective algorithms installed (the automatic choice
+    must be the same everywhere). Requires ``barrier()``, ``comm``, ``config``, ``device``,
+    ``rank``, ``world_size``, ``_call`` (FailStopMixin), ``workspaces`` (WorkspacesMixin) and
+    ``kernel_language`` (the backend's DeviceOps)."""
+
+    def _setup(self) -> None:
+        super()._setup()
+        installed = {collective: algorithm_registry(collective).names() for collective in COLLECTIVES}
+        everyone = self.comm.all_gather_object(installed)
+        if any(other != everyone[0] for other in everyone):
+            listing = "; ".join(f"rank {rank}: {algorithms}" for rank, algorithms in enumerate(everyone))
+            raise IrisError(f"the ranks have different collective algorithms installed ({listing}); install the "
+                            f"same iris plugins on every rank: each rank must choose the same algorithm for a call")
 
     @cached_property
     def ccl(self) -> Collectives:

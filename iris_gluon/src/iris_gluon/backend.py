@@ -15,8 +15,8 @@ class GluonDeviceOps(TritonDeviceOps):
     """Host side of the Gluon backend: the Triton backend's (device barrier, timeouts), with
     iris's kernels compiled by Gluon. GPUs only: Gluon has no interpreter."""
 
-    kernel_language = "gluon"
     frontend = GLUON
+    kernel_language = GLUON.name
 
 
 class GluonContext(GluonDeviceOps, Context):
@@ -35,6 +35,6 @@ GluonBackend = Backend(
 )
 
 
-def iris(heap_size: int | str | None = None):
+def iris(heap_size: int | str | None = None) -> Context:
     """Upstream iris's spelling: ``iris_gluon.iris(heap_size)`` is ``iris.create("gluon", heap_size=...)``."""
     return _iris.create("gluon", heap_size=heap_size)

@@ -7,10 +7,10 @@ re-exported here as they are.
 """
 
 from iris_triton import device
-from iris_triton.backend import TritonBackend, TritonDeviceOps
+from iris_triton.backend import TritonBackend, TritonContext, TritonDeviceOps
 from iris_triton.context import DeviceContext
 from iris_triton.device import *  # noqa: F403 (exactly the device functions: iris_triton.device.__all__)
 from iris_triton.device import DEVICE_FUNCTIONS
 
-__all__ = ["DEVICE_FUNCTIONS", "DeviceContext", "TritonBackend", "TritonDeviceOps"]
+__all__ = ["DEVICE_FUNCTIONS", "DeviceContext", "TritonBackend", "TritonContext", "TritonDeviceOps"]
 __all__ += device.__all__

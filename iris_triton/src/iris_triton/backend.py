@@ -49,17 +49,26 @@ class TritonDeviceOps(DeviceOps):
     interpreter. Uses what the core provides to a backend (:mod:`iris.backend`).
     """
 
-    kernel_language = "triton"
     #: The front end this backend compiles iris's kernel sources with (:mod:`iris_triton.frontend`).
     frontend = TRITON
+    kernel_language = TRITON.name
 
     @classmethod
     def check_environment(cls, device: torch.device) -> None:
+        from iris_triton.context import INTERPRETING
+
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise IrisError(
                 "CPU ranks run Triton kernels in Triton's interpreter, which needs TRITON_INTERPRET=1 "
                 "set before Triton is imported; launch with iris.spawn(...) or `iris run`, or export "
                 "TRITON_INTERPRET=1"
+            )
+        if device.type == "cpu" and not INTERPRETING:
+            raise IrisError(
+                "CPU ranks run Triton kernels in Triton's interpreter, but this process imported Triton "
+                "before TRITON_INTERPRET=1 was set, so its kernels would be compiled for a GPU; set it before "
+                "anything imports Triton or iris_triton (or create the CPU context in ranks started by "
+                "iris.spawn(...) or `iris run`)"
             )
 
     @classmethod
@@ -139,7 +148,6 @@ class TritonDeviceOps(DeviceOps):
         with self._call("device_barrier"):
             device_barrier_kernel[(1,)](self._barrier_state, self.get_heap_bases(), self.faults, self.host_faults,
                                         self.rank, self.world_size, self.timeout_ns, num_warps=1)
-
 
     def _demo_steps(self, inputs: list) -> dict:
         from iris_triton.demo import ring_store_step

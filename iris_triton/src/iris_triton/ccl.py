@@ -40,6 +40,7 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris.errors import IrisError
+from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, collective_shape
@@ -375,16 +376,22 @@ def _broadcast(call: CollectiveCall):
     return _launch(call, n, n, n, _push_from_source, _take_from_source)
 
 
-ALL_GATHER_DIRECT = Algorithm(name="direct", collective="all_gather", run=_all_gather,
-                              description="every rank pushes its input into every peer")
-ALL_TO_ALL_DIRECT = Algorithm(name="direct", collective="all_to_all", run=_all_to_all,
-                              description="every rank pushes segment q of its input to rank q")
-REDUCE_SCATTER_DIRECT = Algorithm(name="direct", collective="reduce_scatter", run=_reduce_scatter,
-                                  description="every rank pushes segment q to rank q, which reduces")
-ALL_REDUCE_ONE_SHOT = Algorithm(name="one_shot", collective="all_reduce", run=_all_reduce_one_shot,
-                                description="every rank receives every input and reduces",
-                                priority=10, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
-ALL_REDUCE_TWO_SHOT = Algorithm(name="two_shot", collective="all_reduce", run=_all_reduce_two_shot,
-                                description="reduce-scatter then all-gather of the reduced segments, one round behind")
-BROADCAST_DIRECT = Algorithm(name="direct", collective="broadcast", run=_broadcast,
-                             description="the source pushes into every peer")
+ALL_GATHER_DIRECT = Algorithm(
+    name="direct", collective="all_gather", run=_all_gather, languages=SHARED_SOURCE_LANGUAGES,
+    description="every rank pushes its input into every peer")
+ALL_TO_ALL_DIRECT = Algorithm(
+    name="direct", collective="all_to_all", run=_all_to_all, languages=SHARED_SOURCE_LANGUAGES,
+    description="every rank pushes segment q of its input to rank q")
+REDUCE_SCATTER_DIRECT = Algorithm(
+    name="direct", collective="reduce_scatter", run=_reduce_scatter, languages=SHARED_SOURCE_LANGUAGES,
+    description="every rank pushes segment q to rank q, which reduces")
+ALL_REDUCE_ONE_SHOT = Algorithm(
+    name="one_shot", collective="all_reduce", run=_all_reduce_one_shot, languages=SHARED_SOURCE_LANGUAGES,
+    description="every rank receives every input and reduces",
+    priority=10, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
+ALL_REDUCE_TWO_SHOT = Algorithm(
+    name="two_shot", collective="all_reduce", run=_all_reduce_two_shot, languages=SHARED_SOURCE_LANGUAGES,
+    description="reduce-scatter then all-gather of the reduced segments, one round behind")
+BROADCAST_DIRECT = Algorithm(
+    name="direct", collective="broadcast", run=_broadcast, languages=SHARED_SOURCE_LANGUAGES,
+    description="the source pushes into every peer")

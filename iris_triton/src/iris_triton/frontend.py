@@ -19,7 +19,11 @@ from triton.runtime import driver
 
 from iris_triton.context import DeviceContext
 
-__all__ = ["Frontend", "TRITON"]
+__all__ = ["Frontend", "SHARED_SOURCE_LANGUAGES", "TRITON"]
+
+#: The kernel languages iris's shared kernel sources compile in (the Triton backend's and the
+#: Gluon backend's front ends): what the collective algorithms written that way declare.
+SHARED_SOURCE_LANGUAGES = frozenset({"triton", "gluon"})
 
 
 @attrs.frozen(eq=False)

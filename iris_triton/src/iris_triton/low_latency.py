@@ -37,6 +37,7 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris_triton.calls import LANES, call_number, count_call, header_value
+from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, LOW_LATENCY_SHAPES
 from iris_triton.waits import poison_blocks, publish, read_when_arrived, site_code
@@ -173,6 +174,6 @@ def _all_reduce(call: CollectiveCall):
 
 
 ALL_REDUCE_LOW_LATENCY = Algorithm(
-    name="low_latency", collective="all_reduce", run=_all_reduce,
+    name="low_latency", collective="all_reduce", run=_all_reduce, languages=SHARED_SOURCE_LANGUAGES,
     description="one-shot with a flag in every 64-bit word: no fence, no separate signal; for small calls",
     max_bytes=MAX_BYTES, priority=30, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["low_latency"])

@@ -42,6 +42,8 @@ __all__ = ["FusedOps", "METHODS", "communication_share"]
 DTYPES = (torch.bfloat16, torch.float16)
 #: What ``method=`` accepts (None: the automatic choice).
 METHODS = ("copy_engine", "fused", "sequential")
+
+
 def communication_share(flops: int, sent: int) -> float:
     """Estimated time to send ``sent`` bytes per rank over the link, over the time of ``flops``
     of bf16 product on the GPU."""

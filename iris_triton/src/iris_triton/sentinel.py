@@ -34,6 +34,7 @@ import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
+from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, SENTINEL_SHAPES
 from iris_triton.waits import peers_announced, poison_blocks, publish, read_when_arrived, site_code
@@ -152,7 +153,7 @@ def _all_reduce(call: CollectiveCall):
 
 
 ALL_REDUCE_SENTINEL = Algorithm(
-    name="sentinel", collective="all_reduce", run=_all_reduce,
+    name="sentinel", collective="all_reduce", run=_all_reduce, languages=SHARED_SOURCE_LANGUAGES,
     description="one-shot into a workspace that holds a NaN sentinel until data lands: no fence, no flag, "
                 "the bytes of a one-shot; floating-point tensors",
     dtypes=SENTINEL_DTYPES, max_bytes=MAX_BYTES, priority=20, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["sentinel"])

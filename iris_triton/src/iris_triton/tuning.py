@@ -1,6 +1,7 @@
-"""Every tuned choice of the Triton backend, in one place: launch shapes, the sizes up to which the
-automatic choice takes each all_reduce algorithm, the fused operations' tiles and their method
-estimate.
+"""Every measured choice of the Triton backend, in one place: launch shapes, the sizes up to which
+the automatic choice takes each all_reduce algorithm, the fused operations' tiles and their method
+estimate. (What each algorithm can take, its hard limits and its priority among the others, are
+declared with the algorithm.)
 
 Each table is keyed by device type (``"cuda"``, ``"cpu"``) where it differs between GPUs and CPU
 ranks. The GPU values were measured on 2 x H200 over NVLink; each comment names the benchmark and
