@@ -181,26 +181,30 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
     algorithm_registry(algorithm.collective).register(algorithm.name, algorithm, clobber=clobber)
 
 
-def choose(shape: CallShape) -> Algorithm:
-    """The algorithm ``ctx.ccl`` runs for a call of ``shape`` when none is named: of the
-    registered algorithms worth choosing for it (:meth:`Algorithm.worth_choosing`), the one of
-    highest priority, then of the first name. A function of the declarations and the call's
-    shape only, hence the same on every rank (with the same plugins installed: ``create()``
+def choose(collective: str, nbytes: int, world_size: int, dtype: torch.dtype, device_type: str,
+           language: str | None) -> Algorithm:
+    """The algorithm ``ctx.ccl`` runs for a call when none is named: of the registered
+    algorithms worth choosing for its :class:`CallShape` (:meth:`Algorithm.worth_choosing`), the
+    one of highest priority, then of the first name. A function of the declarations and the
+    call's shape only, hence the same on every rank (with the same plugins installed: ``create()``
     checks that). Remembered per shape until a registry changes."""
     global _choices_made_with
     if _choices_made_with != PluginRegistry.changes or len(_choices) >= MAX_CHOICES_KEPT:
         _choices.clear()
         _choices_made_with = PluginRegistry.changes
-    chosen = _choices.get(shape)
+    key = (collective, nbytes, world_size, dtype, device_type, language)
+    chosen = _choices.get(key)
     if chosen is None:
-        chosen = _choices[shape] = _choose(shape)
+        chosen = _choices[key] = _choose(CallShape(collective=collective, nbytes=nbytes, world_size=world_size,
+                                                   dtype=dtype, device_type=device_type, language=language))
     return chosen
 
 
 #: Most choices :func:`choose` remembers (all are forgotten at once beyond it).
 MAX_CHOICES_KEPT = 4096
-#: Choices of :func:`choose` by call shape, made while the registries had changed this many times.
-_choices: dict[CallShape, Algorithm] = {}
+#: Choices of :func:`choose` by call shape (as a tuple), made while the registries had changed
+#: this many times.
+_choices: dict[tuple, Algorithm] = {}
 _choices_made_with = -1
 
 

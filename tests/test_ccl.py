@@ -25,7 +25,7 @@ from iris.testing import (
     seeded_generator,
     spawn_reports,
 )
-from iris.collectives import Algorithm, CallShape, algorithm_registry, choose, register_algorithm
+from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
 from iris_triton import low_latency, sentinel, tuning
 
@@ -264,8 +264,7 @@ def test_algorithms_are_registered_for_every_collective(ctx):
 
 def _chosen(nbytes: int, world: int, dtype: torch.dtype, collective: str = "all_reduce", device: str = "cuda",
             language: str = "triton") -> str:
-    return choose(CallShape(collective=collective, nbytes=nbytes, world_size=world, dtype=dtype, device_type=device,
-                            language=language)).name
+    return choose(collective, nbytes, world, dtype, device, language).name
 
 
 def test_automatic_choice_depends_only_on_size_world_and_dtype():

@@ -86,9 +86,11 @@ class Collectives:
                          language=ctx.kernel_language)
 
     def _algorithm(self, collective: str, name: str | None, input: torch.Tensor) -> Algorithm:
-        shape = self._shape(collective, input)
         if name is None:
-            return choose(shape)
+            ctx = self._context
+            return choose(collective, input.numel() * input.element_size(), ctx.world_size, input.dtype,
+                          ctx.device.type, ctx.kernel_language)
+        shape = self._shape(collective, input)
         registry = algorithm_registry(collective)
         algorithm = registry.get(name)
         refusal = algorithm.refusal(shape)
