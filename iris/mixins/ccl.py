@@ -10,7 +10,7 @@ A call identical to an earlier one (the same tensors by address, size, dtype and
 same options) skips the checks and the algorithm's preparation: the algorithm's *repeat* of the
 earlier launch runs instead, which keeps the host's cost per call low when calls are not
 captured in a graph. Repeats are dropped whenever a workspace is replaced (they launch with its
-address).
+address) or a registry of plugins changes (the automatic choice may then be another algorithm).
 """
 
 from __future__ import annotations
