@@ -90,7 +90,7 @@ def backend_rank_device(backend: str, nprocs: int) -> str:
     if device not in runs_on:
         pytest.skip(f"backend {backend!r} runs on {', '.join(sorted(runs_on))} only; {nprocs} ranks here are "
                     f"{device} ranks")
-    return rank_device(nprocs, backend)
+    return device if device == "cuda" else interpreted_device(backend)
 
 
 def free_loopback_port() -> int:
