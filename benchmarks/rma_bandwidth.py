@@ -61,7 +61,7 @@ def transfer_kernel(context, src, dst, n, heap_bases, peer, CTX: tl.constexpr, R
             iris.store(dst + offs, tl.load(src + offs, mask=mask), RANK, peer, heap_bases, mask=mask,
                        cache_modifier=CACHE)
         elif MODE == "get":
-            iris.get(src + offs, dst + offs, peer, RANK, heap_bases, mask=mask)
+            iris.get(src + offs, dst + offs, RANK, peer, heap_bases, mask=mask)  # peer's src -> local dst
         elif MODE == "put":
             iris.put(src + offs, dst + offs, RANK, peer, heap_bases, mask=mask)
         else:

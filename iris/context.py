@@ -78,8 +78,22 @@ class ContextBase:
     def get_num_ranks(self) -> int:
         return self.world_size
 
+    @property
+    def cur_rank(self) -> int:
+        """Upstream iris's name of ``rank``."""
+        return self.rank
+
+    @property
+    def num_ranks(self) -> int:
+        """Upstream iris's name of ``world_size``."""
+        return self.world_size
+
     def get_device(self) -> torch.device:
         return self.device
+
+    def get_device_id(self) -> int:
+        """Index of this rank's GPU (0 on CPU ranks)."""
+        return self.get_device().index or 0
 
     def get_cu_count(self) -> int:
         """Streaming multiprocessors of the GPU, or usable CPU cores on CPU ranks: the natural
@@ -96,6 +110,16 @@ class ContextBase:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.comm.barrier()
+
+    # -- namespaces of this kind of context (upstream's conventions replace them) ---------------
+
+    def _ccl_namespace(self):
+        """What ``ctx.ccl`` is: the torch.distributed-convention collectives."""
+        return self._torch_ccl
+
+    def _ops_namespace(self, ops):
+        """What ``ctx.ops`` is, given the backend's operations: those operations."""
+        return ops
 
     def broadcast(self, value: Any, src: int = 0) -> Any:
         """``value`` as rank ``src`` has it. Tensors are overwritten in place (every rank passes
@@ -125,7 +149,8 @@ class ContextBase:
 
 #: What a destroyed context still answers: its identity, ``destroyed``, and ``destroy()`` (a no-op).
 _KEPT_AFTER_DESTROY = frozenset({"destroyed", "destroy", "rank", "world_size", "device", "config", "backend",
-                                 "backend_spec", "get_rank", "get_num_ranks", "get_device", "_summary"})
+                                 "backend_spec", "get_rank", "get_num_ranks", "get_device", "_summary", "cur_rank",
+                                 "num_ranks", "_device_name"})
 
 
 class _Destroyed:
@@ -194,8 +219,15 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
     GPU when one is visible (one per rank), else ``"cpu"``. ``heap_size`` is bytes or a string
     such as ``"1GiB"`` (default ``IRIS_HEAP_SIZE``, else 1 GiB on GPUs and 128 MiB on CPU ranks).
     Options: ``heap_provider``, ``debug``, ``log_level``, ``timeout`` (seconds any wait on peers
-    may take, wall-clock), ``on_timeout`` (``"raise"`` or ``"trap"``).
+    may take, wall-clock), ``on_timeout`` (``"raise"`` or ``"trap"``). Collectives and fused
+    operations follow torch.distributed's conventions; :func:`iris` makes a context with upstream
+    iris's instead.
     """
+    return _create(backend, heap_size, device, options, conventions=None)
+
+
+def _create(backend: str | None, heap_size, device, options: dict, conventions) -> Context:
+    """:func:`create`, the context's class passed through ``conventions`` (None: as it is)."""
     resolved_device = _resolve_device(device)
     config = ContextConfig.from_env(backend=backend, heap_size=heap_size, device=resolved_device.type, **options)
     spec = get_backend(config.backend)
@@ -211,11 +243,26 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
         )
     spec.device_ops.check_environment(resolved_device)
     ensure_process_group(resolved_device.type, config.timeout)
-    context = context_class(spec)(config, spec, resolved_device)
+    cls = context_class(spec)
+    context = (cls if conventions is None else conventions(cls))(config, spec, resolved_device)
     context.heap.check_symmetric("iris.create()")  # set-up allocated alike on every rank
     return context
 
 
-def iris(heap_size: int | str | None = None) -> Context:
-    """Upstream iris's spelling: ``iris.iris(heap_size)`` is ``create("triton", heap_size=...)``."""
-    return create("triton", heap_size=heap_size)
+#: Upstream iris's heap allocators; iris's heap is one allocation of its own provider either way.
+UPSTREAM_ALLOCATORS = ("torch", "vmem")
+
+
+def iris(heap_size: int | str | None = None, allocator_type: str = "torch", *, backend: str = "triton",
+         **options: Any) -> Context:
+    """Upstream iris's spelling: a context of ``backend`` (default ``"triton"``) whose collectives,
+    fused operations, ``device``, ``broadcast`` and ``barrier`` follow upstream iris's conventions
+    (:mod:`iris.upstream.context`); ``options`` as for :func:`create`. ``allocator_type``
+    (``"torch"`` or ``"vmem"``) chooses upstream's heap allocator on AMD GPUs; it is checked, and
+    iris's heap provider serves both. This is a collective operation."""
+    from iris.upstream.context import upstream_class
+
+    if allocator_type not in UPSTREAM_ALLOCATORS:
+        raise ValueError(f"allocator_type must be one of {', '.join(map(repr, UPSTREAM_ALLOCATORS))}, got "
+                         f"{allocator_type!r}")
+    return _create(backend, heap_size, None, options, conventions=upstream_class)

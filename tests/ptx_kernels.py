@@ -75,7 +75,7 @@ def load_store_ctx(context, buf, out, n, peer, CTX: tl.constexpr, RANK: tl.const
 def get_put_copy(a, b, heap_bases, n, peer, RANK: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    iris.get(a + offs, b + offs, peer, RANK, heap_bases, mask=mask)
+    iris.get(a + offs, b + offs, RANK, peer, heap_bases, mask=mask)
     iris.put(b + offs, a + offs, RANK, peer, heap_bases, mask=mask)
     iris.copy(a + offs, b + offs, peer, RANK, RANK, heap_bases, mask=mask)
 

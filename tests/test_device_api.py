@@ -84,7 +84,7 @@ def _move_free_kernel(context, src, loaded_next, loaded_prev, loaded_self, got, 
     tl.store(loaded_prev + offs, iris.load(src + offs, RANK, prv, heap_bases, mask=mask, other=OTHER,
                                            cache_modifier=".cg"))
     tl.store(loaded_self + offs, iris.load(src + offs, RANK, RANK, heap_bases, mask=mask, other=OTHER))
-    iris.get(src + offs, got + offs, prv, RANK, heap_bases, mask=mask)  # prv's src -> my got
+    iris.get(src + offs, got + offs, RANK, prv, heap_bases, mask=mask)  # prv's src -> my got (I am from_rank)
     iris.put(src + offs, put_dst + offs, RANK, nxt, heap_bases, mask=mask)  # my src -> nxt's put_dst
     mine = tl.load(src + offs, mask=mask)
     iris.store(stored_dst + offs, mine, RANK, prv, heap_bases, mask=mask)  # my src -> prv's stored_dst

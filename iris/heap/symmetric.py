@@ -13,11 +13,14 @@ from iris.errors import AsymmetricHeapError, IrisError
 from iris.heap.allocator import HeapAllocator
 from iris.heap.mapping import HeapMapping
 
-__all__ = ["MAP_GRANULE", "HeapCall", "SymmetricHeap"]
+__all__ = ["MAP_GRANULE", "MAP_HEADER", "HeapCall", "SymmetricHeap"]
 
 #: Bytes of heap per byte of the debug allocation map (one byte per granule, 1 = allocated).
 #: The Triton backend's write checks read the map with the same granule.
 MAP_GRANULE = 256
+#: Bytes before the debug allocation map at the start of the heap: the heap size (int64) and
+#: padding, so that device code checking a pointer finds the size beside the map it reads.
+MAP_HEADER = 256
 
 _FIX = "allocate and free the same sizes in the same order on every rank"
 
@@ -52,9 +55,10 @@ class SymmetricHeap:
     calls since the last check; :meth:`check_symmetric` (run by every host barrier) compares the
     digests with one small collective and raises :class:`AsymmetricHeapError` on every rank when
     they differ. In debug mode each call is also compared across ranks as it is made, and the
-    heap keeps an allocation map at its start (one byte per :data:`MAP_GRANULE` bytes, 1 where a
-    block is allocated, up to the bytes asked for) that device code reads to refuse writes into
-    blocks the target rank has not allocated.
+    heap starts with the heap size (an int64, :data:`MAP_HEADER` bytes in all) and an allocation
+    map (one byte per :data:`MAP_GRANULE` bytes, 1 where a block is allocated, up to the bytes
+    asked for) that device code reads to refuse accesses outside the heap and writes into blocks
+    the target rank has not allocated.
     """
 
     def __init__(self, mapping: HeapMapping, comm: Communicator, *, debug: bool = False,
@@ -71,12 +75,14 @@ class SymmetricHeap:
         #: (shape, stride, dtype) of the tensor each live block was allocated as, by offset:
         #: ``free`` accepts that tensor only, never a view of it.
         self.allocated_as: dict[int, tuple] = {}
-        #: The allocation map (by default in debug mode): the heap's first block, offset 0 on every rank.
+        #: The allocation map (by default in debug mode): in the heap's first block, offset 0 on every
+        #: rank, after the header holding the heap size.
         self.allocation_map: torch.Tensor | None = None
         if debug if allocation_map is None else allocation_map:
             map_bytes = -(-mapping.size // MAP_GRANULE)
-            offset = self.allocator.allocate(map_bytes)  # the first block: offset 0, where device code looks
-            self.allocation_map = self.view(offset, map_bytes).zero_()
+            offset = self.allocator.allocate(MAP_HEADER + map_bytes)  # offset 0, where device code looks
+            self.view(offset, 8).view(torch.int64).fill_(mapping.size)
+            self.allocation_map = self.view(offset + MAP_HEADER, map_bytes).zero_()
 
     @property
     def size(self) -> int:

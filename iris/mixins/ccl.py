@@ -38,8 +38,31 @@ def _identity(tensor) -> tuple | None:
     return tensor.data_ptr(), tensor.numel(), tensor.dtype, tensor.device, tensor.is_contiguous()
 
 
+#: Keywords of upstream iris's collectives that torch.distributed's do not take.
+UPSTREAM_KEYWORDS = ("config", "workspace", "group", "async_op")
+
+
+def _refuse_upstream_call(collective: str, spelling: str, keywords: dict) -> None:
+    """Raise for a call spelled as upstream iris spells ``collective``: ``spelling`` describes
+    what was recognised, ``keywords`` are the call's unexpected keywords."""
+    unknown = sorted(set(keywords) - set(UPSTREAM_KEYWORDS))
+    if unknown:
+        raise TypeError(f"ctx.ccl.{collective}() got unexpected keyword argument(s) {', '.join(unknown)}")
+    raise IrisError(f"ctx.ccl.{collective}: {spelling} is upstream iris's spelling; contexts from iris.create() "
+                    f"follow torch.distributed (see help(ctx.ccl.{collective})). Make the context with iris.iris(...) "
+                    f"for upstream iris's collectives")
+
+
+def _refuse_upstream_keywords(collective: str, keywords: dict) -> None:
+    """Raise when a call passed keywords (upstream's, or unknown ones)."""
+    if keywords:
+        _refuse_upstream_call(collective, ", ".join(f"{k}=" for k in keywords), keywords)
+
+
 def _reduce_op_name(op) -> str:
     """``"sum"``/``"max"``/``"min"`` from a string or a ``torch.distributed.ReduceOp``."""
+    if isinstance(op, torch.Tensor):
+        _refuse_upstream_call("all_reduce", "a second tensor (all_reduce(out, inp))", {})
     if isinstance(op, str):
         name = op.lower()
     else:
@@ -196,18 +219,23 @@ class Collectives:
 
     # -- the collectives ------------------------------------------------------------------------
 
-    def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None) -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None,
+                   **upstream_keywords) -> torch.Tensor:
         """Reduce ``tensor`` across ranks (sum, max or min) in place; every rank gets the same
         result. ``algorithm``: any registered one (:meth:`algorithms`; the Triton backend has
         ``"low_latency"``, ``"sentinel"`` (floats), ``"one_shot"`` and ``"two_shot"``); by default
         chosen by size, world size and dtype (:func:`iris.collectives.choose`)."""
+        _refuse_upstream_keywords("all_reduce", upstream_keywords)
         self._run("all_reduce", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "all_reduce", tensor),
                   op=_reduce_op_name(op))
         return tensor
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None,
+                   **upstream_keywords) -> torch.Tensor:
         """``output`` (world_size x input's elements, e.g. shape ``[world_size, *input.shape]``)
         := every rank's ``input``, in rank order (torch's ``all_gather_into_tensor``)."""
+
+        _refuse_upstream_keywords("all_gather", upstream_keywords)
 
         def validate():
             self._check_pair("all_gather", output, input)
@@ -220,13 +248,18 @@ class Collectives:
         return output
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", *,
-                       algorithm: str | None = None) -> torch.Tensor:
+                       algorithm: str | None = None, **upstream_keywords) -> torch.Tensor:
         """``output`` := the reduction across ranks of this rank's share of ``input``: rank r gets
         segment r of the ``world_size`` equal segments (torch's ``reduce_scatter_tensor``)."""
+
+        _refuse_upstream_keywords("reduce_scatter", upstream_keywords)
 
         def validate():
             self._check_pair("reduce_scatter", output, input)
             share = self._divisible("reduce_scatter", "input", input.numel())
+            if output.numel() == input.numel() and self._context.world_size > 1:
+                _refuse_upstream_call("reduce_scatter", "an output of the input's size (the full-shape "
+                                      "reduce_scatter)", {})
             if output.numel() != share:
                 raise IrisError(f"reduce_scatter: output has {output.numel()} elements; it needs input / world_size "
                                 f"= {share}")
@@ -234,9 +267,12 @@ class Collectives:
         self._run("reduce_scatter", algorithm, output, input, validate, op=_reduce_op_name(op))
         return output
 
-    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None,
+                   **upstream_keywords) -> torch.Tensor:
         """Segment j of this rank's ``input`` goes to rank j, which stores it as its segment r
         (``world_size`` equal segments; torch's ``all_to_all_single`` without split sizes)."""
+
+        _refuse_upstream_keywords("all_to_all", upstream_keywords)
 
         def validate():
             self._check_pair("all_to_all", output, input)
@@ -263,7 +299,8 @@ class Collectives:
 
 
 class CCLMixin:
-    """Adds ``ccl``, the :class:`Collectives` namespace bound to this context, and checks at
+    """Adds ``ccl``, the collectives bound to this context (:class:`Collectives`, or the namespace
+    of upstream's conventions for contexts of that kind), and checks at
     set-up that every rank has the same collective algorithms installed (the automatic choice
     must be the same everywhere). Requires ``barrier()``, ``comm``, ``config``, ``device``,
     ``rank``, ``world_size``, ``_call`` (FailStopMixin), ``workspaces`` (WorkspacesMixin) and
@@ -279,13 +316,19 @@ class CCLMixin:
                             f"same iris plugins on every rank: each rank must choose the same algorithm for a call")
 
     @cached_property
-    def ccl(self) -> Collectives:
+    def _torch_ccl(self) -> Collectives:
+        """The collectives with torch.distributed's conventions, whatever ``ccl`` is."""
         return Collectives(self)
+
+    @cached_property
+    def ccl(self):
+        """The collectives, with the conventions of this kind of context (``_ccl_namespace``)."""
+        return self._ccl_namespace()
 
     def _teardown(self) -> None:
         # Repeats launch with heap addresses that are about to be released; a call made through
         # a Collectives object kept from before then goes through the checks, which raise.
-        if "ccl" in self.__dict__:
-            self.__dict__["ccl"]._repeats.clear()
+        if "_torch_ccl" in self.__dict__:
+            self.__dict__["_torch_ccl"]._repeats.clear()
         super()._teardown()
 

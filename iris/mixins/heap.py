@@ -44,12 +44,11 @@ class HeapMixin:
         self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug,
                                   allocation_map=self.config.debug or debug_from_environment())
         self.heap_creation_seconds = time.perf_counter() - start
-        # Both tensors keep the heap size just before the bases (``heap_bases[-1]`` in a kernel),
-        # where debug mode's pointer checks find it.
+        # Upstream iris's layout: what follows the bases (the heap size) is for iris's own use.
         self._device_context = torch.tensor(
-            [self.rank, self.world_size, mapping.size, *mapping.bases], dtype=torch.int64, device=self.device
+            [self.rank, self.world_size, *mapping.bases, mapping.size], dtype=torch.int64, device=self.device
         )
-        self._heap_bases = self._device_context[3:]
+        self._heap_bases = self._device_context[2:2 + self.world_size]
         self.debug(
             f"heap: {format_bytes(mapping.size)} per rank via {name!r} in "
             f"{self.heap_creation_seconds * 1e3:.1f} ms"
@@ -78,14 +77,20 @@ class HeapMixin:
         """Bytes of symmetric heap per rank."""
         return self.heap.size
 
+    @property
+    def heap_bases(self) -> torch.Tensor:
+        """Upstream iris's name of :meth:`get_heap_bases`."""
+        return self._heap_bases
+
     def get_heap_bases(self) -> torch.Tensor:
-        """int64 tensor ``[world_size]``: where each rank's heap is mapped in this process (the
-        element before it in memory is the heap size, for debug checks in kernels)."""
+        """int64 tensor ``[world_size]``: where each rank's heap is mapped in this process."""
         return self._heap_bases
 
     def get_device_context(self) -> torch.Tensor:
-        """int64 tensor ``[rank, world_size, heap_size, base_0, ..., base_{W-1}]`` on the context's
-        device, the single argument from which device code builds its context."""
+        """int64 tensor ``[rank, world_size, base_0, ..., base_{W-1}, heap_size]`` on the context's
+        device, the single argument from which device code builds its context. Upstream iris's
+        layout: the rank, the world size, then the heap bases (``heap_bases`` is
+        ``context + 2``); what follows the bases is iris's own and may grow."""
         return self._device_context
 
     def is_symmetric(self, tensor: torch.Tensor) -> bool:

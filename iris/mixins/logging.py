@@ -12,12 +12,19 @@ LOGGER_NAME = "iris"
 
 
 class RankAdapter(logging.LoggerAdapter):
-    """Prefixes every message with ``[iris r/W]`` and records ``rank`` and ``world_size``."""
+    """Prefixes every message with ``[iris r/W]`` and records ``rank`` and ``world_size``.
+
+    Records also carry upstream iris's names for the same, ``iris_rank`` and ``iris_num_ranks``,
+    and the prefix as ``iris_prefix``: :class:`iris.logging.IrisFormatter` shows the rank its own
+    way (``[Iris] [r/W] msg``) and drops the prefix rather than show it twice.
+    """
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
         rank, world_size = self.extra["rank"], self.extra["world_size"]
-        kwargs.setdefault("extra", {}).update(self.extra)
-        return f"[iris {rank}/{world_size}] {msg}", kwargs
+        prefix = f"[iris {rank}/{world_size}] "
+        kwargs.setdefault("extra", {}).update(self.extra, iris_rank=rank, iris_num_ranks=world_size,
+                                              iris_prefix=prefix)
+        return f"{prefix}{msg}", kwargs
 
 
 def _ensure_visible(logger: logging.Logger) -> None:

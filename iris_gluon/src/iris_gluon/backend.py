@@ -35,6 +35,7 @@ GluonBackend = Backend(
 )
 
 
-def iris(heap_size: int | str | None = None) -> Context:
-    """Upstream iris's spelling: ``iris_gluon.iris(heap_size)`` is ``iris.create("gluon", heap_size=...)``."""
-    return _iris.create("gluon", heap_size=heap_size)
+def iris(heap_size: int | str | None = None, **options) -> Context:
+    """Upstream iris's spelling: ``iris_gluon.iris(heap_size)`` is ``iris.iris(heap_size,
+    backend="gluon")``, a Gluon context with upstream iris's conventions."""
+    return _iris.iris(heap_size, backend="gluon", **options)

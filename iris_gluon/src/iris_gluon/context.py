@@ -10,7 +10,9 @@ Its methods are those of the Triton backend's ``DeviceContext``, one per device 
 (``iris_triton.device.DEVICE_FUNCTIONS``): the very functions of
 :class:`iris_triton.context.DeviceMethods`, generated there, not written again. What differs:
 rank and world size are read from the context tensor at run time, so one compiled kernel serves
-every rank, and ``block_offsets`` lays a block out explicitly, as Gluon requires.
+every rank, and ``block_offsets`` lays a block out explicitly, as Gluon requires. Upstream
+iris's field names ``cur_rank`` and ``num_ranks`` hold the same values as ``rank`` and
+``world_size``.
 """
 # No `from __future__ import annotations`: Triton aggregates read the field annotations as types.
 
@@ -21,6 +23,7 @@ from triton.language.core import _aggregate as aggregate
 
 from iris_gluon.layouts import block_layout
 from iris_triton.context import with_device_methods
+from iris_triton.tracing import DeviceTracing
 
 __all__ = ["IrisDeviceCtx"]
 
@@ -29,20 +32,28 @@ __all__ = ["IrisDeviceCtx"]
 class IrisDeviceCtx:
     rank: tl.tensor
     world_size: tl.tensor
+    cur_rank: tl.tensor
+    num_ranks: tl.tensor
     heap_bases: tl.tensor
+    tracing: DeviceTracing
 
     @gluon.constexpr_function
-    def __init__(self, rank, world_size, heap_bases):
+    def __init__(self, rank, world_size, heap_bases, tracing=None):
         self.rank = rank
         self.world_size = world_size
+        # Upstream iris's names of the same two values.
+        self.cur_rank = rank
+        self.num_ranks = world_size
         self.heap_bases = heap_bases
+        self.tracing = DeviceTracing(False) if tracing is None else tracing
 
     @gluon.jit
-    def initialize(context_tensor, RANK: gl.constexpr = None, WORLD_SIZE: gl.constexpr = None):
-        """The context of the calling rank from the tensor ``[rank, world_size, heap_size, base_0, ...]``
+    def initialize(context_tensor, RANK: gl.constexpr = None, WORLD_SIZE: gl.constexpr = None,
+                   tracing: gl.constexpr = False):
+        """The context of the calling rank from the tensor ``[rank, world_size, base_0, ...]``
         that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE``, when given, are
         used as constants instead (the Triton ``DeviceContext.initialize`` signature), so one
-        kernel source can build either context."""
+        kernel source can build either context; ``tracing`` as for that one."""
         if RANK is None:
             rank = gl.load(context_tensor)
         else:
@@ -51,7 +62,7 @@ class IrisDeviceCtx:
             world_size = gl.load(context_tensor + 1)
         else:
             world_size = gl.to_tensor(WORLD_SIZE)
-        return IrisDeviceCtx(rank, world_size, context_tensor + 3)
+        return IrisDeviceCtx(rank, world_size, context_tensor + 2, DeviceTracing(tracing))
 
     @gluon.jit
     def block_offsets(self, ptr, start, BLOCK: gl.constexpr):

@@ -55,7 +55,7 @@ class TritonDeviceOps(DeviceOps):
 
     @classmethod
     def check_environment(cls, device: torch.device) -> None:
-        from iris_triton.context import INTERPRETING
+        from iris_triton.compiled import INTERPRETING
 
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise IrisError(
@@ -134,7 +134,7 @@ class TritonDeviceOps(DeviceOps):
         """Matrix products fused with their communication (:class:`iris_triton.ops.FusedOps`)."""
         from iris_triton.ops import FusedOps
 
-        return FusedOps(self)
+        return self._ops_namespace(FusedOps(self))
 
     def device_barrier(self) -> None:
         """Device-side barrier: returns at once on the host; kernels queued after it on this

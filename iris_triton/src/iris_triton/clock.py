@@ -12,12 +12,10 @@ import time
 
 import triton
 import triton.language as tl
-from triton import knobs
+
+from iris_triton.compiled import INTERPRETING
 
 __all__ = ["INTERPRETING", "now_ns"]
-
-#: Whether kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when Triton was imported).
-INTERPRETING = bool(knobs.runtime.interpret)
 
 if INTERPRETING:
 

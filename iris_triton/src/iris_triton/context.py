@@ -14,10 +14,8 @@ which compile under both Triton's and Gluon's front end (a callee is compiled in
 language). Only how a context is built differs: here rank and world size are compile-time
 constants.
 
-Compiled, ``DeviceContext`` is a Triton aggregate whose methods are ``@triton.jit`` functions.
-Triton's interpreter (CPU ranks) cannot attach interpreted functions to an aggregate, so there
-the same class stays a plain Python class with plain methods, which the interpreter runs as any
-other Python code inside a kernel.
+Compiled, ``DeviceContext`` is a Triton aggregate whose methods are ``@triton.jit`` functions;
+in Triton's interpreter a plain class (:mod:`iris_triton.compiled`).
 """
 # No `from __future__ import annotations`: Triton aggregates read the field annotations as types.
 
@@ -26,26 +24,14 @@ import inspect
 import linecache
 import textwrap
 
-import triton
 import triton.language as tl
-from triton import knobs
-from triton.language.core import _aggregate as aggregate
-from triton.runtime.jit import constexpr_function
 
 from iris_triton import device
+from iris_triton.compiled import device_class, device_constructor, device_method
+from iris_triton.tracing import DeviceTracing
 
 __all__ = ["DeviceContext", "DeviceMethods", "method_source", "with_device_methods"]
 
-
-INTERPRETING = bool(knobs.runtime.interpret)
-
-
-def _method(fn):
-    return fn if INTERPRETING else triton.jit(fn)
-
-
-def _constructor(fn):
-    return fn if INTERPRETING else constexpr_function(fn)
 
 
 def method_source(name: str) -> str:
@@ -96,7 +82,7 @@ def _generate_method(name: str):
     method.__qualname__ = f"DeviceMethods.{name}"
     method.__doc__ = (f":func:`iris_triton.device.{name}` with the context's rank as "
                       f"``{device.DEVICE_FUNCTIONS[name]}`` and its ``heap_bases``.")
-    return _method(method)
+    return device_method(method)
 
 
 class DeviceMethods:
@@ -126,26 +112,29 @@ class DeviceContext:
     rank: tl.constexpr
     world_size: tl.constexpr
     heap_bases: tl.tensor
+    tracing: DeviceTracing
 
-    @_constructor
-    def __init__(self, rank, world_size, heap_bases):
+    @device_constructor
+    def __init__(self, rank, world_size, heap_bases, tracing=None):
         self.rank = tl.constexpr(rank)
         self.world_size = tl.constexpr(world_size)
         self.heap_bases = heap_bases
+        self.tracing = DeviceTracing(False) if tracing is None else tracing
 
-    @_method
-    def initialize(context_tensor, RANK: tl.constexpr, WORLD_SIZE: tl.constexpr):
+    @device_method
+    def initialize(context_tensor, RANK: tl.constexpr, WORLD_SIZE: tl.constexpr, tracing: tl.constexpr = False):
         """The context of rank ``RANK`` of ``WORLD_SIZE`` from the tensor ``[rank, world_size,
-        heap_size, base_0, ...]`` that ``ctx.get_device_context()`` returns. ``RANK`` and ``WORLD_SIZE`` are
-        compile-time constants (``tl.constexpr`` kernel arguments), as in upstream iris kernels."""
-        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 3)
+        base_0, ..., base_{W-1}, ...]`` that ``ctx.get_device_context()`` returns. ``RANK`` and
+        ``WORLD_SIZE`` are compile-time constants (``tl.constexpr`` kernel arguments), as in
+        upstream iris kernels; ``tracing`` builds its ``tracing`` member
+        (:class:`iris_triton.tracing.DeviceTracing`)."""
+        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 2, DeviceTracing(tracing))
 
-    @_method
+    @device_method
     def block_offsets(self, ptr, start, BLOCK: tl.constexpr):
         """``start + [0, BLOCK)``: the offsets of one block of accesses to ``ptr``'s elements
         (Gluon's context lays the same offsets out explicitly; Triton picks the layout)."""
         return start + tl.arange(0, BLOCK)
 
 
-if not INTERPRETING:
-    DeviceContext = aggregate(DeviceContext)
+DeviceContext = device_class(DeviceContext)

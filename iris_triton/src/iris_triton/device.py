@@ -21,7 +21,7 @@ from triton.runtime.jit import constexpr_function
 
 from iris.config import debug_from_environment
 from iris.errors import IrisError
-from iris.heap.symmetric import MAP_GRANULE
+from iris.heap.symmetric import MAP_GRANULE, MAP_HEADER
 from iris_triton.clock import INTERPRETING, now_ns
 
 #: The device functions, each with its parameter that takes the caller's own rank: the one list
@@ -36,7 +36,7 @@ DEVICE_FUNCTIONS: dict[str, str] = {
     "translate": "from_rank",
     "load": "to_rank",
     "store": "from_rank",
-    "get": "to_rank",
+    "get": "from_rank",
     "put": "from_rank",
     "copy": "cur_rank",
     "atomic_add": "from_rank",
@@ -63,6 +63,8 @@ if CHECK_POINTERS:
     triton.knobs.runtime.debug = True
 #: log2 of the bytes of heap per byte of a rank's allocation map (debug mode's write checks).
 MAP_SHIFT: tl.constexpr = tl.constexpr(MAP_GRANULE.bit_length() - 1)
+#: Bytes from a heap's base to its allocation map (after the heap size, an int64 at the base).
+MAP_START: tl.constexpr = tl.constexpr(MAP_HEADER)
 
 
 @constexpr_function
@@ -146,8 +148,9 @@ def _check_inside_heap(ptr, from_rank, to_rank, heap_bases, mask):
     """Debug mode: every (unmasked) address of ``ptr`` lies in ``from_rank``'s heap, from its base
     up to its last byte; otherwise report the rank, the peer and the offset, and stop the kernel
     before any access (an exception in the interpreter, a device assertion on GPUs)."""
-    offset = ptr.to(tl.int64) - tl.load(heap_bases + from_rank)
-    heap_size = tl.load(heap_bases - 1)  # the heap size precedes the bases
+    from_base = tl.load(heap_bases + from_rank)
+    offset = ptr.to(tl.int64) - from_base
+    heap_size = tl.load(from_base.to(tl.pointer_type(tl.int64)))  # the debug header at the heap's start
     outside = (offset < 0) | (offset >= heap_size)
     if mask is not None:
         outside = outside & mask
@@ -161,10 +164,11 @@ def _check_inside_heap(ptr, from_rank, to_rank, heap_bases, mask):
 def _check_allocated(ptr, from_rank, to_rank, heap_bases, mask):
     """Debug mode, before a write: every (unmasked) address of ``ptr``, already checked to lie in
     the heap, is in a block that ``to_rank`` has allocated, per ``to_rank``'s allocation map (one
-    byte per granule at the start of its heap, 1 where allocated: iris.heap.SymmetricHeap);
+    byte per granule after the header at the start of its heap, 1 where allocated:
+    iris.heap.SymmetricHeap);
     otherwise report and stop the kernel as :func:`_check_inside_heap` does."""
     offset = ptr.to(tl.int64) - tl.load(heap_bases + from_rank)
-    granule = tl.load(heap_bases + to_rank).to(tl.pointer_type(tl.uint8)) + (offset >> MAP_SHIFT)
+    granule = tl.load(heap_bases + to_rank).to(tl.pointer_type(tl.uint8)) + MAP_START + (offset >> MAP_SHIFT)
     if mask is None:
         unallocated = tl.load(granule) == 0
     else:
@@ -176,10 +180,16 @@ def _check_allocated(ptr, from_rank, to_rank, heap_bases, mask):
 
 
 @triton.jit
-def translate(ptr, from_rank, to_rank, heap_bases, mask=None):
+def translate(ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
     """``ptr`` (an address in ``from_rank``'s heap) moved to the same offset of ``to_rank``'s
     heap, both as mapped in the calling process. With ``IRIS_DEBUG=1`` (set before iris is
-    imported) the addresses, those selected by ``mask``, are checked to lie in the heap."""
+    imported) the addresses, those selected by ``mask``, are checked to lie in the heap.
+
+    ``hint`` (upstream iris's): what the caller knows of the block of addresses, as
+    ``tl.multiple_of`` and ``tl.max_contiguous`` take it (an int, or one per dimension): runs of
+    ``hint`` contiguous elements starting at multiples of ``hint``. It is applied to the
+    translated pointer, so the compiler can vectorise the remote access as it would a local one
+    it proved the same of."""
     if CHECK_POINTERS:
         _check_inside_heap(ptr, from_rank, to_rank, heap_bases, mask)
     from_base = tl.load(heap_bases + from_rank)
@@ -188,14 +198,17 @@ def translate(ptr, from_rank, to_rank, heap_bases, mask=None):
     distance = to_base - from_base
     if elem_bytes > 1:  # a division by one would be folded away, and the hint with it
         distance = distance // elem_bytes
-    return ptr + tl.multiple_of(distance, HEAP_BASE_ALIGNMENT // elem_bytes)
+    remote = ptr + tl.multiple_of(distance, HEAP_BASE_ALIGNMENT // elem_bytes)
+    if hint is not None:
+        remote = tl.max_contiguous(tl.multiple_of(remote, hint), hint)
+    return remote
 
 
 @triton.jit
-def _translate_write(ptr, from_rank, to_rank, heap_bases, mask=None):
+def _translate_write(ptr, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None):
     """:func:`translate` for an access that writes: with ``IRIS_DEBUG=1`` the addresses must
     also lie in blocks that ``to_rank`` has allocated."""
-    remote = translate(ptr, from_rank, to_rank, heap_bases, mask)
+    remote = translate(ptr, from_rank, to_rank, heap_bases, mask, hint)
     if CHECK_POINTERS:
         _check_allocated(ptr, from_rank, to_rank, heap_bases, mask)
     return remote
@@ -203,112 +216,120 @@ def _translate_write(ptr, from_rank, to_rank, heap_bases, mask=None):
 
 @triton.jit
 def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""),
-         volatile: tl.constexpr = False):
-    """Load from ``from_rank``'s heap at ``ptr``'s offset into the caller (``to_rank``)."""
-    return tl.load(translate(ptr, to_rank, from_rank, heap_bases, mask), mask=mask, other=other,
+         volatile: tl.constexpr = False, hint: tl.constexpr = None):
+    """Load from ``from_rank``'s heap at ``ptr``'s offset into the caller (``to_rank``). ``hint``:
+    see :func:`translate`, as for every device function."""
+    return tl.load(translate(ptr, to_rank, from_rank, heap_bases, mask, hint), mask=mask, other=other,
                    cache_modifier=cache_modifier, volatile=volatile)
 
 
 @triton.jit
-def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):
+def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = tl.constexpr(""),
+          hint: tl.constexpr = None):
     """Store ``value`` from the caller (``from_rank``) into ``to_rank``'s heap at ``ptr``'s offset."""
-    tl.store(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(value, ptr), mask=mask,
+    tl.store(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(value, ptr), mask=mask,
              cache_modifier=cache_modifier)
 
 
 @triton.jit
-def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None):
-    """Copy ``from_rank``'s data at ``from_ptr``'s offset into the caller's (``to_rank``) ``to_ptr``."""
-    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases, mask), mask=mask, other=other)
+def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None, hint: tl.constexpr = None):
+    """Copy ``to_rank``'s data at ``from_ptr``'s offset into the caller's (``from_rank``) ``to_ptr``.
+
+    Upstream iris's order: ``from_rank`` is the caller, where ``from_ptr`` points and the data
+    lands, and ``to_rank`` the rank read. ``get(buf + offs, out + offs, RANK, peer, heap_bases)``
+    reads ``peer``'s ``buf`` into this rank's ``out``."""
+    data = tl.load(translate(from_ptr, from_rank, to_rank, heap_bases, mask, hint), mask=mask, other=other)
     tl.store(to_ptr, data, mask=mask)
 
 
 @triton.jit
-def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None):
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None, hint: tl.constexpr = None):
     """Copy the caller's (``from_rank``) data at ``from_ptr`` into ``to_rank``'s heap at ``to_ptr``'s offset."""
     data = tl.load(from_ptr, mask=mask, other=other)
-    tl.store(_translate_write(to_ptr, from_rank, to_rank, heap_bases, mask), data, mask=mask)
+    tl.store(_translate_write(to_ptr, from_rank, to_rank, heap_bases, mask, hint), data, mask=mask)
 
 
 @triton.jit
-def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, other=None):
+def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, other=None,
+         hint: tl.constexpr = None):
     """Copy from ``from_rank``'s heap at ``src_ptr``'s offset to ``to_rank``'s heap at
-    ``dst_ptr``'s offset; both pointers are given in the caller's (``cur_rank``) heap."""
-    data = tl.load(translate(src_ptr, cur_rank, from_rank, heap_bases, mask), mask=mask, other=other)
-    tl.store(_translate_write(dst_ptr, cur_rank, to_rank, heap_bases, mask), data, mask=mask)
+    ``dst_ptr``'s offset; both pointers are given in the caller's (``cur_rank``) heap, and
+    ``hint`` applies to both translated pointers."""
+    data = tl.load(translate(src_ptr, cur_rank, from_rank, heap_bases, mask, hint), mask=mask, other=other)
+    tl.store(_translate_write(dst_ptr, cur_rank, to_rank, heap_bases, mask, hint), data, mask=mask)
 
 
 @triton.jit
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
                          sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), -_like(val, ptr), mask=mask,
+    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), -_like(val, ptr), mask=mask,
                          sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-                scope: tl.constexpr = None):
+                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xchg(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+    return tl.atomic_xchg(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
                           sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomic bitwise and with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_and(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+    return tl.atomic_and(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
                          sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-              scope: tl.constexpr = None):
+              scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomic bitwise or with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_or(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+    return tl.atomic_or(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
                         sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomic bitwise xor with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xor(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+    return tl.atomic_xor(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
                          sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomic minimum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_min(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+    return tl.atomic_min(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
                          sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomic maximum with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_max(_translate_write(ptr, from_rank, to_rank, heap_bases, mask), _like(val, ptr), mask=mask,
+    return tl.atomic_max(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
                          sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
 def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomic compare-and-swap at ``ptr``'s offset on ``to_rank``: where the value equals
     ``cmp`` it becomes ``val``; returns the old values. ``cmp`` and ``val`` are converted to
     the pointer's element type (Triton's own atomic_cas requires them to match it exactly)."""
-    return tl.atomic_cas(_translate_write(ptr, from_rank, to_rank, heap_bases), _like(cmp, ptr), _like(val, ptr),
+    return tl.atomic_cas(_translate_write(ptr, from_rank, to_rank, heap_bases, None, hint), _like(cmp, ptr), _like(val, ptr),
                          sem=_sem(sem), scope=_scope(scope))
 
 

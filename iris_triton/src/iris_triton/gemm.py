@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from iris_triton.context import INTERPRETING
+from iris_triton.compiled import INTERPRETING
 
 __all__ = ["tile_coordinates", "tile_product"]
 

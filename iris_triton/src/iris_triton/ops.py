@@ -38,8 +38,9 @@ from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GE
 
 __all__ = ["FusedOps", "METHODS", "communication_share"]
 
-#: Element types of the operations.
+#: Element types of the fused and copy-engine methods; the sequential one also takes float32.
 DTYPES = (torch.bfloat16, torch.float16)
+SEQUENTIAL_DTYPES = (*DTYPES, torch.float32)
 #: What ``method=`` accepts (None: the automatic choice).
 METHODS = ("copy_engine", "fused", "sequential")
 
@@ -123,12 +124,13 @@ class FusedOps:
         self._check_shape("all_gather_matmul", "b", b, (K, N))
         self._check_shape("all_gather_matmul", "out", out, (ctx.world_size * m, N))
         method = self._method("all_gather_matmul", method, flops=2 * ctx.world_size * m * N * K,
-                              sent=(ctx.world_size - 1) * a_shard.numel() * a_shard.element_size())
+                              sent=(ctx.world_size - 1) * a_shard.numel() * a_shard.element_size(),
+                              dtype=a_shard.dtype)
         if method == "copy_engine":
             return self._copy_engine.all_gather_matmul(out, a_shard, b)
         if method == "sequential":
             gathered = torch.empty(ctx.world_size * m, K, dtype=a_shard.dtype, device=ctx.device)
-            ctx.ccl.all_gather(gathered, a_shard.contiguous())
+            ctx._torch_ccl.all_gather(gathered, a_shard.contiguous())
             return torch.matmul(gathered, b, out=out)
         config = GEMM_SHAPES[ctx.device.type]
         block_m = config["BLOCK_M"]
@@ -167,11 +169,11 @@ class FusedOps:
         self._check_shape("matmul_reduce_scatter", "b", b, (K, N))
         self._check_shape("matmul_reduce_scatter", "out", out, (m, N))
         method = self._method("matmul_reduce_scatter", method, flops=2 * M * N * K,
-                              sent=(ctx.world_size - 1) * m * N * out.element_size())
+                              sent=(ctx.world_size - 1) * m * N * out.element_size(), dtype=out.dtype)
         if method == "copy_engine":
             return self._copy_engine.matmul_reduce_scatter(out, a, b)
         if method == "sequential":
-            return ctx.ccl.reduce_scatter(out, torch.matmul(a, b))
+            return ctx._torch_ccl.reduce_scatter(out, torch.matmul(a, b))
         config = GEMM_SHAPES[ctx.device.type]
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
         buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
@@ -203,18 +205,37 @@ class FusedOps:
                             f"{ctx.world_size}, got M={M}; pass method=None to run it sequentially")
         sent = 2 * (ctx.world_size - 1) * (M // ctx.world_size) * N * out.element_size()
         method = self._method("matmul_all_reduce", method if divisible else "sequential", flops=2 * M * N * K,
-                              sent=sent)
+                              sent=sent, dtype=out.dtype)
         if method == "sequential":
-            return ctx.ccl.all_reduce(torch.matmul(a, b, out=out))
+            return ctx._torch_ccl.all_reduce(torch.matmul(a, b, out=out))
         mine = torch.empty(M // ctx.world_size, N, dtype=out.dtype, device=ctx.device)
         self.matmul_reduce_scatter(mine, a, b, method=method)
-        return ctx.ccl.all_gather(out, mine)
+        return ctx._torch_ccl.all_gather(out, mine)
+
+    @_guarded
+    def matmul_all_gather(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
+                          method: str | None = None) -> torch.Tensor:
+        """``out`` (``world_size * m x N``) := ``all_gather(a @ b)``: ``a`` (``m x K``) is this
+        rank's block of rows of ``A``, ``b`` is ``K x N``; rank r's product lands in rows
+        ``[r * m, (r + 1) * m)``. It runs sequentially (the product, then ``ctx.ccl.all_gather``):
+        ``method`` may be None or ``"sequential"``."""
+        ctx = self._context
+        self._check("matmul_all_gather", out=out, a=a, b=b)
+        m, K = a.shape
+        N = b.shape[1]
+        self._check_shape("matmul_all_gather", "b", b, (K, N))
+        self._check_shape("matmul_all_gather", "out", out, (ctx.world_size * m, N))
+        self._check_method("matmul_all_gather", method)
+        if method not in (None, "sequential"):
+            raise IrisError(f"matmul_all_gather: method={method!r} is not available; it runs sequentially "
+                            f"(method=None or 'sequential')")
+        return ctx._torch_ccl.all_gather(out, torch.matmul(a, b))
 
     # -- checks, decisions, buffers, streams ----------------------------------------------------
 
     def _check(self, name: str, **tensors: torch.Tensor) -> None:
-        """Every tensor: a 2-D torch tensor on the context's device, bf16 or fp16, all of one
-        dtype; ``out`` contiguous."""
+        """Every tensor: a 2-D torch tensor on the context's device, bf16, fp16 or (for the
+        sequential method) fp32, all of one dtype; ``out`` contiguous."""
         ctx = self._context
         dtype = None
         for what, tensor in tensors.items():
@@ -225,8 +246,9 @@ class FusedOps:
                                 f"it with .to({str(ctx.device)!r})")
             if tensor.dim() != 2:
                 raise IrisError(f"{name}: {what} must be a matrix (2-D), got shape {tuple(tensor.shape)}")
-            if tensor.dtype not in DTYPES:
-                raise IrisError(f"{name}: {what} has dtype {tensor.dtype}; supported: torch.bfloat16, torch.float16")
+            if tensor.dtype not in SEQUENTIAL_DTYPES:
+                raise IrisError(f"{name}: {what} has dtype {tensor.dtype}; supported: torch.bfloat16, torch.float16 "
+                                f"and, run sequentially, torch.float32")
             if dtype is not None and tensor.dtype != dtype:
                 raise IrisError(f"{name}: {what} has dtype {tensor.dtype}, the others {dtype}; use one dtype")
             dtype = tensor.dtype
@@ -244,11 +266,17 @@ class FusedOps:
             raise IrisError(f"{name}: method={method!r} is not one of {', '.join(METHODS)} (or None to choose "
                             f"automatically)")
 
-    def _method(self, name: str, method: str | None, flops: int, sent: int) -> str:
-        """The method to run ``name`` by: as asked, else by the estimate (CPU ranks: fused)."""
+    def _method(self, name: str, method: str | None, flops: int, sent: int, dtype: torch.dtype) -> str:
+        """The method to run ``name`` by: as asked, else by the estimate (CPU ranks: fused);
+        float32 runs sequentially."""
         if method is not None:
             self._check_method(name, method)
+            if method != "sequential" and dtype not in DTYPES:
+                raise IrisError(f"{name}: method={method!r} takes torch.bfloat16 or torch.float16, not {dtype}; "
+                                f"pass method=None or 'sequential'")
             return method
+        if dtype not in DTYPES:
+            return "sequential"
         ctx = self._context
         if ctx.device.type != "cuda":
             return "fused"

@@ -1,0 +1,1 @@
+"""Upstream iris's ``iris.experimental`` package: ``iris.experimental.iris_gluon``."""
