@@ -33,9 +33,26 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 
+#: Upstream iris's top-level names beside its device functions, by the module of iris that holds
+#: them; imported on first use, so that ``import iris`` stays light (``iris.logging`` configures the
+#: ``iris`` logger as upstream's does, only when its names are used).
+UPSTREAM_NAMES = {
+    "Iris": "iris.upstream.context",
+    "do_bench": "iris.timing",
+    **{name: "iris.logging" for name in ("set_logger_level", "logger", "DEBUG", "INFO", "WARNING", "ERROR")},
+}
+#: Upstream iris's submodules of ``iris``, imported on first use as attributes (``iris.hip.get_num_xcc()``).
+UPSTREAM_MODULES = ("ccl", "device_utils", "experimental", "hip", "ops")
+
+
 def __getattr__(name: str) -> Any:
-    """Resolve ``iris.load`` and the other device functions of the default backend on first use
+    """Resolve ``iris.load`` and the other device functions of the default backend, and upstream
+    iris's other top-level names (:data:`UPSTREAM_NAMES`, :data:`UPSTREAM_MODULES`), on first use
     (PEP 562), so that ``import iris`` imports no backend and no Triton."""
+    if name in UPSTREAM_NAMES:
+        return getattr(importlib.import_module(UPSTREAM_NAMES[name]), name)
+    if name in UPSTREAM_MODULES:
+        return importlib.import_module(f"iris.{name}")
     if not name.startswith("_") and is_backend_available(DEFAULT_BACKEND):
         module_name = get_backend(DEFAULT_BACKEND).device_api
         if module_name is not None:

@@ -76,6 +76,12 @@ class DeviceOps(metaclass=abc.ABCMeta):
         skip with it); cheap, and needs none of :meth:`rank_environment` set."""
         return None
 
+    @classmethod  # noqa: B027 (an optional hook: nothing to do by default)
+    def accept_upstream_launch_options(cls, device) -> None:
+        """Called when a context with upstream iris's conventions (``iris.iris(...)``) is created on
+        ``device``: make kernel launches accept the options upstream's programs pass that this
+        backend's compiler does not know (AMD-only ones on NVIDIA GPUs, say), ignoring them."""
+
     @classmethod
     def rank_environment(cls, device_type: str) -> Mapping[str, str]:
         """Environment variables a process must have before it imports the backend to run its

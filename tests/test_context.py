@@ -212,7 +212,7 @@ def test_identity(make_context):
     assert ctx.backend == "triton"
     assert ctx.get_cu_count() == len(os.sched_getaffinity(0)) >= 1
     assert ctx.get_heap_bases().dtype == torch.int64 and ctx.get_heap_bases().shape == (1,)
-    assert ctx.get_device_context().tolist() == [0, 1, ctx.heap_size, ctx.get_heap_bases().item()]
+    assert ctx.get_device_context().tolist() == [0, 1, ctx.get_heap_bases().item(), ctx.heap_size]
 
 
 @needs_interpreter

@@ -876,18 +876,21 @@ def test_message_passing_example(reports):
 #: The device contexts' methods (the header of each method's source) with upstream iris's
 #: signatures, which the methods generated from the device functions must keep (``translate``
 #: also takes the free function's ``mask``, for the debug checks).
+HINT = "hint: tl.constexpr = None"
 UPSTREAM_METHODS = {
-    "translate": "def translate(self, ptr, to_rank, mask=None):",
+    "translate": f"def translate(self, ptr, to_rank, mask=None, {HINT}):",
     "load": 'def load(self, ptr, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""), '
-            'volatile: tl.constexpr = False):',
-    "store": 'def store(self, ptr, value, to_rank, mask=None, cache_modifier: tl.constexpr = tl.constexpr("")):',
-    "get": "def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None):",
-    "put": "def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None):",
-    "copy": "def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None):",
+            f'volatile: tl.constexpr = False, {HINT}):',
+    "store": 'def store(self, ptr, value, to_rank, mask=None, cache_modifier: tl.constexpr = tl.constexpr(""), '
+             f'{HINT}):',
+    "get": f"def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, {HINT}):",
+    "put": f"def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, {HINT}):",
+    "copy": f"def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None, {HINT}):",
     **{f"atomic_{op}": f"def atomic_{op}(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = None, "
-                       "scope: tl.constexpr = None):"
+                       f"scope: tl.constexpr = None, {HINT}):"
        for op in ("add", "sub", "xchg", "and", "or", "xor", "min", "max")},
-    "atomic_cas": "def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = None, scope: tl.constexpr = None):",
+    "atomic_cas": "def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = None, scope: tl.constexpr = None, "
+                  f"{HINT}):",
     "signal": "def signal(self, ptr, value, to_rank, sem: tl.constexpr = None, scope: tl.constexpr = None):",
     "wait_until": 'def wait_until(self, ptr, value, rank, timeout_ns, CMP: tl.constexpr = tl.constexpr("ge"), '
                   'sem: tl.constexpr = None, scope: tl.constexpr = None):',
@@ -935,7 +938,9 @@ def test_context_method_is_the_device_function_less_heap_bases_and_the_callers_r
     free = _parameters(getattr(iris_triton.device, name))
     filled = {caller: "self.rank", "heap_bases": "self.heap_bases"}
     assert set(filled) <= {param for _, param, _ in free}, f"{name} has no parameter {caller} or heap_bases"
-    expected = [("POSITIONAL_OR_KEYWORD", "self", " = ")] + [p for p in free if p[1] not in filled]
+    renamed = iris_triton.device.METHOD_PARAMETER_NAMES.get(name, {})  # upstream's method names
+    expected = [("POSITIONAL_OR_KEYWORD", "self", " = ")] + [(kind, renamed.get(param, param), rest)
+                                                               for kind, param, rest in free if param not in filled]
     for cls_name, cls in _device_contexts().items():
         method = getattr(cls, name)
         assert _parameters(method) == expected, f"{cls_name}.{name}"
@@ -944,7 +949,8 @@ def test_context_method_is_the_device_function_less_heap_bases_and_the_callers_r
         assert source == method_source(name), f"{cls_name}.{name}"
         call = ast.parse(source).body[0].body[-1].value
         assert ast.unparse(call.func) == f"device.{name}", f"{cls_name}.{name}"
-        assert [ast.unparse(arg) for arg in call.args] == [filled.get(p, p) for _, p, _ in free], f"{cls_name}.{name}"
+        assert [ast.unparse(arg) for arg in call.args] == [filled.get(p, renamed.get(p, p)) for _, p, _ in free], \
+            f"{cls_name}.{name}"
         assert not call.keywords
 
 

@@ -841,8 +841,10 @@ def test_heap_bases(ctx):
 def test_device_context_layout(ctx):
     dc = ctx.get_device_context()
     assert dc.dtype == torch.int64 and dc.device == ctx.device
-    assert dc.tolist() == [ctx.rank, ctx.world_size, ctx.heap_size, *ctx.get_heap_bases().tolist()]
-    assert dc.tolist() == [0, 1, ctx.heap_size, ctx.heap.local.data_ptr()]
+    # Upstream iris's layout: rank, world size, the bases; then iris's own (the heap size).
+    assert dc.tolist() == [ctx.rank, ctx.world_size, *ctx.get_heap_bases().tolist(), ctx.heap_size]
+    assert dc.tolist() == [0, 1, ctx.heap.local.data_ptr(), ctx.heap_size]
+    assert ctx.get_heap_bases().data_ptr() == dc.data_ptr() + 2 * dc.element_size()
 
 
 def test_identity(ctx):

@@ -5,6 +5,21 @@ same call on the ``meta`` device. So size forms, dtype inference, ``memory_forma
 errors are exactly torch's. The values are then produced by torch's own ``out=`` variant or
 in-place op on heap memory, so random constructors give the values torch gives for the same
 generator state.
+
+Beyond torch, the forms and errors upstream iris's constructors have, where torch has none or
+another exception type (every one of these calls is refused by torch itself):
+
+- sizes nested in singletons are unwrapped: ``zeros(((2, 3),))`` is ``zeros((2, 3))``, and
+  ``linspace``'s ``steps`` may be ``(5,)``, ``[5]`` or ``((5,),)``;
+- ``uniform(size, low, high)`` with the size as a sequence (see :meth:`TensorMixin.uniform`);
+- errors that torch raises as one type and upstream as another are of both types:
+  :class:`InvalidArgumentError` (ValueError and RuntimeError) for a layout other than strided and
+  for ``arange``'s step, :class:`ArgumentCountError` (ValueError and TypeError) for ``randint``
+  without a size or with too many arguments, :class:`OutNotOnHeapError` (NotOnHeapError and
+  RuntimeError) for an ``out=`` off the heap;
+- an ``out=`` of another shape but as many elements, contiguous, receives the result through a
+  view of the result's shape (which is returned); torch would resize ``out`` itself (a behaviour
+  it deprecates), but heap tensors keep the shape they were allocated with.
 """
 
 from __future__ import annotations
@@ -14,11 +29,56 @@ from typing import Any, Callable
 
 import torch
 
-from iris.errors import NotOnHeapError
+from iris.errors import IrisError, NotOnHeapError
 
-__all__ = ["TensorMixin"]
+__all__ = ["ArgumentCountError", "InvalidArgumentError", "OutNotOnHeapError", "TensorMixin"]
 
 Fill = Callable[[torch.Tensor], Any]
+
+
+class InvalidArgumentError(IrisError, ValueError, RuntimeError):
+    """An argument a constructor refuses (a layout other than strided, ``arange``'s zero step or
+    bounds that disagree with its sign): a RuntimeError as torch raises it, and a ValueError as
+    upstream iris does."""
+
+
+class ArgumentCountError(IrisError, ValueError, TypeError):
+    """``randint`` without a size, or with more than low, high and size: a TypeError as torch
+    raises it, and a ValueError as upstream iris does."""
+
+
+class OutNotOnHeapError(NotOnHeapError, RuntimeError):
+    """``out=`` is not on the context's symmetric heap (a RuntimeError, as upstream iris raises)."""
+
+
+def _unnest_sizes(size: tuple) -> tuple:
+    """Varargs sizes with singleton nesting removed: ``(((2, 3),),)`` becomes ``((2, 3),)``."""
+    while (len(size) == 1 and isinstance(size[0], (list, tuple)) and len(size[0]) == 1
+           and isinstance(size[0][0], (list, tuple))):
+        size = (size[0][0],)
+    return size
+
+
+def _unnest_size(size: Any) -> Any:
+    """One size argument with singleton nesting removed: ``((2, 3),)`` becomes ``(2, 3)``."""
+    while isinstance(size, (list, tuple)) and len(size) == 1 and isinstance(size[0], (list, tuple)):
+        size = size[0]
+    return size
+
+
+def _scalar_steps(steps: Any) -> Any:
+    """``linspace``'s steps given as ``(5,)``, ``[5]`` or ``((5,),)``: the number inside."""
+    while isinstance(steps, (list, tuple)) and len(steps) == 1:
+        steps = steps[0]
+    return steps
+
+
+def _meta_bound(value: Any) -> Any:
+    """A 0-d tensor bound of ``linspace`` as a number, for the meta call: torch infers the dtype
+    from the value on real devices (complex bounds give a complex result) but not on ``meta``."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return value.item()
+    return value
 
 
 class TensorMixin:
@@ -41,7 +101,7 @@ class TensorMixin:
                     f"omit device= or pass {str(self.device)!r}"
                 )
         if layout is not None and layout != torch.strided:
-            raise RuntimeError(
+            raise InvalidArgumentError(
                 f"iris tensors on the symmetric heap are strided, got layout={layout}; omit layout= "
                 f"or pass torch.strided"
             )
@@ -61,34 +121,50 @@ class TensorMixin:
         return self.heap.view(offset, nbytes).view(dtype).as_strided(shape, stride)
 
     def _target(self, meta_call: Callable[..., torch.Tensor], out: torch.Tensor | None,
-                requires_grad: bool) -> torch.Tensor:
+                requires_grad: bool, dtype: torch.dtype | None) -> torch.Tensor:
         """Where the result goes: a new heap tensor shaped as torch would make it, or ``out``.
 
         For ``out=`` torch's own rules apply, by running the call on a meta twin of ``out``: the
         result takes ``out``'s dtype unless ``dtype=`` is given (then they must match), and
         ``memory_format=`` cannot be combined with it. Torch would resize an ``out`` of another
-        shape; heap tensors are never resized, so that is an error instead.
+        shape; heap tensors are never resized, so an ``out`` with another number of elements is an
+        error, and a contiguous one with as many elements receives the result through a view of
+        the result's shape.
         """
         if out is None:
             meta = meta_call(requires_grad=requires_grad)
             return self._empty_strided(meta.shape, meta.stride(), meta.dtype)
         if not isinstance(out, torch.Tensor) or not self.is_symmetric(out):
-            raise NotOnHeapError(
-                f"out= must be a tensor on this context's symmetric heap ({self.device}); got one on "
-                f"{getattr(out, 'device', type(out).__name__)} that is not: allocate it with the "
-                f"context's constructors"
+            raise OutNotOnHeapError(
+                f"The output tensor is not on the symmetric heap: out= must be a tensor on this context's "
+                f"symmetric heap ({self.device}); got one on {getattr(out, 'device', type(out).__name__)} "
+                f"that is not: allocate it with the context's constructors"
+            )
+        if dtype is not None and out.dtype != dtype:  # torch refuses this combination too
+            raise RuntimeError(
+                f"The output tensor has dtype {out.dtype}, but {dtype} is required: out= must have the "
+                f"dtype= given, or omit dtype= to write in out's dtype"
             )
         twin = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
         with warnings.catch_warnings():
-            # torch warns that it resizes out=; the mismatch is raised below instead
+            # torch warns that it resizes out=; heap tensors are not resized (below)
             warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
             meta = meta_call(requires_grad=requires_grad, out=twin)
-        if meta.shape != out.shape:
+        if meta.shape == out.shape:
+            return out
+        if meta.numel() != out.numel():
             raise RuntimeError(
-                f"out= has shape {tuple(out.shape)}, but the result has shape {tuple(meta.shape)}; heap "
-                f"tensors are never resized, so pass an out= of the result's shape"
+                f"The output tensor has {out.numel()} elements, but {meta.numel()} are required: out= has "
+                f"shape {tuple(out.shape)} and the result has shape {tuple(meta.shape)}; heap tensors are "
+                f"never resized, so pass an out= with as many elements as the result"
             )
-        return out
+        if not out.is_contiguous():
+            raise RuntimeError(
+                f"out= has shape {tuple(out.shape)} and is not contiguous, so it cannot take the result's "
+                f"shape {tuple(meta.shape)} (heap tensors are never resized); pass an out= of the result's "
+                f"shape, or a contiguous one"
+            )
+        return out.view(meta.shape)
 
     def _construct(
         self,
@@ -100,9 +176,10 @@ class TensorMixin:
         layout: Any,
         requires_grad: bool,
         pin_memory: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         self._check_placement(device, layout, pin_memory)
-        target = self._target(meta_call, out, requires_grad)
+        target = self._target(meta_call, out, requires_grad, dtype)
         if fill is not None:
             try:
                 with torch.no_grad():
@@ -118,36 +195,42 @@ class TensorMixin:
     def empty(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
               pin_memory=False, memory_format=None) -> torch.Tensor:
         """As :func:`torch.empty`, on the heap. Collective: every rank allocates alike."""
+        size = _unnest_sizes(size)
         return self._construct(
             lambda **kw: torch.empty(*size, dtype=dtype, device="meta", memory_format=memory_format, **kw),
             None, out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
     def zeros(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
               pin_memory=False) -> torch.Tensor:
         """As :func:`torch.zeros`, on the heap. Collective."""
+        size = _unnest_sizes(size)
         return self._construct(
             lambda **kw: torch.zeros(*size, dtype=dtype, device="meta", **kw),
             lambda t: t.zero_(), out=out, device=device, layout=layout, requires_grad=requires_grad,
-            pin_memory=pin_memory,
+            pin_memory=pin_memory, dtype=dtype,
         )
 
     def ones(self, *size: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
              pin_memory=False) -> torch.Tensor:
         """As :func:`torch.ones`, on the heap. Collective."""
+        size = _unnest_sizes(size)
         return self._construct(
             lambda **kw: torch.ones(*size, dtype=dtype, device="meta", **kw),
             lambda t: t.fill_(1), out=out, device=device, layout=layout, requires_grad=requires_grad,
-            pin_memory=pin_memory,
+            pin_memory=pin_memory, dtype=dtype,
         )
 
     def full(self, size: Any, fill_value: Any, *, out=None, dtype=None, layout=None, device=None,
              requires_grad=False, pin_memory=False) -> torch.Tensor:
         """As :func:`torch.full` (dtype inferred from ``fill_value`` as torch does), on the heap."""
+        size = _unnest_size(size)
         return self._construct(
             lambda **kw: torch.full(size, fill_value, dtype=dtype, device="meta", **kw),
-            lambda t: torch.full(size, fill_value, dtype=t.dtype, out=t),
+            lambda t: torch.full(t.shape, fill_value, dtype=t.dtype, out=t),
             out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
     # -- like another tensor ----------------------------------------------------------------
@@ -187,20 +270,42 @@ class TensorMixin:
 
     def arange(self, *args: Any, out=None, dtype=None, layout=None, device=None, requires_grad=False,
                pin_memory=False, **kwargs: Any) -> torch.Tensor:
-        """As :func:`torch.arange` (``arange(end)``, ``arange(start, end, step)``), on the heap."""
+        """As :func:`torch.arange` (``arange(end)``, ``arange(start, end, step)``), on the heap.
+
+        A zero step, or bounds that disagree with the step's sign, raise
+        :class:`InvalidArgumentError` (torch's RuntimeError, upstream iris's ValueError)."""
+
+        def meta_call(**kw: Any) -> torch.Tensor:
+            try:
+                return torch.arange(*args, dtype=dtype, device="meta", **kwargs, **kw)
+            except RuntimeError as error:
+                text = str(error)
+                if "step must be nonzero" in text:
+                    raise InvalidArgumentError(f"arange: step must be non-zero (got {args}, {kwargs})") from error
+                if "inconsistent with step sign" in text:
+                    raise InvalidArgumentError(
+                        f"arange: {text} (got {args}, {kwargs}): with a positive step end must not be below "
+                        f"start, with a negative one not above it"
+                    ) from error
+                raise
+
         return self._construct(
-            lambda **kw: torch.arange(*args, dtype=dtype, device="meta", **kwargs, **kw),
+            meta_call,
             lambda t: torch.arange(*args, dtype=t.dtype, out=t, **kwargs),
             out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
-    def linspace(self, start: Any, end: Any, steps: int, *, out=None, dtype=None, layout=None, device=None,
+    def linspace(self, start: Any, end: Any, steps: Any, *, out=None, dtype=None, layout=None, device=None,
                  requires_grad=False, pin_memory=False) -> torch.Tensor:
-        """As :func:`torch.linspace`, on the heap. Collective."""
+        """As :func:`torch.linspace`, on the heap (``steps`` may also be ``(5,)`` or ``[5]``). Collective."""
+        steps = _scalar_steps(steps)
         return self._construct(
-            lambda **kw: torch.linspace(start, end, steps, dtype=dtype, device="meta", **kw),
+            lambda **kw: torch.linspace(_meta_bound(start), _meta_bound(end), steps, dtype=dtype, device="meta",
+                                        **kw),
             lambda t: torch.linspace(start, end, steps, dtype=t.dtype, out=t),
             out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
     # -- random -----------------------------------------------------------------------------
@@ -208,37 +313,80 @@ class TensorMixin:
     def rand(self, *size: Any, generator=None, out=None, dtype=None, layout=None, device=None,
              requires_grad=False, pin_memory=False) -> torch.Tensor:
         """As :func:`torch.rand`: the same values for the same ``generator`` state, on the heap."""
+        size = _unnest_sizes(size)
         return self._construct(
             lambda **kw: torch.rand(*size, dtype=dtype, device="meta", **kw),
-            lambda t: torch.rand(*size, generator=generator, dtype=t.dtype, out=t),
+            lambda t: torch.rand(t.shape, generator=generator, dtype=t.dtype, out=t),
             out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
     def randn(self, *size: Any, generator=None, out=None, dtype=None, layout=None, device=None,
               requires_grad=False, pin_memory=False) -> torch.Tensor:
         """As :func:`torch.randn`: the same values for the same ``generator`` state, on the heap."""
+        size = _unnest_sizes(size)
         return self._construct(
             lambda **kw: torch.randn(*size, dtype=dtype, device="meta", **kw),
-            lambda t: torch.randn(*size, generator=generator, dtype=t.dtype, out=t),
+            lambda t: torch.randn(t.shape, generator=generator, dtype=t.dtype, out=t),
             out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
     def randint(self, *args: Any, generator=None, out=None, dtype=None, layout=None, device=None,
                 requires_grad=False, pin_memory=False, **kwargs: Any) -> torch.Tensor:
-        """As :func:`torch.randint` (``randint(high, size)``, ``randint(low, high, size)``), on the heap."""
+        """As :func:`torch.randint` (``randint(high, size)``, ``randint(low, high, size)``), on the heap.
+
+        Without a size, or with more than low, high and size, it raises
+        :class:`ArgumentCountError` (torch's TypeError, upstream iris's ValueError)."""
+        given = len(args) + sum(name in kwargs for name in ("low", "high", "size"))
+        if given not in (2, 3) or (len(args) < 2 and "size" not in kwargs):
+            raise ArgumentCountError(
+                f"randint takes (high, size) or (low, high, size), got {len(args)} positional argument(s) "
+                f"{args} and keywords {sorted(kwargs)}"
+            )
+        if "size" in kwargs:
+            kwargs = {**kwargs, "size": _unnest_size(kwargs["size"])}
+        else:
+            args = (*args[:-1], _unnest_size(args[-1]))
         return self._construct(
             lambda **kw: torch.randint(*args, dtype=dtype, device="meta", **kwargs, **kw),
             lambda t: torch.randint(*args, generator=generator, dtype=t.dtype, out=t, **kwargs),
             out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
-    def uniform(self, *size: Any, low: float = 0.0, high: float = 1.0, generator=None, out=None, dtype=None,
-                layout=None, device=None, requires_grad=False, pin_memory=False) -> torch.Tensor:
-        """Values drawn uniformly from ``[low, high)``, as ``torch.empty(size).uniform_(low, high)``."""
+    def uniform(self, *args: Any, low: float | None = None, high: float | None = None, generator=None, out=None,
+                dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False) -> torch.Tensor:
+        """Values drawn uniformly from ``[low, high)`` (default ``[0, 1)``), as
+        ``torch.empty(size).uniform_(low, high)``, on the heap. Two call forms:
+
+        - torch's: the size as varargs or one sequence, the bounds as keywords:
+          ``uniform(4, 5, low=-1.0)``, ``uniform((4, 5), high=2.0)``;
+        - upstream iris's: ``uniform(size, low, high)`` with ``size`` a sequence (tuple, list or
+          ``torch.Size``) followed by one or two bounds: ``uniform((4, 5), -1.0, 1.0)``.
+
+        The forms cannot be confused: a sequence followed by more positional arguments is no
+        size in torch's convention. A size given as a bare int is always torch's form
+        (``uniform(4, 5)`` is a 4 x 5 tensor), so upstream's form needs the sequence.
+        """
+        if len(args) in (2, 3) and isinstance(args[0], (list, tuple)):
+            size: tuple = (_unnest_size(args[0]),)
+            bounds = args[1:]
+            for name, keyword in zip(("low", "high"), (low, high)[:len(bounds)]):
+                if keyword is not None:
+                    raise TypeError(f"uniform() got multiple values for argument {name!r}")
+            low = bounds[0]
+            if len(bounds) == 2:
+                high = bounds[1]
+        else:
+            size = _unnest_sizes(args)
+        low = 0.0 if low is None else low
+        high = 1.0 if high is None else high
         return self._construct(
             lambda **kw: torch.empty(*size, dtype=dtype, device="meta", **kw),
             lambda t: t.uniform_(low, high, generator=generator),
             out=out, device=device, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory,
+            dtype=dtype,
         )
 
     # -- copies -----------------------------------------------------------------------------

@@ -113,9 +113,11 @@ class UpstreamCollectives:
         workspace = self.all_reduce_preamble(output_tensor, input_tensor, config, workspace)
         if output_tensor.data_ptr() != input_tensor.data_ptr():
             output_tensor.copy_(input_tensor)
+        collectives = self._context._torch_ccl
         algorithm = _ALGORITHM_OF_VARIANT.get(workspace.variant)
-        runs = self._context._torch_ccl.algorithms("all_reduce", applying_to=output_tensor)
-        self._context._torch_ccl.all_reduce(output_tensor, reduction, algorithm=algorithm if algorithm in runs else None)
+        if algorithm not in collectives.algorithms("all_reduce", applying_to=output_tensor):
+            algorithm = None  # the automatic choice: same result
+        collectives.all_reduce(output_tensor, reduction, algorithm=algorithm)
         workspace.prepared = False
         self._finish(async_op)
         return workspace

@@ -161,7 +161,8 @@ class UpstreamOps:
             raise ValueError(f"{name}: B has {B.shape[0]} rows; A_sharded's {k} columns on each of {world} ranks "
                              f"make K = {world * k}")
         if tuple(output_tensor.shape) != (M, B.shape[1]):
-            raise ValueError(f"{name}: output_tensor has shape {tuple(output_tensor.shape)}; expected {(M, B.shape[1])}")
+            raise ValueError(f"{name}: output_tensor has shape {tuple(output_tensor.shape)}; expected "
+                             f"{(M, B.shape[1])}")
         _, workspace = self._prepare(name, config, workspace, (M, B.shape[1], world * k), A_sharded.dtype)
         shards = torch.empty(world, M, k, dtype=A_sharded.dtype, device=A_sharded.device)
         self._context._torch_ccl.all_gather(shards, A_sharded.contiguous())

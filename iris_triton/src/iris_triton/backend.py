@@ -72,6 +72,13 @@ class TritonDeviceOps(DeviceOps):
             )
 
     @classmethod
+    def accept_upstream_launch_options(cls, device: torch.device) -> None:
+        if device.type == "cuda":
+            from iris_triton.launch_options import accept_amd_launch_options
+
+            accept_amd_launch_options()
+
+    @classmethod
     def unavailable_reason(cls, device_type: str) -> str | None:
         if device_type == "cpu" and not interpreter_runs_kernel_loops():
             return "this Triton's interpreter cannot run runtime-bounded loops with this numpy; pin numpy<2.4"

@@ -37,9 +37,10 @@ __all__ = ["DeviceContext", "DeviceMethods", "method_source", "with_device_metho
 def method_source(name: str) -> str:
     """The source of the device contexts' method ``name``: the parameters of the free function
     ``iris_triton.device.<name>`` (names, annotations and defaults as written there) less
-    ``heap_bases`` and the caller's rank (``DEVICE_FUNCTIONS[name]``), and a body that calls the
-    free function with every argument in its place, ``self.heap_bases`` and ``self.rank`` for the
-    two dropped. For ``load`` (the caller's rank is ``to_rank``; the header is one line)::
+    ``heap_bases`` and the caller's rank (``DEVICE_FUNCTIONS[name]``), renamed where upstream's
+    methods name a parameter otherwise (``METHOD_PARAMETER_NAMES``), and a body that calls the free
+    function with every argument in its place, ``self.heap_bases`` and ``self.rank`` for the two
+    dropped. For ``load`` (the caller's rank is ``to_rank``; the header is one line)::
 
         def load(self, ptr, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = tl.constexpr(""),
                  volatile: tl.constexpr = False):
@@ -50,6 +51,7 @@ def method_source(name: str) -> str:
     if args.posonlyargs or args.vararg or args.kwonlyargs or args.kwarg:
         raise TypeError(f"iris_triton.device.{name}: a device function takes plain parameters only")
     filled = {device.DEVICE_FUNCTIONS[name]: "self.rank", "heap_bases": "self.heap_bases"}
+    renamed = device.METHOD_PARAMETER_NAMES.get(name, {})
     defaults = [None] * (len(args.args) - len(args.defaults)) + args.defaults
     params, call = ["self"], []
     for param, default in zip(args.args, defaults):
@@ -58,12 +60,13 @@ def method_source(name: str) -> str:
                 raise TypeError(f"iris_triton.device.{name}: {param.arg} must not have a default")
             call.append(filled.pop(param.arg))
         else:
-            text = ast.get_source_segment(source, param)  # the name and its annotation
+            own_name = renamed.get(param.arg, param.arg)
+            text = own_name + ast.get_source_segment(source, param).removeprefix(param.arg)  # with its annotation
             if default is not None:
                 equals = " = " if param.annotation else "="
                 text += equals + ast.get_source_segment(source, default)
             params.append(text)
-            call.append(param.arg)
+            call.append(own_name)
     if filled:
         raise TypeError(f"iris_triton.device.{name} has no parameter {', '.join(filled)}")
     return f"def {name}({', '.join(params)}):\n    return device.{name}({', '.join(call)})\n"

@@ -54,6 +54,11 @@ DEVICE_FUNCTIONS: dict[str, str] = {
 
 __all__ = list(DEVICE_FUNCTIONS)
 
+#: Parameters the device contexts' methods name differently from the free function (upstream
+#: iris's names): the free ``get`` calls the rank it reads ``to_rank`` (its ``from_rank`` is the
+#: caller), the method ``get`` calls it ``from_rank``, the rank the data comes from.
+METHOD_PARAMETER_NAMES: dict[str, dict[str, str]] = {"get": {"to_rank": "from_rank"}}
+
 #: Every heap base is a multiple of this many bytes (cudaMalloc and mmap both guarantee it).
 HEAP_BASE_ALIGNMENT: tl.constexpr = tl.constexpr(256)
 #: Debug mode (``IRIS_DEBUG=1`` when iris is imported): translated pointers are checked against
@@ -329,8 +334,8 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     """Atomic compare-and-swap at ``ptr``'s offset on ``to_rank``: where the value equals
     ``cmp`` it becomes ``val``; returns the old values. ``cmp`` and ``val`` are converted to
     the pointer's element type (Triton's own atomic_cas requires them to match it exactly)."""
-    return tl.atomic_cas(_translate_write(ptr, from_rank, to_rank, heap_bases, None, hint), _like(cmp, ptr), _like(val, ptr),
-                         sem=_sem(sem), scope=_scope(scope))
+    remote = _translate_write(ptr, from_rank, to_rank, heap_bases, None, hint)
+    return tl.atomic_cas(remote, _like(cmp, ptr), _like(val, ptr), sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
