@@ -188,12 +188,17 @@ def test_two_contexts_are_independent(make_context):
 
 
 @needs_interpreter
-def test_iris_iris_is_a_triton_context(monkeypatch):
+def test_iris_iris_is_a_triton_context_with_upstreams_conventions(monkeypatch):
+    from iris_triton import TritonContext
+
     monkeypatch.setenv("IRIS_BACKEND", "gluon")  # iris.iris always means the Triton backend
     ctx = iris.iris(HEAP)
     try:
-        assert type(ctx).__name__ == "TritonContext"
+        assert type(ctx).__name__ == "TritonIris"
+        assert isinstance(ctx, iris.Iris) and isinstance(ctx, TritonContext)
+        assert type(ctx).__mro__[1:3] == (iris.Iris, TritonContext)
         assert ctx.backend == "triton"
+        assert isinstance(ctx.device, str) and ctx.device == ctx.get_device() and ctx.device.type == ctx.get_device().type
         assert ctx.heap_size == 4 << 20
         assert ctx.get_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
     finally:
@@ -395,10 +400,10 @@ def test_gluon_device_context_shares_the_triton_methods():
         assert getattr(DeviceContext, name) is vars(DeviceMethods)[name], name
 
 
-def test_iris_gluon_iris_is_create_with_the_gluon_backend(monkeypatch):
+def test_iris_gluon_iris_is_iris_iris_with_the_gluon_backend(monkeypatch):
     import iris_gluon
 
     calls = []
-    monkeypatch.setattr(iris, "create", lambda backend, **kwargs: calls.append((backend, kwargs)))
+    monkeypatch.setattr(iris, "iris", lambda heap_size, **kwargs: calls.append((heap_size, kwargs)))
     iris_gluon.iris("2GiB")
-    assert calls == [("gluon", {"heap_size": "2GiB"})]
+    assert calls == [("2GiB", {"backend": "gluon"})]

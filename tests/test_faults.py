@@ -414,3 +414,37 @@ def test_debug_mode_stops_a_kernel_that_leaves_the_heap(tmp_path):
     assert re.match(stopped.format(r"-?\d+") + r".* target unchanged$", lines.get("off the heap", "")), out[-3000:]
     assert re.match(stopped.format(4194304), lines.get("first byte past the end", "")), out[-3000:]
     assert proc.stdout.rstrip().endswith("EXITING"), out[-3000:]
+
+
+DEBUG_GPU_SCRIPT = textwrap.dedent('''
+    import os
+    os.environ["IRIS_DEBUG"] = "1"   # before iris is imported: kernels compile the checks in
+    import triton, triton.language as tl
+    import iris, torch
+
+    @triton.jit
+    def twice(src, dst, heap_bases, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        iris.store(dst + offs, 2 * iris.load(src + offs, 0, 0, heap_bases, mask=mask), 0, 0, heap_bases, mask=mask)
+
+    ctx = iris.create(heap_size="4MiB", device="cuda")
+    src = ctx.randn(1000)
+    dst = ctx.zeros(1000)
+    twice[(1,)](src, dst, ctx.get_heap_bases(), 1000, BLOCK=1024)
+    torch.cuda.synchronize()
+    print("equal:", bool(torch.equal(dst, 2 * src)), flush=True)
+    ctx.destroy()
+''')
+
+
+@pytest.mark.gpu
+def test_debug_mode_lets_accesses_inside_the_heap_through_on_a_gpu(tmp_path):
+    """The compiled checks read the heap size from the heap's debug header on the GPU: accesses
+    inside the heap pass them (a wrong size would stop the kernel with a device assertion)."""
+    script = tmp_path / "inside.py"
+    script.write_text(DEBUG_GPU_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("IRIS_")})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "equal: True" in proc.stdout.splitlines(), out[-3000:]

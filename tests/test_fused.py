@@ -239,7 +239,8 @@ def test_automatic_choice_overlaps_where_there_is_communication_to_hide(layer, m
 
     flops, sent = 2 * 2 * m * N * K, m * K * 2
     gpu_context = SimpleNamespace(device=torch.device("cuda", 0), debug=lambda message: None)
-    chosen = FusedOps._method(SimpleNamespace(_context=gpu_context), "all_gather_matmul", None, flops, sent)
+    chosen = FusedOps._method(SimpleNamespace(_context=gpu_context), "all_gather_matmul", None, flops, sent,
+                              torch.bfloat16)
     assert chosen == ("copy_engine" if overlap else "sequential"), communication_share(flops, sent)
     assert (communication_share(flops, sent) >= COPY_ENGINE_MIN_SHARE) == overlap
 

@@ -432,6 +432,16 @@ def test_uniform_upstream_positional_form(ctx, seed):
     torch.testing.assert_close(got, torch.empty(shape, device=ctx.device).uniform_(-3.0, 7.0, generator=gen(ctx, seed)))
 
 
+def test_uniform_upstream_form_with_an_int_size(ctx):
+    for args, shape, (low, high) in [((6, -1.0, 1.0), (6,), (-1.0, 1.0)), ((6, -2, 3.5), (6,), (-2, 3.5)),
+                                     ((7, 2.0), (7,), (2.0, 1.0 + 2.0))]:
+        kwargs = {"high": 3.0} if len(args) == 2 else {}
+        got = ctx.uniform(*args, generator=gen(ctx, 11), **kwargs)
+        expected = torch.empty(shape, device=ctx.device).uniform_(low, high, generator=gen(ctx, 11))
+        assert got.shape == shape
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_uniform_torch_form_is_unchanged(ctx):
     got = ctx.uniform(4, 5, generator=gen(ctx, 3))
     torch.testing.assert_close(got, torch.empty(4, 5, device=ctx.device).uniform_(0.0, 1.0, generator=gen(ctx, 3)),
@@ -521,7 +531,7 @@ def test_linspace_complex_bounds_like_torch(ctx):
     for start, end in [(0j, 1 + 1j), (0.0, 1.0), (-2.5, 4.0)]:
         start_t, end_t = torch.tensor(start, device=ctx.device), torch.tensor(end, device=ctx.device)
         got = ctx.linspace(start_t, end_t, 5)
-        expected = torch.linspace(start_t, end_t, 5)
+        expected = torch.linspace(start_t, end_t, 5, device=ctx.device)
         assert got.dtype == expected.dtype and ctx.is_symmetric(got)
         torch.testing.assert_close(got, expected)
 
@@ -637,3 +647,30 @@ def test_arange_argument_errors(ctx):
             with pytest.raises(error, match="inconsistent with step sign"):
                 ctx.arange(*args)
     assert ctx.heap.allocator.used_bytes == used
+
+
+# -- the names at the top of iris -----------------------------------------------------------------
+
+
+def test_upstream_names_from_the_top_of_iris():
+    import iris
+    import iris.device_utils
+    import iris.logging as iris_logging
+    import iris.timing
+    from iris import DEBUG, ERROR, INFO, WARNING, do_bench, logger, set_logger_level
+
+    assert (DEBUG, INFO, WARNING, ERROR) == (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)
+    assert logger is iris_logging.logger and set_logger_level is iris_logging.set_logger_level
+    assert do_bench is iris.timing.do_bench
+    assert iris.hip is hip and iris.device_utils.read_realtime is read_realtime
+
+
+def test_import_iris_alone_leaves_logging_alone_and_answers_hip():
+    # Upstream programs call iris.hip.get_num_xcc() at import time, before any process group.
+    out = run_python(
+        "import logging, sys, torch\n"
+        "import iris\n"
+        "print(iris.hip.get_num_xcc(), torch.distributed.is_initialized(), 'triton' in sys.modules,\n"
+        "      logging.getLogger('iris').handlers, logging.getLogger('iris').level)\n"
+    ).stdout.split()
+    assert out == ["1", "False", "False", "[]", "0"]

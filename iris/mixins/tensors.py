@@ -6,12 +6,11 @@ errors are exactly torch's. The values are then produced by torch's own ``out=``
 in-place op on heap memory, so random constructors give the values torch gives for the same
 generator state.
 
-Beyond torch, the forms and errors upstream iris's constructors have, where torch has none or
-another exception type (every one of these calls is refused by torch itself):
+Beyond torch, the call forms and exception types of upstream iris's constructors:
 
 - sizes nested in singletons are unwrapped: ``zeros(((2, 3),))`` is ``zeros((2, 3))``, and
   ``linspace``'s ``steps`` may be ``(5,)``, ``[5]`` or ``((5,),)``;
-- ``uniform(size, low, high)`` with the size as a sequence (see :meth:`TensorMixin.uniform`);
+- ``uniform(size, low, high)``, the bounds positional (see :meth:`TensorMixin.uniform`);
 - errors that torch raises as one type and upstream as another are of both types:
   :class:`InvalidArgumentError` (ValueError and RuntimeError) for a layout other than strided and
   for ``arange``'s step, :class:`ArgumentCountError` (ValueError and TypeError) for ``randint``
@@ -140,7 +139,7 @@ class TensorMixin:
                 f"symmetric heap ({self.device}); got one on {getattr(out, 'device', type(out).__name__)} "
                 f"that is not: allocate it with the context's constructors"
             )
-        if dtype is not None and out.dtype != dtype:  # torch refuses this combination too
+        if isinstance(dtype, torch.dtype) and out.dtype != dtype:  # torch refuses this combination too
             raise RuntimeError(
                 f"The output tensor has dtype {out.dtype}, but {dtype} is required: out= must have the "
                 f"dtype= given, or omit dtype= to write in out's dtype"
@@ -280,12 +279,13 @@ class TensorMixin:
                 return torch.arange(*args, dtype=dtype, device="meta", **kwargs, **kw)
             except RuntimeError as error:
                 text = str(error)
+                call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
                 if "step must be nonzero" in text:
-                    raise InvalidArgumentError(f"arange: step must be non-zero (got {args}, {kwargs})") from error
+                    raise InvalidArgumentError(f"arange({call}): step must be non-zero") from error
                 if "inconsistent with step sign" in text:
                     raise InvalidArgumentError(
-                        f"arange: {text} (got {args}, {kwargs}): with a positive step end must not be below "
-                        f"start, with a negative one not above it"
+                        f"arange({call}): {text}: with a positive step end must not be below start, with a "
+                        f"negative one not above it"
                     ) from error
                 raise
 
@@ -362,15 +362,22 @@ class TensorMixin:
 
         - torch's: the size as varargs or one sequence, the bounds as keywords:
           ``uniform(4, 5, low=-1.0)``, ``uniform((4, 5), high=2.0)``;
-        - upstream iris's: ``uniform(size, low, high)`` with ``size`` a sequence (tuple, list or
-          ``torch.Size``) followed by one or two bounds: ``uniform((4, 5), -1.0, 1.0)``.
+        - upstream iris's: ``uniform(size, low, high)``, the bounds positional after the size:
+          ``uniform((4, 5), -1.0, 1.0)``, ``uniform(1024, -1.0)``.
 
-        The forms cannot be confused: a sequence followed by more positional arguments is no
-        size in torch's convention. A size given as a bare int is always torch's form
-        (``uniform(4, 5)`` is a 4 x 5 tensor), so upstream's form needs the sequence.
+        The call is upstream's form when two or three positional arguments are no size in torch's
+        convention: the first is a sequence (tuple, list or ``torch.Size``) and more follow, or the
+        first is an int and a float follows (sizes are ints). Otherwise every positional is the
+        size, as in torch: ``uniform(4, 5)`` is a 4 x 5 tensor, so upstream's form with int bounds
+        needs the size as a sequence (``uniform((4,), 0, 5)``).
         """
-        if len(args) in (2, 3) and isinstance(args[0], (list, tuple)):
-            size: tuple = (_unnest_size(args[0]),)
+        first = args[0] if args else None
+        upstream_form = len(args) in (2, 3) and (
+            isinstance(first, (list, tuple))
+            or (isinstance(first, int) and not isinstance(first, bool) and any(isinstance(a, float) for a in args[1:]))
+        )
+        if upstream_form:
+            size: tuple = (_unnest_size(first),)
             bounds = args[1:]
             for name, keyword in zip(("low", "high"), (low, high)[:len(bounds)]):
                 if keyword is not None:

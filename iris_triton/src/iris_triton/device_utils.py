@@ -50,7 +50,19 @@ if INTERPRETING:
         """0 (int32): the interpreter runs every program on one core."""
         return tl.full((), 0, tl.int32)
 
+    @triton.jit
+    def get_xcc_id():
+        """0 (int32): the host is one die (AMD's XCC)."""
+        return tl.full((), 0, tl.int32)
+
+    @triton.jit
+    def get_se_id():
+        """0 (int32): the host has no shader engines in AMD's sense."""
+        return tl.full((), 0, tl.int32)
+
 else:
+    # Inline assembly for the constants too: it makes a scalar in Triton and Gluon alike (Gluon's
+    # tl.full needs a layout).
 
     @triton.jit
     def read_realtime():
@@ -63,14 +75,12 @@ else:
         """The streaming multiprocessor running this program (``%smid``), as an int32 scalar."""
         return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
+    @triton.jit
+    def get_xcc_id():
+        """0 (int32): an NVIDIA GPU is a single die (AMD's XCC)."""
+        return tl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
 
-@triton.jit
-def get_xcc_id():
-    """0 (int32): an NVIDIA GPU, like the host, is a single die (AMD's XCC)."""
-    return tl.full((), 0, tl.int32)
-
-
-@triton.jit
-def get_se_id():
-    """0 (int32): NVIDIA GPUs have no shader engines in AMD's sense."""
-    return tl.full((), 0, tl.int32)
+    @triton.jit
+    def get_se_id():
+        """0 (int32): NVIDIA GPUs have no shader engines in AMD's sense."""
+        return tl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
