@@ -51,7 +51,7 @@ APIS = ("free", "ctx")
 ATOMIC_ROWS = {
     torch.int32: ("add", "sub", "min", "max", "and", "or", "xor", "xchg", "cas"),
     torch.int64: ("add", "sub", "min", "max", "and", "or", "xor", "xchg", "cas"),
-    torch.float32: ("add", "sub", "min", "max"),  # Triton's interpreter has no float xchg
+    torch.float32: ("add", "sub", "min", "max", "xchg"),  # xchg: through integers in the interpreter
 }
 RING_ROUNDS = 4
 BARRIER_ROUNDS = 5
@@ -204,6 +204,7 @@ def _atomics_kernel(context, i32, v32, c32, o32, i64, v64, c64, o64, f32, vf32, 
     _apply("sub", 1, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
     _apply("min", 2, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
     _apply("max", 3, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
+    _apply("xchg", 4, f32, vf32, vf32, of32, offs, mask, target, heap_bases, dctx, RANK, API, SEM, SCOPE, PAD)
 
 
 def _cas_chain_kernel(context, flag, out, heap_bases, target, timeout_ns, CTX: tl.constexpr, RANK: tl.constexpr,

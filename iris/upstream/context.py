@@ -9,6 +9,9 @@ by guessing from a call's arguments:
 - ``broadcast(value, source_rank=0)`` returns NumPy arrays for tensors and arrays, and the value
   itself for other objects; the other ranks may pass None;
 - ``barrier(stream=None, group=None)``;
+- tensor constructors synchronise the ranks, as upstream's allocations do (a kernel launched
+  right after may access the peers' new tensors), take no size for a 0-d tensor, and ignore
+  ``pin_memory`` and a memory format that does not fit the size;
 - ``ctx.ccl`` and ``ctx.ops`` take upstream's ``(output, input, ...)`` signatures and shapes
   (:mod:`iris.upstream.collectives`, :mod:`iris.upstream.ops`), on the same kernels.
 
@@ -68,6 +71,10 @@ def _tensor_like(value) -> bool:
     return False
 
 
+#: The tensor rank each channels-last memory format needs.
+_FORMAT_RANKS = {torch.channels_last: 4, torch.channels_last_3d: 5}
+
+
 class Iris:
     """Upstream iris's conventions for a context (see the module's docstring). Requires a context
     class behind it (:func:`upstream_class`); holds no state of its own but the device's name."""
@@ -118,6 +125,40 @@ class Iris:
             torch.cuda.synchronize(self.device)
         with self._call("barrier"):
             torch.distributed.barrier(group=group)
+
+    # -- tensor constructors: upstream's synchronising allocations and size forms ----------------
+
+    def _construct(self, meta_call, fill, *, pin_memory: bool = False, **options) -> torch.Tensor:
+        """Upstream's allocations synchronise the ranks: when a constructor returns on one rank,
+        the tensor is allocated and filled on every rank, so a kernel launched next may access the
+        peers' twins at once. ``pin_memory`` is accepted and ignored (heap memory is the device's)."""
+        tensor = super()._construct(meta_call, fill, **options)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        with self._call("allocate"):
+            self.comm.barrier()
+        return tensor
+
+    def empty(self, *size, memory_format=None, **options) -> torch.Tensor:
+        """``memory_format`` applies where the size has its rank (4 for ``channels_last``, 5 for
+        ``channels_last_3d``) and is ignored elsewhere, as upstream's; no size is a 0-d tensor."""
+        size = size or ((),)
+        rank = len(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else len(size)
+        if _FORMAT_RANKS.get(memory_format, rank) != rank:
+            memory_format = None
+        return super().empty(*size, memory_format=memory_format, **options)
+
+    def zeros(self, *size, **options) -> torch.Tensor:
+        return super().zeros(*(size or ((),)), **options)
+
+    def ones(self, *size, **options) -> torch.Tensor:
+        return super().ones(*(size or ((),)), **options)
+
+    def rand(self, *size, **options) -> torch.Tensor:
+        return super().rand(*(size or ((),)), **options)
+
+    def randn(self, *size, **options) -> torch.Tensor:
+        return super().randn(*(size or ((),)), **options)
 
     def _ccl_namespace(self):
         from iris.upstream.collectives import UpstreamCollectives

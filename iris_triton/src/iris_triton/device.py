@@ -61,6 +61,8 @@ METHOD_PARAMETER_NAMES: dict[str, dict[str, str]] = {"get": {"to_rank": "from_ra
 
 #: Every heap base is a multiple of this many bytes (cudaMalloc and mmap both guarantee it).
 HEAP_BASE_ALIGNMENT: tl.constexpr = tl.constexpr(256)
+#: Whether kernels run in Triton's interpreter (a constant the device functions branch on).
+INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
 #: Debug mode (``IRIS_DEBUG=1`` when iris is imported): translated pointers are checked against
 #: the heap, and Triton compiles device assertions in (they are dropped otherwise).
 CHECK_POINTERS: tl.constexpr = tl.constexpr(debug_from_environment())
@@ -283,9 +285,18 @@ def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
 @triton.jit
 def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                 scope: tl.constexpr = None, hint: tl.constexpr = None):
-    """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_xchg(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
-                          sem=_sem(sem), scope=_scope(scope))
+    """Atomically exchange with ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values.
+    Triton's interpreter exchanges integers only: there a float exchange goes through the integer
+    of the same width, bit for bit (the same exchange)."""
+    remote = _translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint)
+    value = _like(val, ptr)
+    if INTERPRETED and ptr.dtype.element_ty.is_floating():
+        bits: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth
+        as_int: tl.constexpr = tl.int16 if bits == 16 else (tl.int32 if bits == 32 else tl.int64)
+        old = tl.atomic_xchg(remote.to(tl.pointer_type(as_int), bitcast=True), value.to(as_int, bitcast=True),
+                             mask=mask, sem=_sem(sem), scope=_scope(scope))
+        return old.to(ptr.dtype.element_ty, bitcast=True)
+    return tl.atomic_xchg(remote, value, mask=mask, sem=_sem(sem), scope=_scope(scope))
 
 
 @triton.jit
