@@ -256,10 +256,10 @@ class Collectives:
 
         def validate():
             self._check_pair("reduce_scatter", output, input)
-            share = self._divisible("reduce_scatter", "input", input.numel())
             if output.numel() == input.numel() and self._context.world_size > 1:
                 _refuse_upstream_call("reduce_scatter", "an output of the input's size (the full-shape "
                                       "reduce_scatter)", {})
+            share = self._divisible("reduce_scatter", "input", input.numel())
             if output.numel() != share:
                 raise IrisError(f"reduce_scatter: output has {output.numel()} elements; it needs input / world_size "
                                 f"= {share}")
