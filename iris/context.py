@@ -265,6 +265,7 @@ def iris(heap_size: int | str | None = None, allocator_type: str = "torch", *, b
     if allocator_type not in UPSTREAM_ALLOCATORS:
         raise ValueError(f"allocator_type must be one of {', '.join(map(repr, UPSTREAM_ALLOCATORS))}, got "
                          f"{allocator_type!r}")
-    context = _create(backend, heap_size, None, options, conventions=upstream_class)
+    device = options.pop("device", None)
+    context = _create(backend, heap_size, device, options, conventions=upstream_class)
     context.accept_upstream_launch_options(context.get_device())
     return context

@@ -19,7 +19,9 @@ at module level (ranks import it by name). Besides ``rank_ctx`` it may take para
 the values the parent resolved.
 
 For tests that want one spawn to make many checks: :func:`spawn_reports` runs a worker on N
-ranks that fills a :class:`RankReport`; :func:`assert_rank_checks` asserts on every rank's.
+ranks that fills a :class:`RankReport`; :func:`assert_rank_checks` asserts on every rank's;
+:func:`reports_on_available_ranks` also runs the ranks on one shared GPU when that is all there is
+(:func:`run_sharing_one_gpu`).
 
 The plugin pytest loads is the top-level module ``iris_pytest_plugin``: it registers the marker
 and the ``rank_ctx`` fixture without importing torch or iris, and imports this module only when
@@ -29,12 +31,17 @@ a marked test runs (:func:`run_marked_test`), so projects that do not use the ma
 from __future__ import annotations
 
 import inspect
+import multiprocessing
+import os
 import pickle
+import queue
 import socket
+import time
 import traceback
 import zlib
 from collections.abc import Callable
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -51,8 +58,10 @@ __all__ = [
     "free_loopback_port",
     "interpreted_device",
     "rank_device",
+    "reports_on_available_ranks",
     "run_marked_test",
     "run_on_ranks",
+    "run_sharing_one_gpu",
     "seeded_generator",
     "spawn_reports",
 ]
@@ -151,6 +160,71 @@ def spawn_reports(worker: Callable[..., bytes], nprocs: int, *args, device: str,
     ``report.packed()``) on ``nprocs`` ranks; any wait gives up after ``timeout`` seconds."""
     with _rank_environment(timeout):
         return [pickle.loads(zlib.decompress(p)) for p in iris.spawn(worker, nprocs, *args, device=device)]
+
+
+def reports_on_available_ranks(worker: Callable[..., bytes], nprocs: int, *args, backend: str = DEFAULT_BACKEND,
+                               timeout: float = 120) -> list[dict]:
+    """:func:`spawn_reports` on the ranks this machine has: a GPU per rank when there are enough,
+    every rank on GPU 0 when exactly one is visible (:func:`run_sharing_one_gpu`), else CPU ranks
+    (skipping where ``backend``'s kernels cannot run there)."""
+    gpus = torch.cuda.device_count()
+    if gpus == 1 and nprocs > 1:
+        with _rank_environment(timeout):
+            results = run_sharing_one_gpu(worker, *args, world=nprocs, bound=4 * timeout)
+        failed = {rank: r for rank, r in enumerate(results) if not isinstance(r, bytes)}
+        if failed:
+            pytest.fail("ranks sharing GPU 0 failed:\n" + "\n".join(f"rank {r}: {v}" for r, v in failed.items()))
+        return [pickle.loads(zlib.decompress(p)) for p in results]
+    return spawn_reports(worker, nprocs, *args, device=backend_rank_device(backend, nprocs), timeout=timeout)
+
+
+def _shared_gpu_rank(rank: int, world: int, port: int, worker: Callable, args: tuple, results) -> None:
+    """One rank on GPU 0: a gloo process group (NCCL refuses two ranks on one GPU), then ``worker``."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", IRIS_DEVICE="cuda")
+    try:
+        import torch.distributed as dist
+
+        torch.cuda.set_device(0)
+        timeout = float(os.environ.get("IRIS_TIMEOUT", "60"))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        results.put((rank, worker(rank, *args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "raised: " + traceback.format_exc()[-MAX_TRACEBACK:]))
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def run_sharing_one_gpu(worker: Callable, *args, world: int = 2, bound: float = 240) -> list:
+    """``worker(rank, *args)`` on ``world`` ranks that all use GPU 0: processes on one device share
+    heaps through CUDA IPC like processes on separate GPUs, and the device time-slices their
+    kernels (so nothing run this way is timed). Each rank's return value, or a string saying how
+    the rank failed (``"raised: <traceback>"``, ``"no result (exit code ...)"``); ranks still
+    running after ``bound`` seconds are killed."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_loopback_port()
+    procs = [context.Process(target=_shared_gpu_rank, args=(r, world, port, worker, args, results))
+             for r in range(world)]
+    for proc in procs:
+        proc.start()
+    got: dict[int, Any] = {}
+    deadline = time.monotonic() + bound
+    try:
+        while len(got) < world and time.monotonic() < deadline:
+            try:
+                rank, value = results.get(timeout=1)
+                got[rank] = value
+            except queue.Empty:
+                if all(p.exitcode is not None for p in procs) and results.empty():
+                    break
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    return [got.get(r, f"no result (exit code {procs[r].exitcode})") for r in range(world)]
 
 
 def assert_rank_checks(reports: list[dict], prefix: str, minimum: int) -> None:

@@ -10,67 +10,17 @@ process. Two processes on one GPU are time-sliced: nothing here is timed but the
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import queue
-import socket
 import time
-import traceback
-from datetime import timedelta
 
 import pytest
 import torch
+
+from iris.testing import run_sharing_one_gpu
 
 pytestmark = pytest.mark.gpu
 
 TIMEOUT = 2.0
 ALGORITHMS = ("low_latency", "sentinel", "one_shot", "two_shot")
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank_main(rank, world, port, worker, args, results):
-    """One rank on GPU 0: a gloo process group (NCCL refuses two ranks on one GPU), then ``worker``."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    try:
-        import torch.distributed as dist
-
-        torch.cuda.set_device(0)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-        results.put((rank, worker(rank, *args)))
-    except BaseException:
-        results.put((rank, "raised: " + traceback.format_exc()[-3000:]))
-    results.close()
-    results.join_thread()
-    os._exit(0)
-
-
-def _on_one_gpu(worker, *args, world: int = 2, bound: float = 240) -> list:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = _port()
-    procs = [context.Process(target=_rank_main, args=(r, world, port, worker, args, results)) for r in range(world)]
-    for proc in procs:
-        proc.start()
-    got = {}
-    deadline = time.monotonic() + bound
-    while len(got) < world and time.monotonic() < deadline:
-        try:
-            rank, value = results.get(timeout=1)
-            got[rank] = value
-        except queue.Empty:
-            if all(p.exitcode is not None for p in procs) and results.empty():
-                break
-    for proc in procs:
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-    return [got.get(r, f"no result (exit code {procs[r].exitcode})") for r in range(world)]
 
 
 def _reference(tensors, op):
@@ -130,10 +80,10 @@ def _collectives_worker(rank, backend):
 
 
 @pytest.mark.parametrize("backend", ["triton", "gluon"])
-def test_collectives_match_torch_with_two_ranks_on_one_gpu(backend):
+def test_collectives_match_torch_with_two_ranksrun_sharing_one_gpu(backend):
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    results = _on_one_gpu(_collectives_worker, backend)
+    results = run_sharing_one_gpu(_collectives_worker, backend)
     assert results == [[], []], results
 
 
@@ -175,7 +125,7 @@ def _give_up_worker(rank, algorithm):
 def test_a_give_up_on_the_gpu_is_wall_clock_poisons_the_output_and_fails_the_next_call(algorithm):
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    report = _on_one_gpu(_give_up_worker, algorithm)[0]
+    report = run_sharing_one_gpu(_give_up_worker, algorithm)[0]
     assert isinstance(report, dict), report
     assert report["sum_before"] == 2000
     assert report["launch_returned_after"] < TIMEOUT / 2, report
@@ -207,7 +157,7 @@ def _mismatch_worker(rank, algorithm):
 def test_a_different_call_on_the_gpu_fails_instead_of_exchanging_data(algorithm):
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    for rank, outcome in enumerate(_on_one_gpu(_mismatch_worker, algorithm)):
+    for rank, outcome in enumerate(run_sharing_one_gpu(_mismatch_worker, algorithm)):
         assert outcome.startswith("raised: ") and outcome.endswith("nan=True"), (rank, outcome)
 
 
@@ -232,6 +182,6 @@ def _trap_worker(rank):
 def test_on_timeout_trap_ends_the_kernel_on_the_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    outcome = _on_one_gpu(_trap_worker)[0]
+    outcome = run_sharing_one_gpu(_trap_worker)[0]
     assert outcome.startswith("trapped: ") or outcome.startswith("no result (exit code"), outcome
     assert "synchronize returned" not in outcome

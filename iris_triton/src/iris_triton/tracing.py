@@ -9,6 +9,8 @@ that says so, rather than running without recording.
 """
 # No `from __future__ import annotations`: Triton aggregates read the field annotations as types.
 
+import linecache
+
 import triton.language as tl
 
 from iris_triton.compiled import device_class, device_constructor, device_method
@@ -27,17 +29,21 @@ TRACING_UNAVAILABLE = ("iris: initialize(..., tracing=True): device-side tracing
 
 
 def _trace_event_class():
-    """``TraceEvent``: ``TraceEvent().put`` and so on inside a kernel, each a compile-time constant."""
-    namespace = {"__annotations__": {name: tl.constexpr for name in TRACE_EVENT_IDS},
-                 "__doc__": "Ids of the events a traced kernel records (``TraceEvent().put``).",
-                 "__module__": __name__}
-
-    def __init__(self):
-        for name, value in TRACE_EVENT_IDS.items():
-            setattr(self, name, tl.constexpr(value))
-
-    namespace["__init__"] = device_constructor(__init__)
-    return device_class(type("TraceEvent", (), namespace))
+    """``TraceEvent``: ``TraceEvent().put`` and so on inside a kernel, each a compile-time constant.
+    Its constructor is generated with one assignment per id: Triton's JIT follows what a
+    constexpr function calls, and a loop over a dict is not something it can follow."""
+    source = "def __init__(self):\n" + "".join(f"    self.{name} = tl.constexpr({value})\n"
+                                                for name, value in TRACE_EVENT_IDS.items())
+    filename = "<iris_triton.tracing: TraceEvent.__init__>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace = {"tl": tl}
+    exec(compile(source, filename, "exec", dont_inherit=True), namespace)
+    return device_class(type("TraceEvent", (), {
+        "__annotations__": {name: tl.constexpr for name in TRACE_EVENT_IDS},
+        "__doc__": "Ids of the events a traced kernel records (``TraceEvent().put``).",
+        "__module__": __name__,
+        "__init__": device_constructor(namespace["__init__"]),
+    }))
 
 
 TraceEvent = _trace_event_class()
