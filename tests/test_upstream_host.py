@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+import iris
 import iris.hip as hip
 from iris.device_utils import get_cu_id, get_se_id, get_xcc_id, read_realtime
 from iris.errors import BackendNotFoundError, NotOnHeapError
@@ -674,3 +675,34 @@ def test_import_iris_alone_leaves_logging_alone_and_answers_hip():
         "      logging.getLogger('iris').handlers, logging.getLogger('iris').level)\n"
     ).stdout.split()
     assert out == ["1", "False", "False", "[]", "0"]
+
+
+# -- iris.iris contexts' constructors synchronise the ranks (upstream's allocations do) --------------------
+
+
+def _late_allocation_worker(rank: int) -> dict:
+    ctx = iris.iris(1 << 20)
+    seen = {}
+    for round_ in range(3):
+        if rank == round_ % 2:
+            time.sleep(0.5)  # this rank reaches the constructor late
+        mine = ctx.full((64,), 10.0 * round_ + rank)
+        # No barrier: every peer's twin is already allocated and filled.
+        peer = ctx.heap.peer_view(mine, 1 - rank)
+        seen[round_] = peer.tolist() == [10.0 * round_ + 1 - rank] * 64
+    zero_d = ctx.zeros()
+    seen["zero_d"] = tuple(zero_d.shape) == () and zero_d.item() == 0
+    seen["pin_memory_ignored"] = ctx.rand(4, pin_memory=True).shape == (4,)
+    ctx.destroy()
+    return seen
+
+
+def test_iris_iris_constructors_return_once_every_rank_filled_its_twin():
+    """A kernel launched right after a constructor may read the peers' twins, as in upstream's
+    tests: the constructors of an iris.iris() context return on a rank once every rank has
+    allocated and filled its tensor (each rank in turn arrives late)."""
+    from iris.testing import interpreted_device
+
+    results = iris.spawn(_late_allocation_worker, 2, device=interpreted_device())
+    for rank, seen in enumerate(results):
+        assert seen == {0: True, 1: True, 2: True, "zero_d": True, "pin_memory_ignored": True}, (rank, seen)
