@@ -17,7 +17,7 @@ import torch
 from iris.ccl import Config, ReduceOp
 from iris.upstream.tiles import reduce_scatter_owned, reduce_scatter_tiles, tile_elements
 
-__all__ = ["AllReduceWorkspace", "UpstreamCollectives"]
+__all__ = ["AllReduceWorkspace", "UpstreamCollectives", "check_matrix"]
 
 #: Upstream's all_reduce variants that name an algorithm of iris; the others run the automatic choice.
 _ALGORITHM_OF_VARIANT = {"one_shot": "one_shot", "two_shot": "two_shot"}
@@ -45,7 +45,8 @@ def _reduction(name: str, op) -> str:
                          f"(from iris.ccl)") from None
 
 
-def _matrix(name: str, what: str, tensor) -> None:
+def check_matrix(name: str, what: str, tensor) -> None:
+    """Raise unless ``tensor`` is a 2-D torch tensor (upstream's collectives and operations take matrices)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: {what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dim() != 2:
@@ -90,7 +91,7 @@ class UpstreamCollectives:
                             workspace: AllReduceWorkspace | None = None) -> AllReduceWorkspace:
         """The workspace of an all_reduce of these tensors (checked here)."""
         config = self._config("all_reduce_preamble", config)
-        _matrix("all_reduce", "output_tensor", output_tensor)
+        check_matrix("all_reduce", "output_tensor", output_tensor)
         if tuple(output_tensor.shape) != tuple(input_tensor.shape):
             raise ValueError(f"all_reduce: output_tensor has shape {tuple(output_tensor.shape)}, input_tensor "
                              f"{tuple(input_tensor.shape)}; they must match")
@@ -127,7 +128,7 @@ class UpstreamCollectives:
         """``output_tensor`` ``(world * M, N)`` := every rank's ``input_tensor`` ``(M, N)``, in rank order."""
         self._check_group("all_gather", group)
         config = self._config("all_gather", config)
-        _matrix("all_gather", "input_tensor", input_tensor)
+        check_matrix("all_gather", "input_tensor", input_tensor)
         M, N = input_tensor.shape
         world = self._context.world_size
         if tuple(output_tensor.shape[:2]) != (world * M, N):
@@ -145,7 +146,7 @@ class UpstreamCollectives:
         block ``rank`` of rank ``r``'s ``input_tensor``."""
         self._check_group("all_to_all", group)
         self._config("all_to_all", config)
-        _matrix("all_to_all", "input_tensor", input_tensor)
+        check_matrix("all_to_all", "input_tensor", input_tensor)
         world = self._context.world_size
         M, columns = input_tensor.shape
         if columns % world:
@@ -173,7 +174,7 @@ class UpstreamCollectives:
         if config.use_gluon:
             raise ValueError("reduce_scatter: config.use_gluon=True is not supported by reduce_scatter (upstream's "
                              "rule); the kernels are compiled in the context's language either way")
-        _matrix("reduce_scatter", "input_tensor", input_tensor)
+        check_matrix("reduce_scatter", "input_tensor", input_tensor)
         if tuple(output_tensor.shape[:2]) != tuple(input_tensor.shape[:2]):
             raise ValueError(f"reduce_scatter: output_tensor has shape {tuple(output_tensor.shape)}; for "
                              f"reduce-scatter, output should have the same shape as input "

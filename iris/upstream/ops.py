@@ -17,6 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from iris.upstream.collectives import check_matrix
 from iris.upstream.tiles import matmul_reduce_scatter_tiles, reduce_scatter_owned, tile_elements
 
 __all__ = ["FusedConfig", "FusedWorkspace", "UpstreamOps", "prepare"]
@@ -97,13 +98,6 @@ def prepare(name: str, world_size: int, config: FusedConfig | None, workspace: F
     return config, workspace
 
 
-def _matrix(name: str, what: str, tensor) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name}: {what} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dim() != 2:
-        raise ValueError(f"{name}: {what} must be a matrix (2-D), got shape {tuple(tensor.shape)}")
-
-
 class UpstreamOps:
     """Upstream iris's ``ctx.ops``. Every method is a collective operation."""
 
@@ -141,8 +135,8 @@ class UpstreamOps:
                           config: FusedConfig | None = None, workspace: FusedWorkspace | None = None) -> FusedWorkspace:
         """``output_tensor`` (``M x N``) := the sum over ranks of ``A @ B``."""
         self._no_bias("matmul_all_reduce", bias)
-        _matrix("matmul_all_reduce", "A", A)
-        _matrix("matmul_all_reduce", "B", B)
+        check_matrix("matmul_all_reduce", "A", A)
+        check_matrix("matmul_all_reduce", "B", B)
         _, workspace = self._prepare("matmul_all_reduce", config, workspace, (A.shape[0], B.shape[1], A.shape[1]),
                                      A.dtype)
         self._ops.matmul_all_reduce(output_tensor, A, B)
@@ -153,8 +147,8 @@ class UpstreamOps:
         """``output_tensor`` (``M x N``) := ``[A_0 | A_1 | ...] @ B``: rank r's ``A_sharded``
         (``M x K/world``) holds columns ``[r * K/world, (r + 1) * K/world)`` of ``A``."""
         name = "all_gather_matmul"
-        _matrix(name, "A_sharded", A_sharded)
-        _matrix(name, "B", B)
+        check_matrix(name, "A_sharded", A_sharded)
+        check_matrix(name, "B", B)
         world = self._context.world_size
         M, k = A_sharded.shape
         if B.shape[0] != world * k:
@@ -175,8 +169,8 @@ class UpstreamOps:
         """``output_tensor`` (``world * m x N``) := every rank's ``A @ B`` (``A``: ``m x K``), in rank
         order along the rows; ``bias`` (``m`` values) is added to each rank's rows first."""
         name = "matmul_all_gather"
-        _matrix(name, "A", A)
-        _matrix(name, "B", B)
+        check_matrix(name, "A", A)
+        check_matrix(name, "B", B)
         _, workspace = self._prepare(name, config, workspace, (A.shape[0], B.shape[1], A.shape[1]), A.dtype)
         if bias is None:
             self._ops.matmul_all_gather(output_tensor, A, B)
@@ -193,8 +187,8 @@ class UpstreamOps:
         ``A @ B``; zero elsewhere."""
         name = "matmul_reduce_scatter"
         self._no_bias(name, bias)
-        _matrix(name, "A", A)
-        _matrix(name, "B", B)
+        check_matrix(name, "A", A)
+        check_matrix(name, "B", B)
         M, N = A.shape[0], B.shape[1]
         if tuple(output_tensor.shape) != (M, N):
             raise ValueError(f"{name}: output_tensor has shape {tuple(output_tensor.shape)}; expected {(M, N)} (the "
