@@ -257,9 +257,11 @@ def iris(heap_size: int | str | None = None, allocator_type: str = "torch", *, b
          **options: Any) -> Context:
     """Upstream iris's spelling: a context of ``backend`` (default ``"triton"``) whose collectives,
     fused operations, ``device``, ``broadcast`` and ``barrier`` follow upstream iris's conventions
-    (:mod:`iris.upstream.context`); ``options`` as for :func:`create`. ``allocator_type``
+    (:mod:`iris.upstream.context`), and the ``iris`` logger set up as upstream's (:mod:`iris.logging`);
+    ``options`` as for :func:`create`. ``allocator_type``
     (``"torch"`` or ``"vmem"``) chooses upstream's heap allocator on AMD GPUs; it is checked, and
     iris's heap provider serves both. This is a collective operation."""
+    import iris.logging  # noqa: F401 (upstream's logger set-up: its programs' ctx.info(...) lines are shown)
     from iris.upstream.context import upstream_class
 
     if allocator_type not in UPSTREAM_ALLOCATORS:

@@ -20,7 +20,7 @@ import torch
 from iris.upstream.collectives import check_matrix
 from iris.upstream.tiles import matmul_reduce_scatter_tiles, reduce_scatter_owned, tile_elements
 
-__all__ = ["FusedConfig", "FusedWorkspace", "UpstreamOps", "prepare"]
+__all__ = ["FusedConfig", "FusedWorkspace", "UpstreamOps", "prepare", "upstream_ops"]
 
 _VARIANTS = ("atomic", "ring", "one_shot", "two_shot", "spinlock")
 
@@ -200,3 +200,10 @@ class UpstreamOps:
         output_tensor.zero_()
         reduce_scatter_owned(ctx, output_tensor, torch.matmul(A, B), owned, "sum")
         return self._finish(workspace, async_op)
+
+
+def upstream_ops(ctx) -> UpstreamOps:
+    """``ctx.ops`` with upstream's conventions: its own for an ``iris.iris()`` context, the backend's
+    operations wrapped for an ``iris.create()`` one (whose ``ctx.ops`` stays torch.distributed's)."""
+    ops = ctx.ops
+    return ops if isinstance(ops, UpstreamOps) else UpstreamOps(ctx, ops)
