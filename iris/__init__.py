@@ -14,7 +14,7 @@ from typing import Any
 
 from iris.backend import Backend, DeviceOps
 from iris.config import DEFAULT_BACKEND
-from iris.context import Context, create, iris
+from iris.context import Context, create
 from iris.errors import (
     AsymmetricHeapError,
     BackendNotFoundError,
@@ -26,6 +26,11 @@ from iris.errors import (
 )
 from iris.registry import available_backends, get_backend, is_backend_available, register_backend
 from iris.spawn import spawn
+
+# Upstream's module ``iris.iris`` (``from iris.iris import DeviceContext``); loading it sets the
+# package's attribute ``iris`` to the module, which then becomes the function again, as upstream's.
+importlib.import_module("iris.iris")
+from iris.context import iris  # noqa: E402
 
 try:
     __version__ = version("iris")
