@@ -8,6 +8,7 @@ scripts/setup.sh --latest
 venv_python=.venv-latest/bin/python
 "$venv_python" -c "import numpy, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
 subset=(tests/test_ccl.py tests/test_device_api.py tests/test_fused.py tests/test_testing_plugin.py tests/test_ptx.py
-        tests/test_context.py -k "not world3")
+        tests/test_context.py tests/test_upstream_device_api.py tests/test_upstream_ccl_ops.py tests/test_upstream_host.py
+        tests/test_upstream_launch.py -k "not world3")
 [ $# -gt 0 ] || set -- "${subset[@]}"
 exec "$venv_python" -m pytest -q "$@"
