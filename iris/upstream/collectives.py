@@ -170,7 +170,7 @@ class UpstreamCollectives:
         tiles are left as they were."""
         reduction = _reduction("reduce_scatter", op)
         self._check_group("reduce_scatter", group)
-        config = self._config("reduce_scatter", config if config is not None else Config(all_reduce_distribution=1))
+        config = self._config("reduce_scatter", config)
         if config.use_gluon:
             raise ValueError("reduce_scatter: config.use_gluon=True is not supported by reduce_scatter (upstream's "
                              "rule); the kernels are compiled in the context's language either way")
