@@ -61,11 +61,16 @@ class UpstreamCollectives:
 
     # -- shared ---------------------------------------------------------------------------------
 
-    def _config(self, name: str, config: Config | None) -> Config:
+    def _config(self, name: str, config: Config | None, gluon: bool = True) -> Config:
+        """``config`` checked (default ``Config()``); ``gluon=False``: the collective refuses
+        ``use_gluon=True``, as upstream's does."""
         if config is None:
             return Config()
         if not isinstance(config, Config):
             raise TypeError(f"{name}: config must be an iris.ccl.Config, got {type(config).__name__}")
+        if config.use_gluon and not gluon:
+            raise ValueError(f"{name}: config.use_gluon=True is not supported by {name} (upstream's rule); the "
+                             f"kernels are compiled in the context's language either way")
         if config.use_gluon and self._context.kernel_language != "gluon":
             raise ValueError(f"{name}: config.use_gluon=True needs a Gluon context; create it with "
                              f"iris.experimental.iris_gluon.iris(...) or iris_gluon.iris(...)")
@@ -107,10 +112,7 @@ class UpstreamCollectives:
         """``output_tensor`` := the sum (or min, max) over ranks of ``input_tensor``, both ``(M, N)``."""
         reduction = _reduction("all_reduce", op)
         self._check_group("all_reduce", group)
-        config = self._config("all_reduce", config)
-        if config.use_gluon:
-            raise ValueError("all_reduce: config.use_gluon=True is not supported by all_reduce (upstream's rule); "
-                             "the kernels are compiled in the context's language either way")
+        config = self._config("all_reduce", config, gluon=False)
         workspace = self.all_reduce_preamble(output_tensor, input_tensor, config, workspace)
         if output_tensor.data_ptr() != input_tensor.data_ptr():
             output_tensor.copy_(input_tensor)
@@ -170,10 +172,7 @@ class UpstreamCollectives:
         tiles are left as they were."""
         reduction = _reduction("reduce_scatter", op)
         self._check_group("reduce_scatter", group)
-        config = self._config("reduce_scatter", config)
-        if config.use_gluon:
-            raise ValueError("reduce_scatter: config.use_gluon=True is not supported by reduce_scatter (upstream's "
-                             "rule); the kernels are compiled in the context's language either way")
+        config = self._config("reduce_scatter", config, gluon=False)
         check_matrix("reduce_scatter", "input_tensor", input_tensor)
         if tuple(output_tensor.shape[:2]) != tuple(input_tensor.shape[:2]):
             raise ValueError(f"reduce_scatter: output_tensor has shape {tuple(output_tensor.shape)}; for "
