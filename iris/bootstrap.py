@@ -68,8 +68,9 @@ def _destroy_process_group(group: dist.ProcessGroup) -> None:
 
 
 class Communicator:
-    """Host-side collectives over one process group (the default unless given). Collective to
-    construct: on GPU ranks it makes a gloo group beside the default one, for the barrier."""
+    """Host-side collectives over one process group (the default unless given), numbering ranks
+    within it. Collective to construct (over the group's members): on GPU ranks it makes a gloo
+    group beside the given one, for the barrier."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, timeout: float = 300):
         self.group = group
@@ -77,8 +78,14 @@ class Communicator:
         self.world_size = dist.get_world_size(group)
         self.timeout = timeout
         # The barrier is torch's monitored barrier, which names the ranks that did not arrive;
-        # it runs over gloo only.
-        self._barrier_group = group if dist.get_backend(group) == "gloo" else dist.new_group(backend="gloo")
+        # it runs over gloo only. A sub-group's is made by its members alone.
+        if dist.get_backend(group) == "gloo":
+            self._barrier_group = group
+        elif group is None:
+            self._barrier_group = dist.new_group(backend="gloo")
+        else:
+            self._barrier_group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
+                                                 use_local_synchronization=True)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
@@ -89,12 +96,12 @@ class Communicator:
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``obj`` as rank ``src`` has it."""
         holder = [obj]
-        dist.broadcast_object_list(holder, src=src, group=self.group)
+        dist.broadcast_object_list(holder, group=self.group, group_src=src)
         return holder[0]
 
     def broadcast_tensor(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` with rank ``src``'s values, in place."""
-        dist.broadcast(tensor, src=src, group=self.group)
+        dist.broadcast(tensor, group=self.group, group_src=src)
         return tensor
 
     def host_max(self, values: list[int]) -> list[int]:

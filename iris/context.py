@@ -4,8 +4,8 @@
 The class of a context of backend ``b`` puts the backend's DeviceOps in front of it, left to
 right (most specific first)::
 
-    b.device_ops, LoggingMixin, FailStopMixin, WorkspacesMixin, HeapMixin, TensorMixin, CCLMixin,
-    ContextBase, DeviceOps
+    b.device_ops, LoggingMixin, FailStopMixin, WorkspacesMixin, GroupsMixin, HeapMixin, TensorMixin,
+    CCLMixin, ContextBase, DeviceOps
 
 Built-in backends declare that class in source (``class TritonContext(TritonDeviceOps, Context)``);
 for a backend that declares only its DeviceOps, the same class is composed once and cached.
@@ -26,7 +26,7 @@ from iris.backend import Backend, DeviceOps
 from iris.bootstrap import Communicator, default_device_type, ensure_process_group, local_rank
 from iris.config import ContextConfig
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin, WorkspacesMixin
+from iris.mixins import CCLMixin, FailStopMixin, GroupsMixin, HeapMixin, LoggingMixin, TensorMixin, WorkspacesMixin
 from iris.registry import get_backend
 
 __all__ = ["Context", "ContextBase", "context_class", "create", "iris"]
@@ -38,11 +38,12 @@ class ContextBase:
     Owns ``config``, ``backend``, ``comm``, ``rank``, ``world_size`` and ``device``.
     """
 
-    def __init__(self, config: ContextConfig, backend: Backend, device: torch.device):
+    def __init__(self, config: ContextConfig, backend: Backend, device: torch.device,
+                 group: "torch.distributed.ProcessGroup | None" = None):
         self.config = config
         self.backend_spec = backend
         self.device = device
-        self.comm = Communicator(timeout=config.timeout)
+        self.comm = Communicator(group, timeout=config.timeout)
         self.rank = self.comm.rank
         self.world_size = self.comm.world_size
         self.destroyed = False
@@ -55,6 +56,10 @@ class ContextBase:
 
     def _teardown(self) -> None:
         """Extended by each mixin; ContextBase's runs last."""
+
+    def _setup_group_view(self) -> None:
+        """Extended by a backend whose state is per group (its fault words, say): runs on a group
+        view (:mod:`iris.groups`) once the view has its rank, world size, heap and communicator."""
 
     def _summary(self) -> dict[str, Any]:
         """Key facts for ``repr``; mixins extend the dict."""
@@ -87,6 +92,14 @@ class ContextBase:
     def num_ranks(self) -> int:
         """Upstream iris's name of ``world_size``."""
         return self.world_size
+
+    def world_rank_of(self, rank: int) -> int:
+        """The world rank of this context's ``rank`` (itself here; a group view's differ)."""
+        return rank
+
+    def describe_ranks(self) -> str:
+        """What ranks this context's calls number, for error messages."""
+        return f"this world (ranks 0..{self.world_size - 1})"
 
     def get_device(self) -> torch.device:
         return self.device
@@ -168,8 +181,8 @@ def _destroyed_class(cls: type) -> type:
     return type(cls.__name__, (_Destroyed, cls), {"__module__": cls.__module__})
 
 
-class Context(LoggingMixin, FailStopMixin, WorkspacesMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase,
-              DeviceOps):
+class Context(LoggingMixin, FailStopMixin, WorkspacesMixin, GroupsMixin, HeapMixin, TensorMixin, CCLMixin,
+              ContextBase, DeviceOps):
     """An iris context: the core's mixins and state, with a backend's DeviceOps put in front of it
     (:func:`context_class`). What every context offers, whatever its backend; abstract alone."""
 
@@ -219,7 +232,9 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
     GPU when one is visible (one per rank), else ``"cpu"``. ``heap_size`` is bytes or a string
     such as ``"1GiB"`` (default ``IRIS_HEAP_SIZE``, else 1 GiB on GPUs and 128 MiB on CPU ranks).
     Options: ``heap_provider``, ``debug``, ``log_level``, ``timeout`` (seconds any wait on peers
-    may take, wall-clock), ``on_timeout`` (``"raise"`` or ``"trap"``). Collectives and fused
+    may take, wall-clock), ``on_timeout`` (``"raise"`` or ``"trap"``), ``group`` (a
+    torch.distributed process group: the context's world is its ranks, numbered as in it, with a
+    heap of its own; only its members call ``create``). Collectives and fused
     operations follow torch.distributed's conventions; :func:`iris` makes a context with upstream
     iris's instead.
     """
@@ -228,6 +243,7 @@ def create(backend: str | None = None, *, heap_size: int | str | None = None, de
 
 def _create(backend: str | None, heap_size, device, options: dict, conventions) -> Context:
     """:func:`create`, the context's class passed through ``conventions`` (None: as it is)."""
+    group = options.pop("group", None)
     resolved_device = _resolve_device(device)
     config = ContextConfig.from_env(backend=backend, heap_size=heap_size, device=resolved_device.type, **options)
     spec = get_backend(config.backend)
@@ -243,10 +259,24 @@ def _create(backend: str | None, heap_size, device, options: dict, conventions) 
         )
     spec.device_ops.check_environment(resolved_device)
     ensure_process_group(resolved_device.type, config.timeout)
+    _check_group(group)
     cls = context_class(spec)
-    context = (cls if conventions is None else conventions(cls))(config, spec, resolved_device)
+    context = (cls if conventions is None else conventions(cls))(config, spec, resolved_device, group)
     context.heap.check_symmetric("iris.create()")  # set-up allocated alike on every rank
     return context
+
+
+def _check_group(group) -> None:
+    """``create(group=...)``: None or a process group this process is a member of."""
+    if group is None:
+        return
+    if not isinstance(group, torch.distributed.ProcessGroup):
+        raise TypeError(f"create(group=...) takes a torch.distributed process group (dist.new_group(ranks)), got "
+                        f"{type(group).__name__}")
+    ranks = torch.distributed.get_process_group_ranks(group)
+    if torch.distributed.get_rank() not in ranks:
+        raise IrisError(f"create(group=...): world rank {torch.distributed.get_rank()} is not a member of the process "
+                        f"group of ranks {ranks}; only its members create a context over it")
 
 
 #: Upstream iris's heap allocators; iris's heap is one allocation of its own provider either way.

@@ -2,9 +2,10 @@
 
 from iris.mixins.ccl import CCLMixin
 from iris.mixins.failstop import FailStopMixin
+from iris.mixins.groups import GroupsMixin
 from iris.mixins.heap import HeapMixin
 from iris.mixins.logging import LoggingMixin
 from iris.mixins.tensors import TensorMixin
 from iris.mixins.workspaces import WorkspacesMixin
 
-__all__ = ["CCLMixin", "FailStopMixin", "HeapMixin", "LoggingMixin", "TensorMixin", "WorkspacesMixin"]
+__all__ = ["CCLMixin", "FailStopMixin", "GroupsMixin", "HeapMixin", "LoggingMixin", "TensorMixin", "WorkspacesMixin"]

@@ -23,6 +23,7 @@ import torch
 from iris.collectives import (COLLECTIVES, REDUCE_OPS, SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall,
                                algorithm_registry, choose)
 from iris.errors import IrisError
+from iris.groups import namespace_for
 from iris.registry import PluginRegistry
 
 __all__ = ["CCLMixin", "Collectives"]
@@ -90,6 +91,10 @@ class Collectives:
         self._repeats: dict[tuple, Callable[[], None]] = {}
         #: (workspaces' generation, registries' changes) when the repeats were made.
         self._repeats_made_with = (0, PluginRegistry.changes)
+
+    def _for_group(self, group) -> "Collectives":
+        """The collectives that run calls with ``group=group`` (:mod:`iris.groups`)."""
+        return namespace_for(self, group)
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -288,7 +293,7 @@ class Collectives:
         """Every rank's ``tensor`` := rank ``src``'s, in place."""
         world = self._context.world_size
         if not isinstance(src, int) or not 0 <= src < world:
-            raise IrisError(f"broadcast: src={src!r} is not a rank of this world (0..{world - 1})")
+            raise IrisError(f"broadcast: src={src!r} is not a rank of {self._context.describe_ranks()}")
         self._run("broadcast", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "broadcast", tensor),
                   src=src)
         return tensor

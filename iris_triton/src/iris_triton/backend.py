@@ -92,7 +92,20 @@ class TritonDeviceOps(DeviceOps):
         super()._setup()
         #: Nanoseconds a device-side wait may last (wall-clock) before it gives up.
         self.timeout_ns = int(self.config.timeout * 1e9)
-        words = self.world_size + 2  # first failure, one per peer, trap on failure
+        #: Every set of fault words this context's kernels record in, with the world ranks of
+        #: their peers: the context's own, then its groups' (:meth:`_setup_group_view`).
+        self._fault_word_sets: list[tuple] = []
+        self._new_fault_words(tuple(range(self.world_size)))
+        self._barrier_state = self._new_barrier_state()
+        #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
+        #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
+        #: ``p`` of its peers; a small call launches fewer.
+        self.programs = self.get_cu_count() if self.device.type == "cuda" else CPU_PROGRAMS
+
+    def _new_fault_words(self, peers: tuple[int, ...]) -> None:
+        """This context's (or group view's) fault words, for kernels numbering ``peers`` (world
+        ranks) by their place in it, kept where :meth:`_recorded_failure` reads them."""
+        words = len(peers) + 2  # first failure, one per peer, trap on failure
         #: The fault words kernels record give-ups in, on the device (:mod:`iris_triton.waits`).
         self.faults = torch.zeros(words, dtype=torch.int32, device=self.device)
         self.faults[-1] = int(self.config.on_timeout == "trap")
@@ -100,17 +113,22 @@ class TritonDeviceOps(DeviceOps):
             pinned = torch.zeros(words, dtype=torch.int32, pin_memory=True)
             #: Their copy the host reads without a synchronisation.
             self.host_faults = torch.as_tensor(_MappedHostMemory(pinned), device=self.device)
-            self._host_fault_words = pinned.numpy()
+            host_words = pinned.numpy()
         else:
             self.host_faults = self.faults
-            self._host_fault_words = self.faults.numpy()
+            host_words = self.faults.numpy()
+        self._fault_word_sets.append((host_words, peers))
+
+    def _setup_group_view(self) -> None:
+        super()._setup_group_view()
+        self._new_fault_words(self.group_ranks)  # the list is the context's: it reads the group's words too
+        self._barrier_state = self._new_barrier_state()
+
+    def _new_barrier_state(self) -> torch.Tensor:
+        """The device barrier's state words, on the heap (a group view's: in its arena)."""
         from iris_triton.barrier import state_words
 
-        self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
-        #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
-        #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
-        #: ``p`` of its peers; a small call launches fewer.
-        self.programs = self.get_cu_count() if self.device.type == "cuda" else CPU_PROGRAMS
+        return self.zeros(state_words(self.world_size), dtype=torch.int32)
 
     def collective_sync(self) -> torch.Tensor:
         """The collectives' int32 sync words on the heap (a workspace): per program, its call count
@@ -122,15 +140,18 @@ class TritonDeviceOps(DeviceOps):
 
     def _recorded_failure(self) -> str | None:
         """A give-up recorded by this rank's kernels, as a message (None when there is none)."""
-        if self._host_fault_words[0] == 0:
-            return None
         by_failure: dict[tuple[str, str], list[int]] = {}
-        for peer, code in enumerate(self._host_fault_words[1:1 + self.world_size].tolist()):
-            if code:
-                by_failure.setdefault(describe_failure(code), []).append(peer)
+        for host_words, peers in self._fault_word_sets:
+            if host_words[0]:
+                for peer, code in zip(peers, host_words[1:1 + len(peers)].tolist()):
+                    if code:
+                        by_failure.setdefault(describe_failure(code), []).append(peer)
+        if not by_failure:
+            return None
         what = "; ".join(
-            f"{operation} gave up after {self.config.timeout:g} s waiting for rank(s) {peers}" if kind == "timeout"
-            else f"{operation}: rank(s) {peers} made a different call (another collective, size, dtype or op)"
+            f"{operation} gave up after {self.config.timeout:g} s waiting for world rank(s) {peers}"
+            if kind == "timeout"
+            else f"{operation}: world rank(s) {peers} made a different call (another collective, size, dtype or op)"
             for (operation, kind), peers in by_failure.items())
         return (f"on rank {self.rank}, a device-side wait failed: {what}. The failed call's outputs hold NaN "
                 f"(integers: -1). Check that every rank is alive and makes the same iris calls in the same order, "

@@ -31,6 +31,7 @@ import torch
 import triton
 
 from iris.errors import IrisError
+from iris.groups import namespace_for
 from iris_triton.copy_engine import CopyEngineOps
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_SHAPES, LINK_BYTES_PER_SECOND,
@@ -108,6 +109,10 @@ class FusedOps:
         self._context = context
         self._side_stream = None
         self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
+
+    def _for_group(self, group) -> "FusedOps":
+        """The operations that run calls with ``group=group`` (:mod:`iris.groups`)."""
+        return namespace_for(self, group)
 
     # -- the operations -------------------------------------------------------------------------
 
