@@ -27,11 +27,19 @@ class GroupsMixin:
         """A group of the world ranks ``ranks`` (a list in group-rank order, or a
         torch.distributed process group whose ranks are taken; None: every rank), for
         ``group=`` arguments. Collective over the whole world, as ``torch.distributed.new_group``:
-        every rank calls it, members or not, with the same ranks. ``workspace_size``: bytes of
+        every rank calls it, members or not, with the same ranks (or what the same
+        ``dist.new_group`` call returned it: non-members pass its non-member value). ``workspace_size``: bytes of
         heap for the group's workspaces (default a eighth of the heap), taken on every rank."""
         made_from = ranks if isinstance(ranks, dist.ProcessGroup) else None
-        if made_from is not None:
-            ranks = dist.get_process_group_ranks(made_from)
+        if made_from is not None or ranks is dist.GroupMember.NON_GROUP_MEMBER:
+            # What dist.new_group returned: its non-members do not know its ranks; its members tell.
+            known = self.comm.all_gather_object(None if made_from is None else
+                                                dist.get_process_group_ranks(made_from))
+            members = {tuple(k) for k in known if k is not None}
+            if len(members) != 1:
+                raise IrisError(f"new_group: the ranks passed different process groups ({sorted(members)}); every "
+                                f"rank passes what the same dist.new_group(...) call returned it")
+            ranks = list(members.pop())
         elif ranks is None:
             ranks = list(range(self.world_size))
         if isinstance(ranks, int) or not all(isinstance(r, int) for r in ranks):

@@ -1,0 +1,192 @@
+"""Sub-groups (``ctx.new_group``, ``ctx.new_subgroups``, ``group=``, ``iris.create(group=pg)``) on CPU
+ranks, against torch.distributed on gloo over the same ranks with the same random data.
+
+4 ranks as tensor-parallel x data-parallel (2 x 2): contiguous groups ``[[0, 1], [2, 3]]`` and strided
+``[[0, 2], [1, 3]]`` made on one context, calls on both interleaved with world calls; the fused
+operations on a group; a context of its own over a process group. 3 ranks with one group of 2
+(``[0, 2]``): the non-member's calls are refused, and a member whose peer does not come gives up
+naming the peer's world rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import iris
+from iris.errors import IrisError, IrisTimeoutError
+from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
+
+#: Elements per rank of a collective call (divisible by the group sizes; several blocks).
+N = 96
+#: (rows per rank, K, N) of the fused operations.
+SHAPE = (4, 16, 24)
+
+
+def _random(*shape, seed, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=seeded_generator(*seed)).to(dtype)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
+    return a.shape == b.shape and torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def _check_collectives(ctx, group, name: str, round_: int, report: RankReport) -> None:
+    """Every collective on ``group`` against torch.distributed on its process group."""
+    pg, size = group.process_group, group.size
+    x = _random(N, seed=(name, round_, ctx.rank))
+    for op, reduce_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
+        expected = x.clone()
+        dist.all_reduce(expected, op=reduce_op, group=pg)
+        got = ctx.ccl.all_reduce(x.clone(), op=op, group=group)
+        report.check(f"groups/{name}/all_reduce/{op}/{round_}", _close(got, expected))
+    gathered = [torch.empty(N) for _ in range(size)]
+    dist.all_gather(gathered, x, group=pg)
+    out = torch.full((size, N), 7.0)
+    report.check(f"groups/{name}/all_gather/{round_}",
+                 torch.equal(ctx.ccl.all_gather(out, x, group=group), torch.stack(gathered)))
+    share = N // size  # gloo has no reduce_scatter: the reference reduces the gathered inputs
+    expected = torch.stack(gathered).sum(0)[group.rank * share:(group.rank + 1) * share]
+    out = torch.empty(share)
+    report.check(f"groups/{name}/reduce_scatter/{round_}",
+                 _close(ctx.ccl.reduce_scatter(out, x, group=group), expected))
+    expected = torch.empty(N)
+    dist.all_to_all_single(expected, x, group=pg)
+    out = torch.empty(N)
+    report.check(f"groups/{name}/all_to_all/{round_}", torch.equal(ctx.ccl.all_to_all(out, x, group=group),
+                                                                  expected))
+    src = size - 1  # a group rank
+    expected = x.clone()
+    dist.broadcast(expected, group=pg, group_src=src)
+    report.check(f"groups/{name}/broadcast/{round_}",
+                 torch.equal(ctx.ccl.broadcast(x.clone(), src=src, group=group), expected))
+
+
+def _check_fused(ctx, group, name: str, report: RankReport) -> None:
+    """all_gather_matmul and matmul_reduce_scatter on ``group`` against torch products of the
+    group's gathered inputs."""
+    m, k, n = SHAPE
+    size, pg = group.size, group.process_group
+    a = _random(m, k, seed=("a", name, ctx.rank), dtype=torch.bfloat16)
+    b = _random(k, n, seed=("b", name, group.ranks), dtype=torch.bfloat16)  # the same on the group's ranks
+    shards = [torch.empty_like(a) for _ in range(size)]
+    dist.all_gather(shards, a, group=pg)
+    expected = (torch.cat(shards).float() @ b.float())
+    out = torch.empty(size * m, n, dtype=torch.bfloat16)
+    ctx.ops.all_gather_matmul(out, a, b, group=group)
+    report.check(f"groups/{name}/all_gather_matmul", _close(out, expected, 3e-2))
+    a_full = _random(size * m, k, seed=("full", name, ctx.rank), dtype=torch.bfloat16)
+    partials = [torch.empty(size * m, n) for _ in range(size)]
+    dist.all_gather(partials, (a_full.float() @ b.float()), group=pg)
+    expected = torch.stack(partials).sum(0)[group.rank * m:(group.rank + 1) * m]
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    ctx.ops.matmul_reduce_scatter(out, a_full, b, group=group)
+    report.check(f"groups/{name}/matmul_reduce_scatter", _close(out, expected, 5e-2))
+
+
+def _tp_dp_worker(rank: int) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create(device="cpu")
+    with report.section("layouts"):
+        tp, tp_groups = ctx.new_subgroups(2)
+        dp, dp_groups = ctx.new_subgroups(ranks_per_subgroup=[[0, 2], [1, 3]])
+        report.check("groups/layout/tp", tp.ranks == (rank // 2 * 2, rank // 2 * 2 + 1) and tp.rank == rank % 2)
+        report.check("groups/layout/dp", dp.ranks == (rank % 2, rank % 2 + 2) and dp.rank == rank // 2)
+        report.check("groups/layout/all", [g.ranks for g in tp_groups] == [(0, 1), (2, 3)]
+                     and [g.ranks for g in dp_groups] == [(0, 2), (1, 3)])
+        for round_ in range(3):  # the world's, the TP and the DP groups' calls interleaved
+            _check_collectives(ctx, tp, "tp", round_, report)
+            world = _random(N, seed=("world", round_, rank))
+            expected = world.clone()
+            dist.all_reduce(expected)
+            report.check(f"groups/world/all_reduce/{round_}", _close(ctx.ccl.all_reduce(world), expected))
+            _check_collectives(ctx, dp, "dp", round_, report)
+        _check_fused(ctx, tp, "tp", report)
+        _check_fused(ctx, dp, "dp", report)
+    with report.section("from_process_group"):
+        pg = dist.new_group([1, 2, 3])
+        made = ctx.new_group(pg)  # every world rank takes part, members or not
+        if rank:
+            x = _random(N, seed=("pg", rank))
+            expected = x.clone()
+            dist.all_reduce(expected, group=pg)
+            report.check("groups/process_group/all_reduce", _close(ctx.ccl.all_reduce(x, group=pg), expected))
+            report.check("groups/process_group/same_group", made.rank == rank - 1)
+        else:
+            report.check("groups/process_group/non_member", made.rank is None and made.ranks == (1, 2, 3))
+    with report.section("own_context"):
+        pgs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        mine = pgs[rank // 2]
+        sub = iris.create(device="cpu", group=mine, heap_size="32MiB")
+        report.check("groups/own_context/identity", (sub.rank, sub.world_size) == (rank % 2, 2))
+        x = _random(N, seed=("own", rank))
+        expected = x.clone()
+        dist.all_reduce(expected, group=mine)
+        report.check("groups/own_context/all_reduce", _close(sub.ccl.all_reduce(x), expected))
+        out = torch.empty(2, N)
+        sub.ccl.all_gather(out, x)
+        report.check("groups/own_context/all_gather", torch.equal(out[rank % 2], x))
+        sub.destroy()
+    with report.section("errors"):
+        try:
+            ctx.new_subgroups(3)
+            report.check("groups/errors/indivisible", False)
+        except IrisError as error:
+            report.check("groups/errors/indivisible", "positive divisor of the world size 4" in str(error))
+        try:
+            ctx.ccl.broadcast(torch.zeros(4), src=2, group=tp)
+            report.check("groups/errors/src_is_a_group_rank", False)
+        except IrisError as error:
+            report.check("groups/errors/src_is_a_group_rank",
+                         "(group ranks 0..1; src/dst arguments are group ranks)" in str(error))
+        other = dist.new_group([0, 1, 2, 3])
+        try:
+            ctx.ccl.all_reduce(torch.zeros(4), group=other)
+            report.check("groups/errors/unknown_process_group", False)
+        except IrisError as error:
+            report.check("groups/errors/unknown_process_group", "ctx.new_group(process_group)" in str(error))
+        ctx.barrier()
+        report.check("groups/no_failure", not ctx.failed)
+    ctx.destroy()
+    return report.packed()
+
+
+def _partial_worker(rank: int) -> bytes:
+    """3 ranks, group [0, 2]: rank 1 is refused; rank 2 skips one call, so rank 0 gives up."""
+    report = RankReport(rank)
+    ctx = iris.create(device="cpu", timeout=3)
+    with report.section("partial"):
+        group = ctx.new_group([0, 2])
+        report.check("partial/membership", group.rank == {0: 0, 1: None, 2: 1}[rank])
+        x = _random(N, seed=("partial", rank))
+        if rank == 1:
+            try:
+                ctx.ccl.all_reduce(x, group=group)
+                report.check("partial/non_member_refused", False)
+            except IrisError as error:
+                report.check("partial/non_member_refused", "world rank 1 is not a member" in str(error))
+        else:
+            pg = group.process_group
+            expected = x.clone()
+            dist.all_reduce(expected, group=pg)
+            report.check("partial/all_reduce", _close(ctx.ccl.all_reduce(x.clone(), group=group), expected))
+            if rank == 0:  # rank 2 does not make this call
+                t = x.clone()
+                try:
+                    ctx.ccl.all_reduce(t, group=group)
+                    report.check("partial/gave_up", False)
+                except IrisTimeoutError as error:
+                    report.check("partial/gave_up", "world rank(s) [2]" in str(error))
+                    report.check("partial/poisoned", bool(torch.isnan(t).all()))
+        dist.barrier()  # rank 2 waits (on torch's group) until rank 0 gave up
+    return report.packed()
+
+
+def test_tensor_and_data_parallel_groups_on_four_ranks():
+    reports = spawn_reports(_tp_dp_worker, 4, device=backend_rank_device("triton", 4), timeout=120)
+    assert_rank_checks(reports, "groups/", 4 * 40)
+
+
+def test_a_group_of_two_in_three_ranks():
+    reports = spawn_reports(_partial_worker, 3, device=backend_rank_device("triton", 3), timeout=60)
+    assert_rank_checks(reports, "partial/", 5)
