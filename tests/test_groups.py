@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import iris
 from iris.errors import IrisError, IrisTimeoutError
-from iris.testing import RankReport, assert_rank_checks, backend_rank_device, seeded_generator, spawn_reports
+from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
 #: Elements per rank of a collective call (divisible by the group sizes; several blocks).
 N = 96
@@ -38,28 +38,28 @@ def _check_collectives(ctx, group, name: str, round_: int, report: RankReport) -
     for op, reduce_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
         expected = x.clone()
         dist.all_reduce(expected, op=reduce_op, group=pg)
-        got = ctx.ccl.all_reduce(x.clone(), op=op, group=group)
-        report.check(f"groups/{name}/all_reduce/{op}/{round_}", _close(got, expected))
+        got = ctx.ccl.all_reduce(x.to(ctx.device), op=op, group=group)
+        report.check(f"groups/{name}/all_reduce/{op}/{round_}", _close(got.cpu(), expected))
     gathered = [torch.empty(N) for _ in range(size)]
     dist.all_gather(gathered, x, group=pg)
-    out = torch.full((size, N), 7.0)
+    out = torch.full((size, N), 7.0, device=ctx.device)
     report.check(f"groups/{name}/all_gather/{round_}",
-                 torch.equal(ctx.ccl.all_gather(out, x, group=group), torch.stack(gathered)))
+                 torch.equal(ctx.ccl.all_gather(out, x.to(ctx.device), group=group).cpu(), torch.stack(gathered)))
     share = N // size  # gloo has no reduce_scatter: the reference reduces the gathered inputs
     expected = torch.stack(gathered).sum(0)[group.rank * share:(group.rank + 1) * share]
-    out = torch.empty(share)
+    out = torch.empty(share, device=ctx.device)
     report.check(f"groups/{name}/reduce_scatter/{round_}",
-                 _close(ctx.ccl.reduce_scatter(out, x, group=group), expected))
+                 _close(ctx.ccl.reduce_scatter(out, x.to(ctx.device), group=group).cpu(), expected))
     expected = torch.empty(N)
     dist.all_to_all_single(expected, x, group=pg)
-    out = torch.empty(N)
-    report.check(f"groups/{name}/all_to_all/{round_}", torch.equal(ctx.ccl.all_to_all(out, x, group=group),
-                                                                  expected))
+    out = torch.empty(N, device=ctx.device)
+    report.check(f"groups/{name}/all_to_all/{round_}",
+                 torch.equal(ctx.ccl.all_to_all(out, x.to(ctx.device), group=group).cpu(), expected))
     src = size - 1  # a group rank
     expected = x.clone()
     dist.broadcast(expected, group=pg, group_src=src)
     report.check(f"groups/{name}/broadcast/{round_}",
-                 torch.equal(ctx.ccl.broadcast(x.clone(), src=src, group=group), expected))
+                 torch.equal(ctx.ccl.broadcast(x.to(ctx.device), src=src, group=group).cpu(), expected))
 
 
 def _check_fused(ctx, group, name: str, report: RankReport) -> None:
@@ -72,21 +72,21 @@ def _check_fused(ctx, group, name: str, report: RankReport) -> None:
     shards = [torch.empty_like(a) for _ in range(size)]
     dist.all_gather(shards, a, group=pg)
     expected = (torch.cat(shards).float() @ b.float())
-    out = torch.empty(size * m, n, dtype=torch.bfloat16)
-    ctx.ops.all_gather_matmul(out, a, b, group=group)
-    report.check(f"groups/{name}/all_gather_matmul", _close(out, expected, 3e-2))
+    out = torch.empty(size * m, n, dtype=torch.bfloat16, device=ctx.device)
+    ctx.ops.all_gather_matmul(out, a.to(ctx.device), b.to(ctx.device), group=group)
+    report.check(f"groups/{name}/all_gather_matmul", _close(out.cpu(), expected, 3e-2))
     a_full = _random(size * m, k, seed=("full", name, ctx.rank), dtype=torch.bfloat16)
     partials = [torch.empty(size * m, n) for _ in range(size)]
     dist.all_gather(partials, (a_full.float() @ b.float()), group=pg)
     expected = torch.stack(partials).sum(0)[group.rank * m:(group.rank + 1) * m]
-    out = torch.empty(m, n, dtype=torch.bfloat16)
-    ctx.ops.matmul_reduce_scatter(out, a_full, b, group=group)
-    report.check(f"groups/{name}/matmul_reduce_scatter", _close(out, expected, 5e-2))
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=ctx.device)
+    ctx.ops.matmul_reduce_scatter(out, a_full.to(ctx.device), b.to(ctx.device), group=group)
+    report.check(f"groups/{name}/matmul_reduce_scatter", _close(out.cpu(), expected, 5e-2))
 
 
 def _tp_dp_worker(rank: int) -> bytes:
     report = RankReport(rank)
-    ctx = iris.create(device="cpu")
+    ctx = iris.create()
     with report.section("layouts"):
         tp, tp_groups = ctx.new_subgroups(2)
         dp, dp_groups = ctx.new_subgroups(ranks_per_subgroup=[[0, 2], [1, 3]])
@@ -99,7 +99,8 @@ def _tp_dp_worker(rank: int) -> bytes:
             world = _random(N, seed=("world", round_, rank))
             expected = world.clone()
             dist.all_reduce(expected)
-            report.check(f"groups/world/all_reduce/{round_}", _close(ctx.ccl.all_reduce(world), expected))
+            report.check(f"groups/world/all_reduce/{round_}",
+                         _close(ctx.ccl.all_reduce(world.to(ctx.device)).cpu(), expected))
             _check_collectives(ctx, dp, "dp", round_, report)
         _check_fused(ctx, tp, "tp", report)
         _check_fused(ctx, dp, "dp", report)
@@ -110,22 +111,23 @@ def _tp_dp_worker(rank: int) -> bytes:
             x = _random(N, seed=("pg", rank))
             expected = x.clone()
             dist.all_reduce(expected, group=pg)
-            report.check("groups/process_group/all_reduce", _close(ctx.ccl.all_reduce(x, group=pg), expected))
+            report.check("groups/process_group/all_reduce",
+                         _close(ctx.ccl.all_reduce(x.to(ctx.device), group=pg).cpu(), expected))
             report.check("groups/process_group/same_group", made.rank == rank - 1)
         else:
             report.check("groups/process_group/non_member", made.rank is None and made.ranks == (1, 2, 3))
     with report.section("own_context"):
         pgs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         mine = pgs[rank // 2]
-        sub = iris.create(device="cpu", group=mine, heap_size="32MiB")
+        sub = iris.create(group=mine, heap_size="32MiB")
         report.check("groups/own_context/identity", (sub.rank, sub.world_size) == (rank % 2, 2))
         x = _random(N, seed=("own", rank))
         expected = x.clone()
         dist.all_reduce(expected, group=mine)
-        report.check("groups/own_context/all_reduce", _close(sub.ccl.all_reduce(x), expected))
-        out = torch.empty(2, N)
-        sub.ccl.all_gather(out, x)
-        report.check("groups/own_context/all_gather", torch.equal(out[rank % 2], x))
+        report.check("groups/own_context/all_reduce", _close(sub.ccl.all_reduce(x.to(sub.device)).cpu(), expected))
+        out = torch.empty(2, N, device=sub.device)
+        sub.ccl.all_gather(out, x.to(sub.device))
+        report.check("groups/own_context/all_gather", torch.equal(out[rank % 2].cpu(), x))
         sub.destroy()
     with report.section("errors"):
         try:
@@ -134,14 +136,14 @@ def _tp_dp_worker(rank: int) -> bytes:
         except IrisError as error:
             report.check("groups/errors/indivisible", "positive divisor of the world size 4" in str(error))
         try:
-            ctx.ccl.broadcast(torch.zeros(4), src=2, group=tp)
+            ctx.ccl.broadcast(torch.zeros(4, device=ctx.device), src=2, group=tp)
             report.check("groups/errors/src_is_a_group_rank", False)
         except IrisError as error:
             report.check("groups/errors/src_is_a_group_rank",
                          "(group ranks 0..1; src/dst arguments are group ranks)" in str(error))
         other = dist.new_group([0, 1, 2, 3])
         try:
-            ctx.ccl.all_reduce(torch.zeros(4), group=other)
+            ctx.ccl.all_reduce(torch.zeros(4, device=ctx.device), group=other)
             report.check("groups/errors/unknown_process_group", False)
         except IrisError as error:
             report.check("groups/errors/unknown_process_group", "ctx.new_group(process_group)" in str(error))
@@ -154,11 +156,11 @@ def _tp_dp_worker(rank: int) -> bytes:
 def _partial_worker(rank: int) -> bytes:
     """3 ranks, group [0, 2]: rank 1 is refused; rank 2 skips one call, so rank 0 gives up."""
     report = RankReport(rank)
-    ctx = iris.create(device="cpu", timeout=3)
+    ctx = iris.create(timeout=3)
     with report.section("partial"):
         group = ctx.new_group([0, 2])
         report.check("partial/membership", group.rank == {0: 0, 1: None, 2: 1}[rank])
-        x = _random(N, seed=("partial", rank))
+        x = _random(N, seed=("partial", rank)).to(ctx.device)
         if rank == 1:
             try:
                 ctx.ccl.all_reduce(x, group=group)
@@ -167,9 +169,9 @@ def _partial_worker(rank: int) -> bytes:
                 report.check("partial/non_member_refused", "world rank 1 is not a member" in str(error))
         else:
             pg = group.process_group
-            expected = x.clone()
+            expected = x.cpu().clone()
             dist.all_reduce(expected, group=pg)
-            report.check("partial/all_reduce", _close(ctx.ccl.all_reduce(x.clone(), group=group), expected))
+            report.check("partial/all_reduce", _close(ctx.ccl.all_reduce(x.clone(), group=group).cpu(), expected))
             if rank == 0:  # rank 2 does not make this call
                 t = x.clone()
                 try:
@@ -177,16 +179,16 @@ def _partial_worker(rank: int) -> bytes:
                     report.check("partial/gave_up", False)
                 except IrisTimeoutError as error:
                     report.check("partial/gave_up", "world rank(s) [2]" in str(error))
-                    report.check("partial/poisoned", bool(torch.isnan(t).all()))
+                    report.check("partial/poisoned", bool(torch.isnan(t).all().item()))
         dist.barrier()  # rank 2 waits (on torch's group) until rank 0 gave up
     return report.packed()
 
 
 def test_tensor_and_data_parallel_groups_on_four_ranks():
-    reports = spawn_reports(_tp_dp_worker, 4, device=backend_rank_device("triton", 4), timeout=120)
+    reports = reports_on_available_ranks(_tp_dp_worker, 4, timeout=120)
     assert_rank_checks(reports, "groups/", 4 * 40)
 
 
 def test_a_group_of_two_in_three_ranks():
-    reports = spawn_reports(_partial_worker, 3, device=backend_rank_device("triton", 3), timeout=60)
+    reports = reports_on_available_ranks(_partial_worker, 3, timeout=60)
     assert_rank_checks(reports, "partial/", 5)
