@@ -2,12 +2,12 @@
 automatic choice.
 
 An :class:`Algorithm` implements one collective (``all_reduce``, ``all_gather``, ...) and
-declares where it applies: the kernel languages it is written in, the devices, dtypes and world
-sizes it runs on, the most bytes per rank it takes, and, for the automatic choice, a priority and
-the bytes per rank up to which it is worth choosing. Each collective has its own registry, filled
-from the entry-point group ``iris.ccl.<collective>`` (the Triton backend declares its algorithms
-there; a plugin distribution adds its own the same way) and by :func:`register_algorithm` in
-process.
+declares where it applies: the kernel languages it is written in, the devices, dtypes, reductions
+and world sizes it runs on, the most bytes per rank it takes, and, for the automatic choice, a
+priority and the bytes per rank up to which it is worth choosing. Each collective has its own
+registry, filled from the entry-point group ``iris.ccl.<collective>`` (the Triton backend declares
+its algorithms there; a plugin distribution adds its own the same way) and by
+:func:`register_algorithm` in process.
 
 ``ctx.ccl`` validates a call, then hands it to the algorithm that ``algorithm=`` names (refused,
 with the reason, where it does not apply) or else to :func:`choose`'s: of the algorithms that
@@ -32,8 +32,14 @@ from iris.registry import PluginRegistry
 
 __all__ = [
     "COLLECTIVES",
+    "MOVED_ONLY_DTYPES",
+    "POINT_TO_POINT",
     "REDUCE_OPS",
+    "REDUCIBLE_DTYPES",
+    "REDUCING",
+    "ROOT_ONLY",
     "SUPPORTED_DTYPES",
+    "UNEVEN",
     "Algorithm",
     "CallShape",
     "CollectiveCall",
@@ -43,11 +49,29 @@ __all__ = [
 ]
 
 #: The collectives of ``ctx.ccl`` that dispatch to registered algorithms.
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-#: Reductions, by the names the kernels use.
-REDUCE_OPS = ("sum", "max", "min")
-#: Element types every collective accepts.
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+               "send", "recv",
+               "all_to_all_single", "all_to_all_vdev")
+#: Those of them whose tensors' sizes differ between ranks (rows split by counts): every rank's
+#: rows have the same shape, their numbers differ.
+UNEVEN = ("all_to_all_single", "all_to_all_vdev")
+#: Those of them that only two ranks make (a pair's calls: the others make none).
+POINT_TO_POINT = ("send", "recv")
+#: Those of them with a root rank (:attr:`CollectiveCall.src`), and what only the root passes:
+#: the other ranks pass None there (reduce's and gather's output, scatter's input).
+ROOT_ONLY = MappingProxyType({"reduce": "output", "gather": "output", "scatter": "input"})
+#: Those of them that reduce (they take ``op``).
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+#: Reductions, by the names the kernels use. ``avg`` is the sum divided by the world size, for
+#: floating-point types only.
+REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
+#: Element types the reductions take (16-bit floats accumulate in float32).
+REDUCIBLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.int8, torch.uint8)
+#: Element types the collectives only move (the reductions refuse them: cast to a 16- or 32-bit
+#: float and back).
+MOVED_ONLY_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: Element types the collectives accept (the reductions: :data:`REDUCIBLE_DTYPES`).
+SUPPORTED_DTYPES = REDUCIBLE_DTYPES + MOVED_ONLY_DTYPES
 
 
 @attrs.frozen(kw_only=True, cache_hash=False)
@@ -58,21 +82,48 @@ class CollectiveCall:
     """The iris context."""
     collective: str
     output: Any
-    """The result tensor (for ``all_reduce`` and ``broadcast``: the tensor itself)."""
+    """The result tensor (for ``all_reduce``, ``broadcast`` and ``reduce``: the tensor itself); None
+    on a rank that receives nothing (``reduce``'s and ``gather``'s ranks but the root)."""
     input: Any
+    """None on a rank that sends nothing (``scatter``'s ranks but the root)."""
     op: str = "sum"
-    """``"sum"``, ``"max"`` or ``"min"`` (reductions only)."""
+    """One of :data:`REDUCE_OPS` (reductions only)."""
     src: int = 0
-    """The source rank (``broadcast`` only)."""
+    """The root rank: broadcast's and scatter's source, reduce's and gather's destination; or the
+    peer (``send``: the destination, ``recv``: the source)."""
+    input_splits: Any = None
+    """The uneven collectives' rows of ``input`` for each rank (int64 [world_size], on the device):
+    the host's split sizes (``all_to_all_single``) or the caller's counts (``all_to_all_vdev``)."""
+    output_splits: Any = None
+    """The rows ``output`` receives from each rank (int64 [world_size], on the device): the host's
+    split sizes, read (``all_to_all_single``), or where the counts received are written
+    (``all_to_all_vdev``)."""
 
     @functools.cached_property
     def signature(self) -> int:
         """16 bits that every rank's identical call shares and a different call (another
-        collective, size, dtype, op or source) almost surely does not; never 0. Kernels announce
+        collective, size, dtype, op or root) almost surely does not; never 0. Kernels announce
         it to their peers with the call's number, so a peer that made a different call is caught
         on the device instead of exchanging mismatched data."""
-        what = (self.collective, self.input.numel(), self.output.numel(), str(self.input.dtype), self.op, self.src)
+        if self.collective in UNEVEN:  # the numbers of rows differ between ranks, not their shape
+            what = (self.collective, self.input.shape[1:].numel(), str(self.input.dtype))
+        elif self.collective in ROOT_ONLY:  # what only the root passes has no part in it
+            what = (self.collective, self.shared.numel(), str(self.shared.dtype), self.op, self.src)
+        else:
+            what = (self.collective, self.input.numel(), self.output.numel(), str(self.input.dtype), self.op, self.src)
         return zlib.crc32(repr(what).encode()) & 0xFFFF | 1
+
+    @property
+    def shared(self) -> torch.Tensor:
+        """The tensor every rank passes: ``scatter``'s output, every other collective's input."""
+        return self.output if ROOT_ONLY.get(self.collective) == "input" else self.input
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the input per rank, the same on every rank (:attr:`CallShape.nbytes`)."""
+        if ROOT_ONLY.get(self.collective) == "input":  # scatter: the root's input, world_size x the output
+            return self.context.world_size * self.output.numel() * self.output.element_size()
+        return self.input.numel() * self.input.element_size()
 
 
 @attrs.frozen(kw_only=True)
@@ -81,17 +132,24 @@ class CallShape:
 
     collective: str
     nbytes: int
-    """Bytes of the input per rank."""
+    """Bytes of the input per rank (``scatter``: of the root's input; the collectives of
+    :data:`UNEVEN`, whose inputs differ between ranks: 0)."""
     world_size: int
     dtype: torch.dtype
     device_type: str
     """``"cuda"`` or ``"cpu"``."""
     language: str | None = None
     """The kernel language of the context's backend (None: the backend has none)."""
+    op: str | None = None
+    """The reduction (None: the collective does not reduce, or any)."""
 
 
 def _frozen_dtypes(dtypes) -> frozenset[torch.dtype] | None:
     return None if dtypes is None else frozenset(dtypes)
+
+
+def _frozen_ops(ops) -> frozenset[str] | None:
+    return None if ops is None else frozenset(ops)
 
 
 def _frozen_limits(limits: Mapping) -> Mapping:
@@ -119,7 +177,13 @@ class Algorithm:
     device_types: frozenset[str] = attrs.field(default=frozenset({"cuda", "cpu"}), converter=frozenset)
     """Device types it runs on."""
     dtypes: frozenset[torch.dtype] | None = attrs.field(default=None, converter=_frozen_dtypes)
-    """Element types it takes (None: every one of :data:`SUPPORTED_DTYPES`)."""
+    """Element types it takes (None: every one of :data:`SUPPORTED_DTYPES`; ``ctx.ccl`` hands a
+    reduction none but :data:`REDUCIBLE_DTYPES`)."""
+    ops: frozenset[str] | None = attrs.field(
+        default=None, converter=_frozen_ops,
+        validator=attrs.validators.optional(attrs.validators.deep_iterable(attrs.validators.in_(REDUCE_OPS))))
+    """Reductions it takes, of :data:`REDUCE_OPS` (None: every one); only the calls of the
+    collectives that reduce (:data:`REDUCING`) have one."""
     world_sizes: range = attrs.field(default=range(1, 1 << 20), validator=attrs.validators.instance_of(range))
     """World sizes it runs on (a ``range``)."""
     max_bytes: int | None = None
@@ -143,6 +207,9 @@ class Algorithm:
         if self.dtypes is not None and shape.dtype not in self.dtypes:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
             return f"it takes {names} tensors, this call has {str(shape.dtype).removeprefix('torch.')}"
+        if self.ops is not None and shape.op is not None and shape.op not in self.ops:
+            names = ", ".join(op for op in REDUCE_OPS if op in self.ops)
+            return f"it takes the reductions {names}, this call has op={shape.op!r}"
         if shape.world_size not in self.world_sizes:
             sizes = f"{self.world_sizes.start}..{self.world_sizes.stop - 1}"
             return f"it runs on world sizes {sizes}, not {shape.world_size}"
@@ -182,21 +249,22 @@ def register_algorithm(algorithm: Algorithm, *, clobber: bool = False) -> None:
 
 
 def choose(collective: str, nbytes: int, world_size: int, dtype: torch.dtype, device_type: str,
-           language: str | None) -> Algorithm:
+           language: str | None, op: str | None = None) -> Algorithm:
     """The algorithm ``ctx.ccl`` runs for a call when none is named: of the registered
     algorithms worth choosing for its :class:`CallShape` (:meth:`Algorithm.worth_choosing`), the
     one of highest priority, then of the first name. A function of the declarations and the
-    call's shape only, hence the same on every rank (with the same plugins installed: ``create()``
-    checks that). Remembered per shape until a registry changes."""
+    call's shape only (``op``: the reduction of a collective that reduces), hence the same on every
+    rank (with the same plugins installed: ``create()`` checks that). Remembered per shape until a
+    registry changes."""
     global _choices_made_with
     if _choices_made_with != PluginRegistry.changes or len(_choices) >= MAX_CHOICES_KEPT:
         _choices.clear()
         _choices_made_with = PluginRegistry.changes
-    key = (collective, nbytes, world_size, dtype, device_type, language)
+    key = (collective, nbytes, world_size, dtype, device_type, language, op)
     chosen = _choices.get(key)
     if chosen is None:
         chosen = _choices[key] = _choose(CallShape(collective=collective, nbytes=nbytes, world_size=world_size,
-                                                   dtype=dtype, device_type=device_type, language=language))
+                                                   dtype=dtype, device_type=device_type, language=language, op=op))
     return chosen
 
 

@@ -346,7 +346,13 @@ CCL_STEPS = {
     "all_reduce_one_shot": (ccl._push_own, None, ccl._reduce_whole),
     "all_reduce_two_shot": (ccl._push_segments, ccl._reduce_and_share_segment, ccl._collect_shared),
     "broadcast": (ccl._push_from_source, None, ccl._take_from_source),
+    "reduce": (ccl._push_own_to_root, None, ccl._reduce_at_root),
+    "gather": (ccl._push_own_to_root_and_keep, None, ccl._collect_at_root),
+    "scatter": (ccl._push_segments_from_root, None, ccl._take_from_source),
 }
+#: The rooted collectives compile differently on their root: ``<name>_root`` is rank 0 as the
+#: root (the others are rank 0 with root 1), with this reduction (reduce's average divides).
+CCL_ROOTS = {"reduce": "avg", "gather": "sum", "scatter": "sum"}
 
 
 def _ccl_specs(frontend) -> dict:
@@ -359,20 +365,24 @@ def _ccl_specs(frontend) -> dict:
     shape = {k: v for k, v in collective_shape("cuda", 1 << 20).items() if k != "num_warps"}
     divisible = ("context", "inp", "out", "ws", "sync", "faults", "host_faults", "m", "stride")
     for name, (push, middle, consume) in CCL_STEPS.items():
-        constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle, CONSUME=consume,
-                          OP="sum", SRC=1, SITE=2, **shape)
-        out[f"{prefix}ccl_{name}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types, divisible)
+        roots = {"": ("sum", 1), "_root": (CCL_ROOTS[name], 0)} if name in CCL_ROOTS else {"": ("sum", 1)}
+        for suffix, (op, src) in roots.items():
+            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle,
+                              CONSUME=consume, OP=op, SRC=src, SITE=2, **shape)
+            out[f"{prefix}ccl_{name}{suffix}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
+                                                       divisible)
     return out
 
 
 def _announcing_all_reduce_specs(frontend) -> dict:
-    """The all_reduce kernels whose data announces itself (low-latency: 2-, 4- and 8-byte
+    """The all_reduce kernels whose data announces itself (low-latency: 1-, 2-, 4- and 8-byte
     elements in flagged 64-bit words; sentinel: 2- and 4-byte floats), with their GPU launch
     shapes; Gluon's keys get a ``gluon:`` prefix."""
     prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
     kernels = {  # the low-latency kernel takes the element size; the sentinel kernel reads it off its pointers
         "low_latency": (low_latency.low_latency_kernel, LOW_LATENCY_SHAPES, "words",
-                        (("bf16", {"SIZE": 2}, "*i64"), ("fp32", {"SIZE": 4}, "*i64"), ("i64", {"SIZE": 8}, "*i64"))),
+                        (("i8", {"SIZE": 1}, "*i64"), ("bf16", {"SIZE": 2}, "*i64"), ("fp32", {"SIZE": 4}, "*i64"),
+                         ("i64", {"SIZE": 8}, "*i64"))),
         "sentinel": (sentinel.sentinel_kernel, SENTINEL_SHAPES, "n", (("bf16", {}, "*i16"), ("fp32", {}, "*i32"))),
     }
     out = {}

@@ -530,9 +530,9 @@ def test_single_rank_collectives_are_identities(ctx):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda c: c.ccl.all_reduce(torch.ones(4, dtype=torch.uint8, device=c.device)), "dtype torch.uint8"),
+        (lambda c: c.ccl.all_reduce(torch.ones(4, dtype=torch.float64, device=c.device)), "dtype torch.float64"),
         (lambda c: c.ccl.all_reduce(torch.ones(4, 4, device=c.device).t()), "not contiguous"),
-        (lambda c: c.ccl.all_reduce(torch.ones(4, device=c.device), op="prod"), "op must be one of"),
+        (lambda c: c.ccl.all_reduce(torch.ones(4, device=c.device), op="band"), "op must be one of"),
         (lambda c: c.ccl.all_gather(torch.ones(3, device=c.device), torch.ones(4, device=c.device)),
          "needs world_size"),
         (lambda c: c.ccl.all_gather(torch.ones(4, dtype=torch.int32, device=c.device), torch.ones(4, device=c.device)),

@@ -1,7 +1,7 @@
 """Fail-stop under injected faults, on CPU ranks: no iris call returns a wrong value normally.
 
 Every collective (each all_reduce algorithm, all_gather, reduce_scatter, all_to_all, broadcast,
-device_barrier) and every ``ctx.ops`` call (fused and sequential) runs on 2 and 3 ranks while a
+reduce, gather, scatter, device_barrier) and every ``ctx.ops`` call (fused and sequential) runs on 2 and 3 ranks while a
 peer is SIGKILLed before the call, SIGKILLed during it, exits early (``os._exit``), is late by more
 than the timeout, is late by less than the timeout, or while busy processes load the CPUs. On every
 surviving rank each call either returns exactly the torch reference (computed from every rank's
@@ -57,7 +57,8 @@ T_OK = 60.0
 LOADED_SLACK = 3.0
 
 ALL_REDUCE = tuple(f"all_reduce/{a}" for a in ("low_latency", "sentinel", "one_shot", "two_shot"))
-COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "device_barrier")
+COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+                            "device_barrier")
 FUSED = tuple(f"{k}/{m}" for k in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
               for m in ("fused", "sequential"))
 OPS = COLLECTIVES + FUSED
@@ -235,6 +236,18 @@ def prepare(ctx, op: str, seed, n: int = N):
     if kind == "broadcast":
         src = len(str(seed)) % world
         return (lambda: ctx.ccl.broadcast(mine, src=src)), xs[src], mine
+    root = len(str(seed)) % world  # the rooted collectives: the root's result; the others' tensors are not outputs
+    if kind == "reduce":
+        if rank != root:
+            return (lambda: ctx.ccl.reduce(mine, dst=root)), xs[rank], None
+        return (lambda: ctx.ccl.reduce(mine, dst=root)), sum(xs[1:], xs[0]), mine
+    if kind == "gather":
+        out = torch.full((world * n,), 12345.0) if rank == root else None
+        return (lambda: ctx.ccl.gather(out, mine, dst=root)), torch.cat(xs) if rank == root else None, out
+    if kind == "scatter":
+        m = n // world
+        out = torch.full((m,), 12345.0)
+        return (lambda: ctx.ccl.scatter(out, mine if rank == root else None, src=root)), xs[root][rank * m:][:m], out
     raise ValueError(op)
 
 
@@ -741,15 +754,20 @@ MISMATCHES = {
     "op": (("all_reduce", 100, torch.float32, "sum", None), ("all_reduce", 100, torch.float32, "max", None)),
     "algorithm": (("all_reduce", 100, torch.float32, "sum", "one_shot"),
                   ("all_reduce", 100, torch.float32, "sum", "two_shot")),
+    # The last field: reduce's root. Each rank is the root of its own call, so neither pushes.
+    "root": (("reduce", 100, torch.float32, "sum", None, 0), ("reduce", 100, torch.float32, "sum", None, 1)),
 }
 
 
 def mismatch_call(ctx, call, seed):
     """``(run, expected)``: the call, and its result had every rank made the same call."""
-    collective, n, dtype, op, algorithm = call
+    collective, n, dtype, op, algorithm, *root = call
     world, rank = ctx.world_size, ctx.rank
     xs = [_ints((n,), dtype, "mismatch", seed, repr(call), q) for q in range(world)]
     mine = xs[rank].clone()
+    if collective == "reduce":
+        dst = root[0]
+        return (lambda: ctx.ccl.reduce(mine, dst=dst)), torch_reduction(xs, op) if rank == dst else xs[rank]
     if collective == "all_gather":
         out = torch.full((world * n,), 12345.0, dtype=dtype)
         return (lambda: ctx.ccl.all_gather(out, mine)), torch.cat(xs)

@@ -215,14 +215,17 @@ WAITS = {
     "signal_wait_ctx": "ld.global.sys.acquire.b32",
     "gluon:signal_wait_ctx": "ld.global.sys.acquire.b32",
 }
+#: The collective kernel with each collective's steps (ptx_kernels.CCL_STEPS; a rooted
+#: collective's ``_root``: compiled for its root).
+CCL_KERNELS = ["all_gather", "all_to_all", "reduce_scatter", "all_reduce_one_shot", "all_reduce_two_shot", "broadcast",
+               "reduce", "reduce_root", "gather", "gather_root", "scatter", "scatter_root"]
 #: iris's own kernels that wait on peers and record a give-up in the fault words, by both front
 #: ends where both compile them.
 FAIL_STOP_KERNELS = [
     "device_barrier",
     *[f"{frontend}ccl_{collective}" for frontend in ("", "gluon:")
-      for collective in ("all_gather", "all_to_all", "reduce_scatter", "all_reduce_one_shot", "all_reduce_two_shot",
-                         "broadcast")],
-    *[f"{frontend}low_latency_{dtype}" for frontend in ("", "gluon:") for dtype in ("bf16", "fp32", "i64")],
+      for collective in CCL_KERNELS],
+    *[f"{frontend}low_latency_{dtype}" for frontend in ("", "gluon:") for dtype in ("i8", "bf16", "fp32", "i64")],
     *[f"{frontend}sentinel_{dtype}" for frontend in ("", "gluon:") for dtype in ("bf16", "fp32")],
     "fused_all_gather_matmul",
     "fused_matmul_reduce_scatter",
@@ -268,8 +271,7 @@ def test_waiting_kernels_are_bounded_by_the_timer_and_record_give_ups(ptx, name)
 
 
 @pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
-@pytest.mark.parametrize("collective", ["all_gather", "all_to_all", "reduce_scatter", "all_reduce_one_shot",
-                                        "all_reduce_two_shot", "broadcast"])
+@pytest.mark.parametrize("collective", CCL_KERNELS)
 def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, frontend, collective):
     # The one collective kernel, with each collective's steps, compiled by each front end (with
     # the fault words, their host-visible copy, the timeout in nanoseconds and the output's
@@ -282,7 +284,7 @@ def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, fronten
 
 
 @pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp32", "i64"])
+@pytest.mark.parametrize("dtype", ["i8", "bf16", "fp32", "i64"])
 def test_low_latency_all_reduce_pushes_flagged_words_without_fences(ptx, frontend, dtype):
     # Flagged 64-bit words go out as 16-byte vectors of two whole words and nothing orders them:
     # no atomic, no fence (the flag travels with the data). They are read with volatile loads,

@@ -698,9 +698,9 @@ def _check_conventions(ctx, report: RankReport) -> None:
                 "reduce_scatter_full_shape_ragged": (lambda: tctx.ccl.reduce_scatter(out, inp), ("reduce_scatter",)),
                 "all_gather_config": (lambda: tctx.ccl.all_gather(tctx.zeros((world * RAGGED[0], RAGGED[1])), inp,
                                                                   config=Config()), ("config=",)),
-                "all_to_all_async_op": (lambda: tctx.ccl.all_to_all(tctx.zeros(RAGGED[0], RAGGED[1] * world),
-                                                                    tctx.zeros(RAGGED[0], RAGGED[1] * world),
-                                                                    async_op=True), ("async_op=",)),
+                "all_to_all_config": (lambda: tctx.ccl.all_to_all(tctx.zeros(RAGGED[0], RAGGED[1] * world),
+                                                                  tctx.zeros(RAGGED[0], RAGGED[1] * world),
+                                                                  config=Config()), ("config=",)),
             }
             for label, (call, spelling) in refusals.items():
                 _record(report, f"conventions/refusals/{label}",

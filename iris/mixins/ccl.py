@@ -20,11 +20,15 @@ from typing import Callable
 
 import torch
 
-from iris.collectives import (COLLECTIVES, REDUCE_OPS, SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall,
-                               algorithm_registry, choose)
+from iris.collectives import (COLLECTIVES, MOVED_ONLY_DTYPES, POINT_TO_POINT, REDUCE_OPS, REDUCING, ROOT_ONLY,
+                               SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall, algorithm_registry, choose)
+from iris.custom_ops import forget as forget_operator_handles
+from iris.custom_ops import register as register_operator_handle
+from iris.custom_ops import traceable
 from iris.errors import IrisError
 from iris.groups import namespace_for
 from iris.registry import PluginRegistry
+from iris.uneven import SplitTensors, check_apart, check_counts, check_rows, same_on_every_rank, split_sizes
 
 __all__ = ["CCLMixin", "Collectives"]
 
@@ -61,19 +65,33 @@ def _refuse_upstream_keywords(collective: str, keywords: dict) -> None:
 
 
 def _reduce_op_name(op) -> str:
-    """``"sum"``/``"max"``/``"min"`` from a string or a ``torch.distributed.ReduceOp``."""
+    """One of :data:`~iris.collectives.REDUCE_OPS` from a string or a ``torch.distributed.ReduceOp``."""
     if isinstance(op, torch.Tensor):
         _refuse_upstream_call("all_reduce", "a second tensor (all_reduce(out, inp))", {})
     if isinstance(op, str):
         name = op.lower()
     else:
-        known = {torch.distributed.ReduceOp.SUM: "sum", torch.distributed.ReduceOp.MAX: "max",
-                 torch.distributed.ReduceOp.MIN: "min"}
+        reduce_op = torch.distributed.ReduceOp
+        known = {reduce_op.SUM: "sum", reduce_op.PRODUCT: "prod", reduce_op.MAX: "max", reduce_op.MIN: "min",
+                 reduce_op.AVG: "avg"}
         name = known.get(op, repr(op))
     if name not in REDUCE_OPS:
-        raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)} (or the torch.distributed.ReduceOp of that "
-                         f"name), got {op!r}")
+        raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)} (or torch.distributed.ReduceOp.SUM, PRODUCT, "
+                         f"MAX, MIN or AVG), got {op!r}")
     return name
+
+
+def _alike_on_every_rank(collective: str, output, input, world_size: int) -> tuple:
+    """``(output, input)`` as every rank's call has them alike, for the automatic choice and the
+    debug mode's comparison: what only the root of a rooted collective passes
+    (:data:`~iris.collectives.ROOT_ONLY`) is, on every rank, a meta tensor of the size the call
+    gives it (reduce: the tensor itself)."""
+    root_only = ROOT_ONLY.get(collective)
+    if root_only == "output" and isinstance(input, torch.Tensor):
+        output = input if collective == "reduce" else input.new_empty(world_size * input.numel(), device="meta")
+    elif root_only == "input" and isinstance(output, torch.Tensor):
+        input = output.new_empty(world_size * output.numel(), device="meta")
+    return output, input
 
 
 class Collectives:
@@ -91,6 +109,8 @@ class Collectives:
         self._repeats: dict[tuple, Callable[[], None]] = {}
         #: (workspaces' generation, registries' changes) when the repeats were made.
         self._repeats_made_with = (0, PluginRegistry.changes)
+        #: This object's handle for the custom operators (torch.ops.iris.*, iris.custom_ops).
+        self._iris_handle = register_operator_handle(self)
 
     def _for_group(self, group) -> "Collectives":
         """The collectives that run calls with ``group=group`` (:mod:`iris.groups`)."""
@@ -98,32 +118,34 @@ class Collectives:
 
     # -- discovery ------------------------------------------------------------------------------
 
-    def algorithms(self, collective: str, *, applying_to: torch.Tensor | None = None) -> list[str]:
+    def algorithms(self, collective: str, *, applying_to: torch.Tensor | None = None,
+                   op: str | None = None) -> list[str]:
         """Names of the algorithms registered for ``collective``; with ``applying_to``, only those
-        that can run a call of this context with that input."""
+        that can run a call of this context with that input (and, for a collective that reduces,
+        the reduction ``op``: None for any)."""
         names = algorithm_registry(collective).names()
         if applying_to is None:
             return names
-        shape = self._shape(collective, applying_to)
+        shape = self._shape(collective, applying_to, None if op is None else _reduce_op_name(op))
         return [name for name in names if algorithm_registry(collective).get(name).refusal(shape) is None]
 
-    def _shape(self, collective: str, input: torch.Tensor) -> CallShape:
+    def _shape(self, collective: str, input: torch.Tensor, op: str | None) -> CallShape:
         ctx = self._context
         return CallShape(collective=collective, nbytes=input.numel() * input.element_size(),
                          world_size=ctx.world_size, dtype=input.dtype, device_type=ctx.device.type,
-                         language=ctx.kernel_language)
+                         language=ctx.kernel_language, op=op if collective in REDUCING else None)
 
-    def _algorithm(self, collective: str, name: str | None, input: torch.Tensor) -> Algorithm:
+    def _algorithm(self, collective: str, name: str | None, input: torch.Tensor, op: str) -> Algorithm:
         if name is None:
             ctx = self._context
             return choose(collective, input.numel() * input.element_size(), ctx.world_size, input.dtype,
-                          ctx.device.type, ctx.kernel_language)
-        shape = self._shape(collective, input)
+                          ctx.device.type, ctx.kernel_language, op if collective in REDUCING else None)
+        shape = self._shape(collective, input, op)
         registry = algorithm_registry(collective)
         algorithm = registry.get(name)
         refusal = algorithm.refusal(shape)
         if refusal is not None:
-            runs = self.algorithms(collective, applying_to=input)
+            runs = self.algorithms(collective, applying_to=input, op=shape.op)
             raise IrisError(f"{collective}: algorithm {name!r} cannot run this call: {refusal}; choose one of "
                             f"{runs} or None (the automatic choice)")
         return algorithm
@@ -154,6 +176,27 @@ class Collectives:
         if out_start < in_end and in_start < out_end:
             raise IrisError(f"{collective}: output and input overlap in memory; pass separate tensors")
 
+    def _check_reduction(self, collective: str, tensor: torch.Tensor, op: str) -> None:
+        """``op`` can reduce tensors of ``tensor``'s dtype (checked after :meth:`_check_tensor`)."""
+        if tensor.dtype in MOVED_ONLY_DTYPES:
+            raise IrisError(f"{collective}: {tensor.dtype} tensors are moved, not reduced; cast to torch.bfloat16, "
+                            f"torch.float16 or torch.float32 first and back after (reductions of 16-bit floats "
+                            f"accumulate in float32)")
+        if op == "avg" and not tensor.dtype.is_floating_point:
+            raise IrisError(f"{collective}: op='avg' takes floating-point tensors, this one is {tensor.dtype}; reduce "
+                            f"with op='sum' and divide the result by the world size ({self._context.world_size})")
+
+    def _check_root(self, collective: str, name: str, root) -> None:
+        """``root`` (the ``src`` or ``dst`` of a rooted collective) is a rank of this context."""
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self._context.world_size:
+            raise IrisError(f"{collective}: {name}={root!r} is not a rank of {self._context.describe_ranks()}")
+
+    def _check_root_passes(self, collective: str, name: str, root: int, what: str, tensor, needs: str) -> None:
+        """On the root: it passed ``what`` (the tensor only the root passes, ``needs`` says which)."""
+        if tensor is None:
+            raise IrisError(f"{collective}: rank {root} is the {name} and must pass {what}, {needs}; the other ranks "
+                            f"pass {what}=None")
+
     def _divisible(self, collective: str, what: str, numel: int) -> int:
         world = self._context.world_size
         if numel % world:
@@ -162,19 +205,20 @@ class Collectives:
         return numel // world
 
     def _run(self, collective: str, algorithm: str | None, output, input, validate: Callable[[], None], *,
-             op: str = "sum", src: int = 0) -> None:
+             op: str = "sum", src: int = 0, splits: tuple = ()) -> None:
         """Run one call: the repeat of an identical earlier call, or else ``validate()`` it and
-        hand it to its algorithm (keeping the launch's repeat)."""
+        hand it to its algorithm (keeping the launch's repeat). ``splits``: the uneven
+        collectives' (input_splits, output_splits) device tensors (:mod:`iris.uneven`)."""
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
         with self._context._call(f"ccl.{collective}", (output,) if isinstance(output, torch.Tensor) else ()):
-            self._dispatch(collective, algorithm, output, input, validate, op, src)
+            self._dispatch(collective, algorithm, output, input, validate, op, src, splits)
 
     def _dispatch(self, collective: str, algorithm: str | None, output, input, validate: Callable[[], None], op: str,
-                  src: int) -> None:
+                  src: int, splits: tuple = ()) -> None:
         output_identity = _identity(output)
         key = (collective, algorithm, op, src, output_identity,
-               output_identity if input is output else _identity(input))
+               output_identity if input is output else _identity(input), *map(_identity, splits))
         debug = self._context.config.debug
         workspaces = self._context.workspaces
         workspaces.note_capture()  # a repeat asks for no workspace: a capture is noticed here
@@ -183,14 +227,18 @@ class Collectives:
         if repeat is not None:
             repeat()
             return
-        if debug:
-            self._check_same_call_on_every_rank(collective, algorithm, op, src, output, input)
+        if splits:
+            same = same_on_every_rank(collective, output, input)
+        else:
+            same = _alike_on_every_rank(collective, output, input, self._context.world_size)
+        if debug and collective not in POINT_TO_POINT:  # a pair's call: the other ranks make none to compare
+            self._check_same_call_on_every_rank(collective, algorithm, op, src, *same)
         validate()
-        chosen = self._algorithm(collective, algorithm, input)
-        if input.numel() == 0:
+        chosen = self._algorithm(collective, algorithm, same[1], op)
+        if same[1].numel() == 0 and not splits:  # uneven: a rank may send nothing and still receive
             return
         repeat = chosen.run(CollectiveCall(context=self._context, collective=collective, output=output, input=input,
-                                           op=op, src=src))
+                                           op=op, src=src, **dict(zip(("input_splits", "output_splits"), splits))))
         if repeat is not None:
             self._forget_outdated_repeats()  # the call may have grown a workspace
             if len(self._repeats) >= MAX_REPEATS:
@@ -224,17 +272,24 @@ class Collectives:
 
     # -- the collectives ------------------------------------------------------------------------
 
+    @traceable("all_reduce")
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None,
                    **upstream_keywords) -> torch.Tensor:
-        """Reduce ``tensor`` across ranks (sum, max or min) in place; every rank gets the same
-        result. ``algorithm``: any registered one (:meth:`algorithms`; the Triton backend has
+        """Reduce ``tensor`` across ranks (sum, prod, max, min or avg) in place; every rank gets the
+        same result. ``algorithm``: any registered one (:meth:`algorithms`; the Triton backend has
         ``"low_latency"``, ``"sentinel"`` (floats), ``"one_shot"`` and ``"two_shot"``); by default
         chosen by size, world size and dtype (:func:`iris.collectives.choose`)."""
         _refuse_upstream_keywords("all_reduce", upstream_keywords)
-        self._run("all_reduce", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "all_reduce", tensor),
-                  op=_reduce_op_name(op))
+        op = _reduce_op_name(op)
+
+        def validate():
+            self._check_tensor("tensor", "all_reduce", tensor)
+            self._check_reduction("all_reduce", tensor, op)
+
+        self._run("all_reduce", algorithm, tensor, tensor, validate, op=op)
         return tensor
 
+    @traceable("all_gather")
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None,
                    **upstream_keywords) -> torch.Tensor:
         """``output`` (world_size x input's elements, e.g. shape ``[world_size, *input.shape]``)
@@ -252,15 +307,18 @@ class Collectives:
         self._run("all_gather", algorithm, output, input, validate)
         return output
 
+    @traceable("reduce_scatter")
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", *,
                        algorithm: str | None = None, **upstream_keywords) -> torch.Tensor:
         """``output`` := the reduction across ranks of this rank's share of ``input``: rank r gets
         segment r of the ``world_size`` equal segments (torch's ``reduce_scatter_tensor``)."""
 
         _refuse_upstream_keywords("reduce_scatter", upstream_keywords)
+        op = _reduce_op_name(op)
 
         def validate():
             self._check_pair("reduce_scatter", output, input)
+            self._check_reduction("reduce_scatter", input, op)
             if output.numel() == input.numel() and self._context.world_size > 1:
                 _refuse_upstream_call("reduce_scatter", "an output of the input's size (the full-shape "
                                       "reduce_scatter)", {})
@@ -269,9 +327,10 @@ class Collectives:
                 raise IrisError(f"reduce_scatter: output has {output.numel()} elements; it needs input / world_size "
                                 f"= {share}")
 
-        self._run("reduce_scatter", algorithm, output, input, validate, op=_reduce_op_name(op))
+        self._run("reduce_scatter", algorithm, output, input, validate, op=op)
         return output
 
+    @traceable("all_to_all")
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None,
                    **upstream_keywords) -> torch.Tensor:
         """Segment j of this rank's ``input`` goes to rank j, which stores it as its segment r
@@ -289,18 +348,186 @@ class Collectives:
         self._run("all_to_all", algorithm, output, input, validate)
         return output
 
+    @traceable("broadcast")
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, algorithm: str | None = None) -> torch.Tensor:
         """Every rank's ``tensor`` := rank ``src``'s, in place."""
-        world = self._context.world_size
-        if not isinstance(src, int) or not 0 <= src < world:
-            raise IrisError(f"broadcast: src={src!r} is not a rank of {self._context.describe_ranks()}")
+        self._check_root("broadcast", "src", src)
         self._run("broadcast", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "broadcast", tensor),
                   src=src)
         return tensor
 
+    @traceable("reduce")
+    def reduce(self, tensor: torch.Tensor, dst: int = 0, op="sum", *, algorithm: str | None = None) -> torch.Tensor:
+        """Rank ``dst``'s ``tensor`` := every rank's ``tensor`` reduced (sum, prod, max, min or
+        avg), in place; the other ranks' tensors are left unchanged (torch's ``reduce``)."""
+        self._check_root("reduce", "dst", dst)
+        op = _reduce_op_name(op)
+
+        def validate():
+            self._check_tensor("tensor", "reduce", tensor)
+            self._check_reduction("reduce", tensor, op)
+
+        on_root = self._context.rank == dst
+        self._run("reduce", algorithm, tensor if on_root else None, tensor, validate, op=op, src=dst)
+        return tensor
+
+    @traceable("gather")
+    def gather(self, output: torch.Tensor | None, input: torch.Tensor, dst: int = 0, *,
+               algorithm: str | None = None) -> torch.Tensor | None:
+        """On rank ``dst``, ``output`` (world_size x input's elements, e.g. shape
+        ``[world_size, *input.shape]``) := every rank's ``input``, in rank order (torch's
+        ``gather``, into one tensor). The other ranks pass ``output=None`` (a tensor there is left
+        unchanged)."""
+        self._check_root("gather", "dst", dst)
+        world = self._context.world_size
+        on_root = self._context.rank == dst
+
+        def validate():
+            self._check_tensor("input", "gather", input)
+            if on_root:
+                needs = f"a tensor of world_size x input's elements ({world} x {input.numel()})"
+                self._check_root_passes("gather", "dst", dst, "output", output, needs)
+                self._check_pair("gather", output, input)
+                if output.numel() != world * input.numel():
+                    raise IrisError(f"gather: output has {output.numel()} elements; it needs world_size x input = "
+                                    f"{world} x {input.numel()} = {world * input.numel()}")
+
+        self._run("gather", algorithm, output if on_root else None, input, validate, src=dst)
+        return output
+
+    @traceable("scatter")
+    def scatter(self, output: torch.Tensor, input: torch.Tensor | None, src: int = 0, *,
+                algorithm: str | None = None) -> torch.Tensor:
+        """Rank r's ``output`` := segment r of rank ``src``'s ``input`` (``world_size`` equal
+        segments, e.g. shape ``[world_size, *output.shape]``; torch's ``scatter``, from one
+        tensor). The other ranks pass ``input=None`` (a tensor there is not read)."""
+        self._check_root("scatter", "src", src)
+        world = self._context.world_size
+        on_root = self._context.rank == src
+
+        def validate():
+            self._check_tensor("output", "scatter", output)
+            if on_root:
+                needs = f"a tensor of world_size x output's elements ({world} x {output.numel()})"
+                self._check_root_passes("scatter", "src", src, "input", input, needs)
+                self._check_pair("scatter", output, input)
+                if input.numel() != world * output.numel():
+                    raise IrisError(f"scatter: input has {input.numel()} elements; it needs world_size x output = "
+                                    f"{world} x {output.numel()} = {world * output.numel()}")
+
+        self._run("scatter", algorithm, output, input if on_root else None, validate, src=src)
+        return output
+
+    @traceable("barrier")
     def barrier(self) -> None:
         """Wait until every rank's earlier device work is complete and every rank arrived."""
         self._context.barrier()
+
+    # -- point to point --
+
+    @traceable("send")
+    def send(self, tensor: torch.Tensor, dst: int, *, algorithm: str | None = None) -> None:
+        """Send ``tensor`` to rank ``dst``, which receives it with ``recv(t, src=<this rank>)``
+        into a tensor of the same number of elements and dtype (a mismatch fails the call).
+        Only the two ranks take part; messages between them arrive in the order they were sent.
+        Blocking as torch.distributed's ``send`` is, from the program's view: enqueued on the
+        current stream, which reaches the work after it once the message is out of ``tensor``
+        (a small one may not wait for its recv: never count on either)."""
+        self._check_peer("send", "dst", dst)
+        self._run("send", algorithm, None, tensor, lambda: self._check_tensor("tensor", "send", tensor), src=dst)
+
+    @traceable("recv")
+    def recv(self, tensor: torch.Tensor, src: int, *, algorithm: str | None = None) -> torch.Tensor:
+        """Receive into ``tensor`` the next message rank ``src`` sends to this rank (``send``),
+        of the same number of elements and dtype; returns ``tensor``. Only the two ranks take
+        part. Enqueued on the current stream: the data are in ``tensor`` when the stream gets
+        past the call. A message of another size or dtype fails the call (IrisTimeoutError,
+        ``tensor`` filled with NaN, integers -1)."""
+        self._check_peer("recv", "src", src)
+        self._run("recv", algorithm, tensor, tensor, lambda: self._check_tensor("tensor", "recv", tensor), src=src)
+        return tensor
+
+    def _check_peer(self, collective: str, name: str, peer) -> None:
+        """``peer`` (the ``dst`` or ``src`` of a pair's call) is another rank of this context."""
+        ctx = self._context
+        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < ctx.world_size:
+            raise IrisError(f"{collective}: {name}={peer!r} is not a rank of {ctx.describe_ranks()}")
+        if peer == ctx.rank:
+            raise IrisError(f"{collective}: {name}={peer} is this rank; send and recv move data between two ranks "
+                            f"(copy within a rank with tensor.copy_)")
+
+    # -- uneven all-to-all --
+
+    @traceable("all_to_all_single")
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes=None,
+                          input_split_sizes=None, *, algorithm: str | None = None) -> torch.Tensor:
+        """torch.distributed's ``all_to_all_single``: rows of ``input`` (along dim 0; a row is the
+        product of the other dims, the same for ``output``) go to each rank in turn,
+        ``input_split_sizes[j]`` of them to rank j, and ``output`` receives
+        ``output_split_sizes[i]`` rows from rank i, packed in rank order. The sizes are host
+        lists of ints; None splits that side equally (None for both is :meth:`all_to_all`'s
+        call, ``algorithm`` then naming one of its algorithms). ``output_split_sizes[i]`` must
+        equal rank i's ``input_split_sizes[this rank]``: a call where they differ fails on the
+        device (outputs NaN, integers -1; IrisTimeoutError as for any failed call).
+
+        Every eager call makes one small host exchange (the most bytes a rank receives, which
+        sizes the receive workspace alike on every rank). A call captured in a CUDA graph makes
+        none: it uses the workspace as earlier calls left it, and fails on the device if its
+        rows do not fit; make an eager call of the largest size, and one with each split tuple
+        a graph uses, before capturing."""
+        collective = "all_to_all_single"
+        if output_split_sizes is None and input_split_sizes is None:
+            if isinstance(input, torch.Tensor) and input.dim() > 0:
+                split_sizes(collective, "input_split_sizes", None, input, self._context.world_size)
+            return self.all_to_all(output, input, algorithm=algorithm)
+        world = self._context.world_size
+        self._check_pair(collective, output, input)
+        check_rows(collective, output, input)
+        sizes_in = split_sizes(collective, "input_split_sizes", input_split_sizes, input, world)
+        sizes_out = split_sizes(collective, "output_split_sizes", output_split_sizes, output, world)
+        splits = self._split_tensors().get(collective, sizes_in, sizes_out)
+        self._run(collective, algorithm, output, input, lambda: None, splits=splits)
+        return output
+
+    @traceable("all_to_all_vdev")
+    def all_to_all_vdev(self, output: torch.Tensor, input: torch.Tensor, input_splits: torch.Tensor,
+                        output_splits: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
+        """All-to-all with split counts known only on the device (MoE routing), with no host
+        synchronisation: ``input_splits`` (int64 [world_size], on the device) are the rows of
+        ``input`` for each rank, in rank order, packed from row 0; ``output``'s rows are an
+        upper bound, the same on every rank, of the rows any rank receives. Fills ``output``
+        with the rows received, packed in source-rank order from row 0 (the rows after them are
+        left as they were), and ``output_splits`` (int64 [world_size], on the device) with the
+        rows received from each rank; returns ``output_splits``.
+
+        Every rank sees every rank's counts on the device before any row moves: counts that are
+        negative or exceed their input, a rank that would receive more rows than the bound, or
+        ranks with different bounds fail the call on every rank (``output`` NaN, integers -1,
+        ``output_splits`` -1; IrisTimeoutError at this call on CPU ranks, at the next iris call on
+        GPUs, naming what was too large). Nothing is written out of bounds. The receive
+        workspace is sized by the bound: a call of a new largest bound grows it collectively,
+        so make one before capturing a CUDA graph."""
+        collective = "all_to_all_vdev"
+        ctx = self._context
+
+        def validate():
+            self._check_pair(collective, output, input)
+            check_rows(collective, output, input)
+            check_counts(collective, "input_splits", input_splits, ctx.device, ctx.world_size)
+            check_counts(collective, "output_splits", output_splits, ctx.device, ctx.world_size)
+            check_apart(collective, {"output": output, "output_splits": output_splits},
+                        {"input": input, "input_splits": input_splits})
+
+        self._run(collective, algorithm, output, input, validate, splits=(input_splits, output_splits))
+        return output_splits
+
+    def _split_tensors(self) -> SplitTensors:
+        """The device copies of :meth:`all_to_all_single`'s host split sizes (made on first use,
+        without the lock a cached_property takes)."""
+        kept = self.__dict__.get("_kept_split_tensors")
+        if kept is None:
+            kept = self.__dict__["_kept_split_tensors"] = SplitTensors(self._context)
+        return kept
 
 
 class CCLMixin:
@@ -319,6 +546,11 @@ class CCLMixin:
             listing = "; ".join(f"rank {rank}: {algorithms}" for rank, algorithms in enumerate(everyone))
             raise IrisError(f"the ranks have different collective algorithms installed ({listing}); install the "
                             f"same iris plugins on every rank: each rank must choose the same algorithm for a call")
+        # Made now rather than on first use: the first use may be inside torch.compile, which
+        # cannot trace the lock functools.cached_property takes then (Python 3.11).
+        for namespace in ("_torch_ccl", "ccl", "ops"):
+            if hasattr(type(self), namespace):
+                getattr(self, namespace)
 
     @cached_property
     def _torch_ccl(self) -> Collectives:
@@ -335,5 +567,6 @@ class CCLMixin:
         # a Collectives object kept from before then goes through the checks, which raise.
         if "_torch_ccl" in self.__dict__:
             self.__dict__["_torch_ccl"]._repeats.clear()
+        forget_operator_handles(self)  # compiled code naming this context's objects raises from now on
         super()._teardown()
 

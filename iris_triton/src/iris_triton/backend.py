@@ -13,8 +13,9 @@ from iris.backend import Backend, DeviceOps
 from iris.context import Context
 from iris.errors import IrisError
 from iris_triton.frontend import TRITON
+from iris_triton.p2p import PeerRegions
 from iris_triton.tuning import CPU_PROGRAMS
-from iris_triton.waits import describe_failure
+from iris_triton.waits import ARGUMENT_FAILURES, MISMATCHES, describe_failure
 
 __all__ = ["TritonBackend", "TritonContext", "TritonDeviceOps", "interpreter_runs_kernel_loops"]
 
@@ -97,6 +98,9 @@ class TritonDeviceOps(DeviceOps):
         self._fault_word_sets: list[tuple] = []
         self._new_fault_words(tuple(range(self.world_size)))
         self._barrier_state = self._new_barrier_state()
+        #: The fixed per-peer regions of send/recv (:mod:`iris_triton.p2p`): a pair cannot grow
+        #: the symmetric heap, so every rank allocates them here.
+        self.p2p_regions = PeerRegions.allocate(self)
         #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
         #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
         #: ``p`` of its peers; a small call launches fewer.
@@ -123,6 +127,7 @@ class TritonDeviceOps(DeviceOps):
         super()._setup_group_view()
         self._new_fault_words(self.group_ranks)  # the list is the context's: it reads the group's words too
         self._barrier_state = self._new_barrier_state()
+        self.p2p_regions = PeerRegions.allocate(self)  # the group's own counts, by group rank
 
     def _new_barrier_state(self) -> torch.Tensor:
         """The device barrier's state words, on the heap (a group view's: in its arena)."""
@@ -151,8 +156,13 @@ class TritonDeviceOps(DeviceOps):
         what = "; ".join(
             f"{operation} gave up after {self.config.timeout:g} s waiting for world rank(s) {peers}"
             if kind == "timeout"
-            else f"{operation}: world rank(s) {peers} made a different call (another collective, size, dtype or op)"
+            else f"{operation}: world rank(s) {peers} {ARGUMENT_FAILURES[kind]}" if kind in ARGUMENT_FAILURES
+            else f"{operation}: world rank(s) {peers} "
+                 f"{MISMATCHES.get(operation, 'made a different call (another collective, size, dtype, op or root)')}"
             for (operation, kind), peers in by_failure.items())
+        if all(kind in ARGUMENT_FAILURES for _, kind in by_failure):  # the call's arguments, seen on the device
+            return (f"on rank {self.rank}, a device-side check of the call failed: {what}. The failed call's "
+                    f"outputs hold NaN (integers: -1)")
         return (f"on rank {self.rank}, a device-side wait failed: {what}. The failed call's outputs hold NaN "
                 f"(integers: -1). Check that every rank is alive and makes the same iris calls in the same order, "
                 f"or raise the timeout with create(timeout=...) / IRIS_TIMEOUT")

@@ -35,10 +35,11 @@ the host raises at the call (CPU ranks) or at the next iris call (GPUs).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from iris.collectives import Algorithm, CollectiveCall
+from iris.collectives import MOVED_ONLY_DTYPES, Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
@@ -52,7 +53,10 @@ __all__ = [
     "ALL_REDUCE_TWO_SHOT",
     "ALL_TO_ALL_DIRECT",
     "BROADCAST_DIRECT",
+    "GATHER_DIRECT",
+    "REDUCE_DIRECT",
     "REDUCE_SCATTER_DIRECT",
+    "SCATTER_DIRECT",
 ]
 
 # -- device helpers (compiled in the caller's language) ------------------------------------------------
@@ -139,7 +143,8 @@ def _reduce(own, received, offs, mask, m, OP: tl.constexpr, RANK: tl.constexpr, 
 # Every step takes (dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC): ``offs`` are the
 # offsets of one block within a segment of ``m`` elements, ``n`` is the input's element count,
 # ``region`` is this call's workspace slot, laid out [WORLD sources, m] (two-shot: two of those;
-# broadcast: [m]).
+# broadcast and scatter: [m]). ``SRC`` is the root of a rooted collective (the source of broadcast
+# and scatter, the destination of reduce and gather): their steps move data only from or to it.
 
 
 @triton.jit
@@ -250,6 +255,58 @@ def _take_from_source(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WO
 
 
 @triton.jit
+def _push_own_to_root(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                      OP: tl.constexpr, SRC: tl.constexpr):
+    """Reduce and gather: this rank's block of ``inp`` into the root's region ``RANK`` (every rank
+    but the root ``SRC``)."""
+    if RANK != SRC:
+        mask = offs < m
+        dctx.store(region + RANK * m + offs, tl.load(inp + offs, mask=mask), SRC, mask=mask)
+
+
+@triton.jit
+def _push_own_to_root_and_keep(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                               OP: tl.constexpr, SRC: tl.constexpr):
+    """Gather: :func:`_push_own_to_root`; the root's block into its own segment of ``out``."""
+    _push_own_to_root(dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC)
+    if RANK == SRC:
+        mask = offs < m
+        tl.store(out + RANK * m + offs, tl.load(inp + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _reduce_at_root(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    OP: tl.constexpr, SRC: tl.constexpr):
+    """Reduce: on the root, ``out`` := every rank's ``inp`` reduced (:func:`_reduce_whole`)."""
+    if RANK == SRC:
+        _reduce_whole(dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC)
+
+
+@triton.jit
+def _collect_at_root(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                     OP: tl.constexpr, SRC: tl.constexpr):
+    """Gather: on the root, segment q of ``out`` := region q, for every peer q (:func:`_collect`)."""
+    if RANK == SRC:
+        _collect(dctx, offs, inp, out, region, n, m, RANK, WORLD, OP, SRC)
+
+
+@triton.jit
+def _push_segments_from_root(dctx, offs, inp, out, region, n, m, RANK: tl.constexpr, WORLD: tl.constexpr,
+                             OP: tl.constexpr, SRC: tl.constexpr):
+    """Scatter: on the root ``SRC``, segment q of ``inp`` into peer q's region, laid out [m], for
+    every peer q, and its own segment into ``out``; the other ranks' ``inp`` is not read. What
+    arrived, :func:`_take_from_source` takes."""
+    if RANK == SRC:
+        mask = offs < m
+        for q in tl.static_range(WORLD):
+            x = tl.load(inp + q * m + offs, mask=mask)
+            if q == RANK:
+                tl.store(out + offs, x, mask=mask)
+            else:
+                dctx.store(region + offs, x, q, mask=mask)
+
+
+@triton.jit
 def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, RANK: tl.constexpr,
                 WORLD: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, BLOCK: tl.constexpr,
                 ROUND: tl.constexpr):
@@ -324,23 +381,30 @@ SLOT_ALIGNMENT = 256
 def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, consume, middle=None):
     """Launch :func:`collective_kernel` for ``call`` with its steps, ``n`` input elements,
     segments of ``m`` and a workspace slot of ``slot_elements`` of the call's dtype; returns
-    the launch's repeat (:meth:`Frontend.launch`)."""
+    the launch's repeat (:meth:`Frontend.launch`). A rank without an input (scatter's but the
+    root) passes its output in its place, never read; one without an output (reduce's and
+    gather's but the root) its input, never written (nor filled with NaN when a wait gives up).
+    Elements only moved, never computed with (fp8), move as bytes."""
     ctx = call.context
-    element_size = call.input.element_size()
+    inp = call.input if call.input is not None else call.output
+    out, out_numel = (call.output, call.output.numel()) if call.output is not None else (inp, 0)
+    if inp.dtype in MOVED_ONLY_DTYPES:
+        inp, out = inp.view(torch.uint8), out.view(torch.uint8)
+    element_size = inp.element_size()
     slot_bytes = -(-slot_elements * element_size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
     workspace = ctx.workspaces.get("collectives", 2 * slot_bytes)
     stride = workspace.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT // element_size  # between the halves
     if 2 * stride > MAX_WORKSPACE_ELEMENTS:
-        raise IrisError(f"{call.collective}: {call.input.numel()} elements per rank is too large for one call "
-                        f"(workspace offsets are 32-bit); split it into smaller calls")
-    ws = workspace[: 2 * stride * element_size].view(call.input.dtype)
+        raise IrisError(f"{call.collective}: {call.nbytes // element_size} elements per rank is too large for one "
+                        f"call (workspace offsets are 32-bit); split it into smaller calls")
+    ws = workspace[: 2 * stride * element_size].view(inp.dtype)
     front = ctx.frontend
-    shape = collective_shape(ctx.device.type, call.input.numel() * element_size)
+    shape = collective_shape(ctx.device.type, call.nbytes)
     grid = (max(1, min(ctx.programs, triton.cdiv(m, shape["BLOCK"]))),)
     return front.launch(
-        collective_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output, ws=ws,
+        collective_kernel, grid, context=ctx.get_device_context(), inp=inp, out=out, ws=ws,
         sync=ctx.collective_sync(), programs=ctx.programs, faults=ctx.faults, host_faults=ctx.host_faults, n=n, m=m,
-        out_numel=call.output.numel(), stride=stride, timeout_ns=ctx.timeout_ns, signature=call.signature,
+        out_numel=out_numel, stride=stride, timeout_ns=ctx.timeout_ns, signature=call.signature,
         CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
         MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, SITE=site_code(call.collective), **shape)
 
@@ -376,6 +440,21 @@ def _broadcast(call: CollectiveCall):
     return _launch(call, n, n, n, _push_from_source, _take_from_source)
 
 
+def _reduce_to_root(call: CollectiveCall):
+    n = call.input.numel()
+    return _launch(call, n, n, call.context.world_size * n, _push_own_to_root, _reduce_at_root)
+
+
+def _gather(call: CollectiveCall):
+    m, world = call.input.numel(), call.context.world_size
+    return _launch(call, world * m, m, world * m, _push_own_to_root_and_keep, _collect_at_root)
+
+
+def _scatter(call: CollectiveCall):
+    m = call.output.numel()
+    return _launch(call, call.context.world_size * m, m, m, _push_segments_from_root, _take_from_source)
+
+
 ALL_GATHER_DIRECT = Algorithm(
     name="direct", collective="all_gather", run=_all_gather, languages=SHARED_SOURCE_LANGUAGES,
     description="every rank pushes its input into every peer")
@@ -395,3 +474,12 @@ ALL_REDUCE_TWO_SHOT = Algorithm(
 BROADCAST_DIRECT = Algorithm(
     name="direct", collective="broadcast", run=_broadcast, languages=SHARED_SOURCE_LANGUAGES,
     description="the source pushes into every peer")
+REDUCE_DIRECT = Algorithm(
+    name="direct", collective="reduce", run=_reduce_to_root, languages=SHARED_SOURCE_LANGUAGES,
+    description="every rank pushes its input into the root, which reduces")
+GATHER_DIRECT = Algorithm(
+    name="direct", collective="gather", run=_gather, languages=SHARED_SOURCE_LANGUAGES,
+    description="every rank pushes its input into the root")
+SCATTER_DIRECT = Algorithm(
+    name="direct", collective="scatter", run=_scatter, languages=SHARED_SOURCE_LANGUAGES,
+    description="the root pushes segment q of its input to rank q")

@@ -5,8 +5,8 @@ The exchange of :mod:`iris_triton.ccl` orders data and signal with a release (a 
 fence that waits until the pushed data reached the peer) and an acquire on the peer: two
 link round trips per call, which dominate small calls. Here the data signals itself instead:
 
-- The input is sent as 32-bit *payload* words (two 16-bit elements, one 32-bit element, or
-  half of a 64-bit one), each pushed into the peer's workspace as one 64-bit word whose high
+- The input is sent as 32-bit *payload* words (four 8-bit elements, two 16-bit ones, one 32-bit
+  element, or half of a 64-bit one), each pushed into the peer's workspace as one 64-bit word whose high
   half is the call's flag: its number plus one and its signature (16 bits each:
   :func:`iris_triton.calls.header_value`). A 64-bit aligned store reaches the peer whole, so a
   word that holds this call's flag holds this call's payload. No fence, no separate flag; a peer
@@ -52,14 +52,19 @@ _SITE: tl.constexpr = tl.constexpr(site_code("all_reduce"))
 @triton.jit
 def _payload(inp, w, n, SIZE: tl.constexpr):
     """Payload words ``w`` (int64, low 32 bits) of ``n`` elements of ``SIZE`` bytes at ``inp``."""
-    if SIZE == 2:
+    if SIZE == 1:
+        words = tl.load(inp + 4 * w, mask=4 * w < n, other=0).to(tl.int8, bitcast=True).to(tl.int64) & 0xFF
+        for k in tl.static_range(1, 4):
+            byte = tl.load(inp + 4 * w + k, mask=4 * w + k < n, other=0).to(tl.int8, bitcast=True).to(tl.int64)
+            words = words | ((byte & 0xFF) << (8 * k))
+    elif SIZE == 2:
         low = tl.load(inp + 2 * w, mask=2 * w < n, other=0).to(tl.int16, bitcast=True).to(tl.int64)
         high = tl.load(inp + 2 * w + 1, mask=2 * w + 1 < n, other=0).to(tl.int16, bitcast=True).to(tl.int64)
         words = (low & 0xFFFF) | ((high & 0xFFFF) << 16)
     elif SIZE == 4:
         words = tl.load(inp + w, mask=w < n).to(tl.int32, bitcast=True).to(tl.int64)
     else:
-        tl.static_assert(SIZE == 8, "element size must be 2, 4 or 8 bytes")
+        tl.static_assert(SIZE == 8, "element size must be 1, 2, 4 or 8 bytes")
         element = tl.load(inp + w // 2, mask=w // 2 < n).to(tl.int64, bitcast=True)
         words = element >> (32 * (w % 2))
     return words & _PAYLOAD_MASK
@@ -92,7 +97,10 @@ def _received(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns
               DTYPE: tl.constexpr, SITE: tl.constexpr):
     """``(elements, arrived)``: elements ``e`` (of ``DTYPE``, ``SIZE`` bytes) that ``peer``
     pushed into ``buffer``."""
-    if SIZE == 2:
+    if SIZE == 1:
+        words, arrived = _arrived(dctx, buffer, e // 4, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
+        bits = ((words >> (8 * (e % 4))) & 0xFF).to(tl.int8)
+    elif SIZE == 2:
         words, arrived = _arrived(dctx, buffer, e // 2, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
         bits = ((words >> (16 * (e % 2))) & 0xFFFF).to(tl.int16)
     elif SIZE == 4:

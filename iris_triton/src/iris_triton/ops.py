@@ -30,6 +30,8 @@ import attrs
 import torch
 import triton
 
+from iris.custom_ops import register as register_operator_handle
+from iris.custom_ops import traceable
 from iris.errors import IrisError
 from iris.groups import namespace_for
 from iris_triton.copy_engine import CopyEngineOps
@@ -109,6 +111,8 @@ class FusedOps:
         self._context = context
         self._side_stream = None
         self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
+        #: This object's handle for the custom operators (torch.ops.iris.*, iris.custom_ops).
+        self._iris_handle = register_operator_handle(self)
 
     def _for_group(self, group) -> "FusedOps":
         """The operations that run calls with ``group=group`` (:mod:`iris.groups`)."""
@@ -116,6 +120,7 @@ class FusedOps:
 
     # -- the operations -------------------------------------------------------------------------
 
+    @traceable("all_gather_matmul")
     @_guarded
     def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:
@@ -157,6 +162,7 @@ class FusedOps:
         self._join()
         return out
 
+    @traceable("matmul_reduce_scatter")
     @_guarded
     def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                               method: str | None = None) -> torch.Tensor:
@@ -190,6 +196,7 @@ class FusedOps:
             EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
+    @traceable("matmul_all_reduce")
     @_guarded
     def matmul_all_reduce(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:
@@ -217,6 +224,7 @@ class FusedOps:
         self.matmul_reduce_scatter(mine, a, b, method=method)
         return ctx._torch_ccl.all_gather(out, mine)
 
+    @traceable("matmul_all_gather")
     @_guarded
     def matmul_all_gather(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["combine", "reduce_in_rank_order", "widen"]
+__all__ = ["combine", "finish", "reduce_in_rank_order", "widen"]
 
 
 @triton.jit
@@ -18,22 +18,38 @@ def widen(x):
 
 @triton.jit
 def combine(acc, x, OP: tl.constexpr):
-    """``acc`` combined with ``x`` by ``OP`` (``"sum"``, ``"max"`` or ``"min"``)."""
+    """``acc`` combined with ``x`` by ``OP`` (:data:`iris.collectives.REDUCE_OPS`; ``"avg"`` sums,
+    and :func:`finish` divides). Integers wrap around, as torch's do."""
     if OP == "sum":
         acc = acc + x
+    elif OP == "avg":
+        acc = acc + x
+    elif OP == "prod":
+        acc = acc * x
     elif OP == "max":
         acc = tl.maximum(acc, x)
     else:
-        tl.static_assert(OP == "min", "OP must be 'sum', 'max' or 'min'")
+        tl.static_assert(OP == "min", "OP must be 'sum', 'prod', 'max', 'min' or 'avg'")
         acc = tl.minimum(acc, x)
+    return acc
+
+
+@triton.jit
+def finish(acc, OP: tl.constexpr, WORLD: tl.constexpr):
+    """``acc``, every rank's value combined by ``OP``, as the reduction's result: ``"avg"``
+    divides the sum by the world size, rounded to nearest as torch's division (a float32
+    accumulator: ``ctx.ccl`` takes ``"avg"`` for floating-point tensors only)."""
+    if OP == "avg":
+        acc = tl.div_rn(acc, WORLD)
     return acc
 
 
 @triton.jit
 def reduce_in_rank_order(OWN: tl.constexpr, PEER: tl.constexpr, args, RANK: tl.constexpr, WORLD: tl.constexpr,
                          OP: tl.constexpr):
-    """``(acc, arrived)``: every rank's block, widened and combined by ``OP`` in rank order, so
-    that every rank computing it gets the same bits, and whether every peer's block arrived. This
+    """``(acc, arrived)``: every rank's block, widened and combined by ``OP`` in rank order (then
+    :func:`finish`), so that every rank computing it gets the same bits, and whether every peer's
+    block arrived. This
     rank's block is ``OWN(args)``; peer q's and whether it arrived are ``PEER(q, args)``.
     ``args`` is a tuple of run-time values (a tuple does not carry constexprs), which each
     algorithm's two functions unpack to fetch a block their own way."""
@@ -49,4 +65,4 @@ def reduce_in_rank_order(OWN: tl.constexpr, PEER: tl.constexpr, args, RANK: tl.c
             acc = x
         else:
             acc = combine(acc, x, OP)
-    return acc, arrived
+    return finish(acc, OP, WORLD), arrived

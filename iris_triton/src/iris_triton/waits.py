@@ -25,18 +25,45 @@ from triton.runtime.jit import constexpr_function
 from iris_triton import device
 from iris_triton.clock import INTERPRETING, now_ns
 
-__all__ = ["KINDS", "WAIT_SITES", "describe_failure", "failure_code", "peers_announced", "poison", "poison_blocks",
-           "publish",
+__all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
+           "peers_announced", "poison", "poison_blocks", "publish",
            "read_published", "read_when_arrived", "record_failure", "site_code", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-              "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+              "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "send", "recv",
+              "all_to_all_single", "all_to_all_vdev", "reduce", "gather", "scatter")
 #: Kinds of failure, by code: a peer did not deliver within the timeout, or it delivered a
-#: different call (another collective, size, dtype or op).
-KINDS = {1: "timeout", 2: "mismatch"}
+#: different call (another collective, size, dtype, op or root).
+KINDS = {1: "timeout", 2: "mismatch", 3: "overflow", 4: "capacity", 5: "bounds", 6: "splits", 7: "unmatched"}
+#: What the kinds of failure that a call's own arguments cause (found on the device, in the
+#: split counts every rank published: iris_triton.all_to_all_v) say about the ranks recorded.
+ARGUMENT_FAILURES = {
+    "overflow": "would receive more rows than their output holds (the rows every rank sends there add up to more "
+                "than output.shape[0]); size the output for the most rows a rank can receive",
+    "capacity": "would receive more rows than the receive workspace holds (a call captured in a CUDA graph uses the "
+                "workspace as earlier calls left it); make an eager call of the largest size before capturing",
+    "bounds": "passed an output with another number of rows than this rank's; all_to_all_vdev needs the same "
+              "output bound on every rank",
+    "splits": "passed split counts that are negative or add up to more rows than their input has",
+    "unmatched": "passed output_split_sizes that differ from the rows their peers send them (output_split_sizes[s] "
+                 "on rank d must equal input_split_sizes[d] on rank s)",
+}
+#: What a mismatch recorded for a peer means, where it is not "made a different call" (a pair
+#: compares only its two messages: iris_triton.p2p).
+MISMATCHES = {
+    "recv": "sent a message of another size or dtype than this recv's (a send and the recv that matches it must "
+            "have the same number of elements and dtype)",
+    "send": "refused this rank's message: its recv has another size or dtype (a send and the recv that matches it "
+            "must have the same number of elements and dtype)",
+}
 TIMEOUT: tl.constexpr = tl.constexpr(1)
 MISMATCH: tl.constexpr = tl.constexpr(2)
+OVERFLOW: tl.constexpr = tl.constexpr(3)
+CAPACITY: tl.constexpr = tl.constexpr(4)
+BOUNDS: tl.constexpr = tl.constexpr(5)
+SPLITS: tl.constexpr = tl.constexpr(6)
+UNMATCHED: tl.constexpr = tl.constexpr(7)
 
 
 def site_code(name: str) -> int:
