@@ -106,9 +106,17 @@ class Communicator:
 
     def host_max(self, values: list[int]) -> list[int]:
         """The element-wise maximum of every rank's ``values`` (int64), over the host group
-        (gloo on every device, as for the barrier): one small exchange."""
+        (gloo on every device, as for the barrier): one small exchange, bounded by the timeout
+        (IrisTimeoutError when a peer does not take part in time or is gone)."""
         extremes = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._barrier_group)
+        try:
+            work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._barrier_group, async_op=True)
+            work.wait(timeout=timedelta(seconds=self.timeout))
+        except RuntimeError as error:
+            raise IrisTimeoutError(
+                f"host exchange on rank {self.rank}: not every rank took part within {self.timeout:g} s "
+                f"({str(error).splitlines()[0][:200]}). Check that every rank is alive and makes the same iris "
+                f"calls, or raise the timeout with create(timeout=...) / IRIS_TIMEOUT") from error
         return extremes.tolist()
 
     def barrier(self) -> None:

@@ -1,9 +1,11 @@
 """Fail-stop under injected faults, on CPU ranks: no iris call returns a wrong value normally.
 
 Every collective (each all_reduce algorithm, all_gather, reduce_scatter, all_to_all, broadcast,
-reduce, gather, scatter, device_barrier) and every ``ctx.ops`` call (fused and sequential) runs on 2 and 3 ranks while a
-peer is SIGKILLed before the call, SIGKILLed during it, exits early (``os._exit``), is late by more
-than the timeout, is late by less than the timeout, or while busy processes load the CPUs. On every
+reduce, gather, scatter, all_to_all_single and all_to_all_vdev with uneven splits, send/recv
+between every pair, an all_reduce on a group, device_barrier) and every ``ctx.ops`` call (fused
+and sequential) runs on 2 and 3 ranks while a peer is SIGKILLed before the call, SIGKILLed during
+it, exits early (``os._exit``), is late by more than the timeout, is late by less than the
+timeout, or while busy processes load the CPUs. On every
 surviving rank each call either returns exactly the torch reference (computed from every rank's
 seeded inputs: small integers, so every order of summation gives the same bits), or raises an
 IrisError (then its float outputs are NaN, and the next call raises too); a give-up happens between
@@ -58,7 +60,10 @@ LOADED_SLACK = 3.0
 
 ALL_REDUCE = tuple(f"all_reduce/{a}" for a in ("low_latency", "sentinel", "one_shot", "two_shot"))
 COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
-                            "device_barrier")
+                            "all_to_all_single", "all_to_all_vdev", "send_recv", "group", "device_barrier")
+#: Calls that exchange a few numbers on the host before their kernel (eager calls with host split
+#: sizes agree on the workspace's size): a dead peer can fail them there.
+HOST_EXCHANGES = ("all_to_all_single",)
 FUSED = tuple(f"{k}/{m}" for k in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
               for m in ("fused", "sequential"))
 OPS = COLLECTIVES + FUSED
@@ -248,7 +253,76 @@ def prepare(ctx, op: str, seed, n: int = N):
         m = n // world
         out = torch.full((m,), 12345.0)
         return (lambda: ctx.ccl.scatter(out, mine if rank == root else None, src=root)), xs[root][rank * m:][:m], out
+    if kind == "send_recv":
+        return _send_recv(ctx, mine, xs)
+    if kind == "group":  # a group of every rank: the calls run on a group view, with its own workspaces
+        return (lambda: ctx.ccl.all_reduce(mine, group=_whole_group(ctx))), sum(xs[1:], xs[0]), mine
+    if kind in ("all_to_all_single", "all_to_all_vdev"):
+        return _uneven(ctx, kind, op, seed, n)
     raise ValueError(op)
+
+
+#: The group of every rank of each context (made at its first call, when every rank is there).
+_GROUPS: dict[int, object] = {}
+
+
+def _whole_group(ctx):
+    if id(ctx) not in _GROUPS:
+        _GROUPS[id(ctx)] = ctx.new_group(list(range(ctx.world_size)))
+    return _GROUPS[id(ctx)]
+
+
+def _send_recv(ctx, mine, xs):
+    """Every pair of ranks exchanges its input, pairs in one order on every rank (the lower rank
+    sends first): every rank receives from every peer, so a missing peer fails every survivor."""
+    world, rank, n = ctx.world_size, ctx.rank, mine.numel()
+    peers = [q for q in range(world) if q != rank]
+    out = torch.full(((world - 1) * n,), 12345.0)
+
+    def call():
+        for i, j in itertools.combinations(range(world), 2):
+            if rank in (i, j):
+                peer = j if rank == i else i
+                place = out[peers.index(peer) * n:][:n]
+                if rank == i:
+                    ctx.ccl.send(mine, peer)
+                    ctx.ccl.recv(place, peer)
+                else:
+                    ctx.ccl.recv(place, peer)
+                    ctx.ccl.send(mine, peer)
+        return out
+
+    # On 2 ranks ``out`` is the one recv's tensor, all NaN after a failure; on more, only the
+    # tensor of the recv that failed is (the others may hold what arrived): not checked then.
+    return call, torch.cat([xs[q] for q in peers]), out if world == 2 else None
+
+
+def _uneven(ctx, kind: str, op: str, seed, n: int):
+    """all_to_all with a different number of elements between every pair of ranks (host split
+    sizes, or device ones with an output bound)."""
+    world, rank = ctx.world_size, ctx.rank
+    unit = max(1, n // (4 * world))
+
+    def split(src, dst):
+        return ((3 * src + 5 * dst + len(str(seed))) % 4 + 1) * unit
+
+    xs = [_ints((sum(split(q, d) for d in range(world)),), torch.float32, op, seed, q) for q in range(world)]
+    sent_to_me = [xs[q][sum(split(q, d) for d in range(rank)):][:split(q, rank)] for q in range(world)]
+    received = torch.cat(sent_to_me)
+    mine = xs[rank].clone()
+    if kind == "all_to_all_single":
+        out = torch.full((received.numel(),), 12345.0)
+        ins, outs = [split(rank, d) for d in range(world)], [split(q, rank) for q in range(world)]
+        return (lambda: ctx.ccl.all_to_all_single(out, mine, outs, ins)), received, out
+    out = torch.full((4 * unit * world,), 12345.0)  # the bound: the most any rank can receive
+    splits = torch.tensor([split(rank, d) for d in range(world)])
+    counts = torch.full((world,), -7, dtype=torch.int64)
+
+    def call():
+        ctx.ccl.all_to_all_vdev(out, mine, splits, counts)
+        return torch.cat([out[:received.numel()], counts.float()])
+
+    return call, torch.cat([received, torch.tensor([float(split(q, rank)) for q in range(world)])]), out
 
 
 def attempt(ctx, op: str, seed, n: int = N) -> dict:
@@ -454,10 +528,13 @@ def _survivor_problems(world: World, victim: int, timeout: float, *, must_raise:
                 elif status == "raised":
                     if value["nan"] is False:
                         problems.append(f"{where}: {op} raised but its output is not all NaN")
-                    if not lower <= value["seconds"] <= upper:
+                    host = op in HOST_EXCHANGES and "host exchange on rank" in value["message"]
+                    # A host exchange also fails as soon as gloo sees a dead peer's connection close.
+                    if not (0 if host else lower) <= value["seconds"] <= upper:
                         problems.append(f"{where}: {op} gave up after {value['seconds']:.2f} s, outside "
                                         f"[{lower:.2f}, {upper:.2f}] (timeout {timeout} s)")
-                    if value["type"] != "IrisTimeoutError" or "a device-side wait failed" not in value["message"]:
+                    if value["type"] != "IrisTimeoutError" or not (host or "a device-side wait failed" in
+                                                                   value["message"]):
                         problems.append(f"{where}: {op} raised an unexpected error: {value['message'][:300]}")
                 nxt = rep.get(f"next/{op}")
                 if nxt is None or nxt["status"] != "raised" or not nxt["failed"]:
