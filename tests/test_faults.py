@@ -68,7 +68,7 @@ def test_a_collective_one_rank_skips_times_out_naming_it(world):
         report = reports[rank]
         error = report["error"]
         assert error.startswith(f"ctx.ccl.all_reduce: on rank {rank}, a device-side wait failed: "), error
-        assert f"all_reduce gave up after {SHORT_TIMEOUT:g} s waiting for rank(s) [{last}]" in error, error
+        assert f"all_reduce gave up after {SHORT_TIMEOUT:g} s waiting for world rank(s) [{last}]" in error, error
         assert report["nan"] is True  # the failed call's output
         assert SHORT_TIMEOUT <= report["seconds"] <= 1.5 * SHORT_TIMEOUT, report["seconds"]
         assert "this context failed earlier" in report["barrier"], report["barrier"]

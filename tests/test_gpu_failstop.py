@@ -131,7 +131,7 @@ def test_a_give_up_on_the_gpu_is_wall_clock_poisons_the_output_and_fails_the_nex
     assert report["launch_returned_after"] < TIMEOUT / 2, report
     # The kernel gave up between 1.0x and 1.5x the timeout (plus the host's polling period).
     assert TIMEOUT <= report["failure_seen_after"] <= 1.5 * TIMEOUT + 0.2, report
-    assert "all_reduce gave up after 2 s waiting for rank(s) [1]" in report["next_call"], report
+    assert "all_reduce gave up after 2 s waiting for world rank(s) [1]" in report["next_call"], report
     assert "on rank 0" in report["next_call"], report
     assert report["output_all_nan"], report
     assert "failed earlier" in report["barrier"], report
