@@ -184,7 +184,7 @@ def test_a_killed_rank_leaves_survivors_raising_and_no_segments(tmp_path):
         out, err = outputs[rank]
         assert procs[rank].returncode == 0, err[-3000:]
         found = re.search(rf"TIMEOUT after ([\d.]+) s, nan=True: ctx.ccl.all_reduce: on rank {rank}, a device-side "
-                          rf"wait failed: all_reduce gave up after {SHORT_TIMEOUT:g} s waiting for rank\(s\) "
+                          rf"wait failed: all_reduce gave up after {SHORT_TIMEOUT:g} s waiting for world rank\(s\) "
                           rf"\[{world - 1}\]", out)
         assert found, out + err[-2000:]
         assert SHORT_TIMEOUT <= float(found.group(1)) <= 1.5 * SHORT_TIMEOUT, out
