@@ -119,6 +119,11 @@ class GroupView:
         view._heap_bases = view._device_context[2:2 + view.world_size]
         view._namespaces = {}
         view._setup_group_view()
+        # The group's objects of the context's namespaces that take group= (its collectives,
+        # its fused operations), made now: a first call inside torch.compile could not make them.
+        for namespace in context.__dict__.values():
+            if hasattr(namespace, "_for_group"):
+                view.namespace(type(namespace))
         return view
 
     # -- what differs from the context ----------------------------------------------------------

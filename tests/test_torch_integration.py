@@ -352,6 +352,10 @@ def _check_group_and_lifetime(ctx, report: RankReport) -> None:
     xs = _per_rank(world, (7,), "group")
     whole = ctx.new_group(list(range(world)))
     alone, _ = ctx.new_subgroups(1)  # every rank in a group of its own: a reduction is the identity
+    fresh = ctx.new_group(list(range(world)))  # its first call is a compiled one
+    compiled, counter = _compile_counting(lambda x: ctx.ccl.all_reduce(x, group=fresh) * 1, "aot_eager")
+    report.check("group/compiled_first", _close(compiled(xs[rank].clone().to(ctx.device)), sum(xs))
+                 and counter.frame_count == 1)
     for group, expected in ((whole, sum(xs)), (alone, xs[rank])):
         label = f"group/{len(group.ranks)}_ranks"
         t = xs[rank].clone().to(ctx.device)
