@@ -3,7 +3,8 @@ ranks, against torch.distributed on gloo over the same ranks with the same rando
 
 4 ranks as tensor-parallel x data-parallel (2 x 2): contiguous groups ``[[0, 1], [2, 3]]`` and strided
 ``[[0, 2], [1, 3]]`` made on one context, calls on both interleaved with world calls; the fused
-operations on a group; a context of its own over a process group. 3 ranks with one group of 2
+operations, the rooted collectives, the uneven all-to-all and send/recv on a group; a context of
+its own over a process group. 3 ranks with one group of 2
 (``[0, 2]``): the non-member's calls are refused, and a member whose peer does not come gives up
 naming the peer's world rank.
 """
@@ -62,6 +63,49 @@ def _check_collectives(ctx, group, name: str, round_: int, report: RankReport) -
                  torch.equal(ctx.ccl.broadcast(x.to(ctx.device), src=src, group=group).cpu(), expected))
 
 
+def _check_more_collectives(ctx, group, name: str, report: RankReport) -> None:
+    """reduce, gather, scatter, uneven all_to_all_single and send/recv on ``group`` (roots and
+    peers are group ranks) against torch.distributed on its process group."""
+    pg, size, me = group.process_group, group.size, group.rank
+    x = _random(N, seed=("more", name, ctx.rank))
+    dev = ctx.device
+    expected = x.clone()
+    dist.reduce(expected, group=pg, group_dst=size - 1)
+    got = ctx.ccl.reduce(x.to(dev), dst=size - 1, group=group).cpu()
+    report.check(f"groups/{name}/reduce", _close(got, expected) if me == size - 1 else torch.equal(got, x))
+    gathered = [torch.empty(N) for _ in range(size)] if me == 0 else None
+    dist.gather(x, gathered, group=pg, group_dst=0)
+    out = torch.empty(size, N, device=dev) if me == 0 else None
+    ctx.ccl.gather(out, x.to(dev), dst=0, group=group)
+    if me == 0:
+        report.check(f"groups/{name}/gather", torch.equal(out.cpu(), torch.stack(gathered)))
+    chunk = N // size
+    expected = torch.empty(chunk)
+    dist.scatter(expected, list(x.chunk(size)) if me == 0 else None, group=pg, group_src=0)
+    out = torch.empty(chunk, device=dev)
+    ctx.ccl.scatter(out, x.to(dev) if me == 0 else None, src=0, group=group)
+    report.check(f"groups/{name}/scatter", torch.equal(out.cpu(), expected))
+    splits = [[(3 * s + d) % 4 + 1 for d in range(size)] for s in range(size)]  # rows from s to d
+    rows = _random(sum(splits[me]), 3, seed=("uneven", name, ctx.rank))
+    expected = torch.empty(sum(splits[s][me] for s in range(size)), 3)
+    received = [splits[s][me] for s in range(size)]
+    dist.all_to_all_single(expected, rows, received, splits[me], group=pg)
+    out = torch.empty_like(expected, device=dev)
+    ctx.ccl.all_to_all_single(out, rows.to(dev), received, splits[me], group=group)
+    report.check(f"groups/{name}/all_to_all_single", torch.equal(out.cpu(), expected))
+    peer = 1 - me  # groups of 2: group ranks 0 and 1 exchange
+    got = torch.empty(N, device=dev)
+    if me == 0:
+        ctx.ccl.send(x.to(dev), peer, group=group)
+        ctx.ccl.recv(got, peer, group=group)
+    else:
+        ctx.ccl.recv(got, peer, group=group)
+        ctx.ccl.send(x.to(dev), peer, group=group)
+    everyone = [torch.empty(N) for _ in range(size)]
+    dist.all_gather(everyone, x, group=pg)
+    report.check(f"groups/{name}/send_recv", torch.equal(got.cpu(), everyone[peer]))
+
+
 def _check_fused(ctx, group, name: str, report: RankReport) -> None:
     """all_gather_matmul and matmul_reduce_scatter on ``group`` against torch products of the
     group's gathered inputs."""
@@ -104,6 +148,8 @@ def _tp_dp_worker(rank: int) -> bytes:
             _check_collectives(ctx, dp, "dp", round_, report)
         _check_fused(ctx, tp, "tp", report)
         _check_fused(ctx, dp, "dp", report)
+        _check_more_collectives(ctx, tp, "tp", report)
+        _check_more_collectives(ctx, dp, "dp", report)
     with report.section("from_process_group"):
         pg = dist.new_group([1, 2, 3])
         made = ctx.new_group(pg)  # every world rank takes part, members or not
@@ -168,6 +214,8 @@ def _partial_worker(rank: int) -> bytes:
             except IrisError as error:
                 report.check("partial/non_member_refused", "world rank 1 is not a member" in str(error))
         else:
+            _check_collectives(ctx, group, "pair", 0, report)
+            _check_more_collectives(ctx, group, "pair", report)
             pg = group.process_group
             expected = x.cpu().clone()
             dist.all_reduce(expected, group=pg)
@@ -193,3 +241,4 @@ def test_tensor_and_data_parallel_groups_on_four_ranks():
 def test_a_group_of_two_in_three_ranks():
     reports = reports_on_available_ranks(_partial_worker, 3, timeout=60)
     assert_rank_checks(reports, "partial/", 5)
+    assert_rank_checks(reports, "groups/pair/", 2 * 10)
