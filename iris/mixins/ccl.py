@@ -187,7 +187,8 @@ class Collectives:
                             f"with op='sum' and divide the result by the world size ({self._context.world_size})")
 
     def _check_root(self, collective: str, name: str, root) -> None:
-        """``root`` (the ``src`` or ``dst`` of a rooted collective) is a rank of this context."""
+        """``root`` (the ``src`` or ``dst`` of a rooted collective, or a pair's peer) is a rank of
+        this context."""
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self._context.world_size:
             raise IrisError(f"{collective}: {name}={root!r} is not a rank of {self._context.describe_ranks()}")
 
@@ -196,6 +197,19 @@ class Collectives:
         if tensor is None:
             raise IrisError(f"{collective}: rank {root} is the {name} and must pass {what}, {needs}; the other ranks "
                             f"pass {what}=None")
+
+    def _check_whole_on_root(self, collective: str, name: str, root: int, whole: tuple, part: tuple) -> None:
+        """On the root of gather (scatter): it passed the tensor of every rank's part, ``whole``
+        (name, tensor), of world_size x the elements of ``part`` (name, tensor), alike."""
+        world = self._context.world_size
+        (whole_name, whole_tensor), (part_name, part_tensor) = whole, part
+        needs = f"a tensor of world_size x {part_name}'s elements ({world} x {part_tensor.numel()})"
+        self._check_root_passes(collective, name, root, whole_name, whole_tensor, needs)
+        output, input = (whole_tensor, part_tensor) if whole_name == "output" else (part_tensor, whole_tensor)
+        self._check_pair(collective, output, input)
+        if whole_tensor.numel() != world * part_tensor.numel():
+            raise IrisError(f"{collective}: {whole_name} has {whole_tensor.numel()} elements; it needs world_size x "
+                            f"{part_name} = {world} x {part_tensor.numel()} = {world * part_tensor.numel()}")
 
     def _divisible(self, collective: str, what: str, numel: int) -> int:
         world = self._context.world_size
@@ -379,18 +393,12 @@ class Collectives:
         ``gather``, into one tensor). The other ranks pass ``output=None`` (a tensor there is left
         unchanged)."""
         self._check_root("gather", "dst", dst)
-        world = self._context.world_size
         on_root = self._context.rank == dst
 
         def validate():
             self._check_tensor("input", "gather", input)
             if on_root:
-                needs = f"a tensor of world_size x input's elements ({world} x {input.numel()})"
-                self._check_root_passes("gather", "dst", dst, "output", output, needs)
-                self._check_pair("gather", output, input)
-                if output.numel() != world * input.numel():
-                    raise IrisError(f"gather: output has {output.numel()} elements; it needs world_size x input = "
-                                    f"{world} x {input.numel()} = {world * input.numel()}")
+                self._check_whole_on_root("gather", "dst", dst, ("output", output), ("input", input))
 
         self._run("gather", algorithm, output if on_root else None, input, validate, src=dst)
         return output
@@ -402,18 +410,12 @@ class Collectives:
         segments, e.g. shape ``[world_size, *output.shape]``; torch's ``scatter``, from one
         tensor). The other ranks pass ``input=None`` (a tensor there is not read)."""
         self._check_root("scatter", "src", src)
-        world = self._context.world_size
         on_root = self._context.rank == src
 
         def validate():
             self._check_tensor("output", "scatter", output)
             if on_root:
-                needs = f"a tensor of world_size x output's elements ({world} x {output.numel()})"
-                self._check_root_passes("scatter", "src", src, "input", input, needs)
-                self._check_pair("scatter", output, input)
-                if input.numel() != world * output.numel():
-                    raise IrisError(f"scatter: input has {input.numel()} elements; it needs world_size x output = "
-                                    f"{world} x {output.numel()} = {world * output.numel()}")
+                self._check_whole_on_root("scatter", "src", src, ("input", input), ("output", output))
 
         self._run("scatter", algorithm, output, input if on_root else None, validate, src=src)
         return output
@@ -449,10 +451,8 @@ class Collectives:
 
     def _check_peer(self, collective: str, name: str, peer) -> None:
         """``peer`` (the ``dst`` or ``src`` of a pair's call) is another rank of this context."""
-        ctx = self._context
-        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < ctx.world_size:
-            raise IrisError(f"{collective}: {name}={peer!r} is not a rank of {ctx.describe_ranks()}")
-        if peer == ctx.rank:
+        self._check_root(collective, name, peer)
+        if peer == self._context.rank:
             raise IrisError(f"{collective}: {name}={peer} is this rank; send and recv move data between two ranks "
                             f"(copy within a rank with tensor.copy_)")
 
