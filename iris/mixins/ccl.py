@@ -97,10 +97,12 @@ def _alike_on_every_rank(collective: str, output, input, world_size: int) -> tup
 class Collectives:
     """Device-side collectives of one context (``ctx.ccl``), with torch.distributed semantics.
 
-    Every method is a collective operation: all ranks call it in the same order with tensors
-    of the same shape and dtype. Inputs may be heap tensors (used in place) or plain tensors on
-    the context's device (staged through the heap workspace); results land in the tensors
-    passed. Work is enqueued on the current stream; nothing waits on the host.
+    Every method but ``send``/``recv`` is a collective operation: all ranks (of the group, with
+    ``group=``) call it in the same order with tensors of the same shape and dtype; ``send`` and
+    ``recv`` are made by the two ranks of a pair, in the same order on both. Inputs may be heap
+    tensors (used in place) or plain tensors on the context's device (staged through the heap
+    workspace); results land in the tensors passed. Work is enqueued on the current stream;
+    nothing waits on the host (but the host exchange of an eager ``all_to_all_single``).
     """
 
     def __init__(self, context):
