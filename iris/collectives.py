@@ -38,6 +38,7 @@ __all__ = [
     "REDUCIBLE_DTYPES",
     "REDUCING",
     "ROOT_ONLY",
+    "SAME_SIZE_INTEGER",
     "SUPPORTED_DTYPES",
     "UNEVEN",
     "Algorithm",
@@ -72,6 +73,9 @@ REDUCIBLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, t
 MOVED_ONLY_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: Element types the collectives accept (the reductions: :data:`REDUCIBLE_DTYPES`).
 SUPPORTED_DTYPES = REDUCIBLE_DTYPES + MOVED_ONLY_DTYPES
+#: The integer type of each element size: what data moved bit for bit (and all-ones poison) is
+#: viewed as.
+SAME_SIZE_INTEGER = MappingProxyType({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
 
 
 @attrs.frozen(kw_only=True, cache_hash=False)

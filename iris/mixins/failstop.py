@@ -19,6 +19,7 @@ import threading
 
 import torch
 
+from iris.collectives import SAME_SIZE_INTEGER
 from iris.errors import IrisError, IrisTimeoutError
 
 __all__ = ["FailStopMixin"]
@@ -96,10 +97,8 @@ class FailStopMixin:
 def poison(tensor: torch.Tensor) -> None:
     """Fill ``tensor`` with all-ones bits, as kernels do with what a failed wait left unverified:
     NaN for floating-point dtypes, -1 for integers."""
-    tensor.view(_SAME_SIZE_INTEGER[tensor.element_size()]).fill_(-1)
+    tensor.view(SAME_SIZE_INTEGER[tensor.element_size()]).fill_(-1)
 
-
-_SAME_SIZE_INTEGER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class _Call:

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 import iris.workspaces as workspaces
-from iris.collectives import Algorithm, CollectiveCall
+from iris.collectives import SAME_SIZE_INTEGER, Algorithm, CollectiveCall
 from iris_triton.calls import announce, header_value, headers_of
 from iris_triton.ccl import SLOT_ALIGNMENT, _finish, _program_state, _signal_peers, _wait_peers
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
@@ -238,10 +238,6 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
 # -- launching -----------------------------------------------------------------------------------------
 
 
-#: The integer type rows of each element size move as.
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 def table_lanes(world: int) -> int:
     """Words of one table row (a power of two: one vector)."""
     return triton.next_power_of_2(2 * world + 2)
@@ -274,7 +270,7 @@ def _launch(call: CollectiveCall, need_bytes: int | None, expected: torch.Tensor
     shape = collective_shape(ctx.device.type, need_bytes)
     grid = (max(1, min(ctx.programs, triton.cdiv(need_bytes // size, shape["BLOCK"]))),)
     options = {key: shape[key] for key in ("num_warps",) if key in shape}
-    bits = _BITS[size]  # rows move as bits: any dtype of the size, and an all-ones poison
+    bits = SAME_SIZE_INTEGER[size]  # rows move as bits: any dtype of the size, and an all-ones poison
     region = ws[front_bytes:front_bytes + region_elements * size].view(bits)
     front = ctx.frontend
     return front.launch(

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.collectives import Algorithm, CollectiveCall
+from iris.collectives import SAME_SIZE_INTEGER, Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.waits import MISMATCH, failed, poison_blocks, record_failure, site_code, wait_or_record
@@ -62,7 +62,7 @@ _DELIVERED: tl.constexpr = tl.constexpr(0)
 _CONSUMED: tl.constexpr = tl.constexpr(1)
 _SENT: tl.constexpr = tl.constexpr(2)
 _TAKEN: tl.constexpr = tl.constexpr(3)
-_PARTS = 4
+_PARTS: tl.constexpr = tl.constexpr(4)
 
 
 @attrs.frozen(eq=False)
@@ -81,7 +81,7 @@ class PeerRegions:
     def allocate(cls, ctx) -> PeerRegions:
         """The regions of ``ctx`` (collective: called at set-up, on every rank)."""
         world, chunk, programs = ctx.world_size, CHUNK_BYTES[ctx.device.type], PROGRAMS[ctx.device.type]
-        words = ctx.zeros(world * programs * (_PARTS + 2 * SLOTS), dtype=torch.int64)
+        words = ctx.zeros(world * programs * (_PARTS.value + 2 * SLOTS), dtype=torch.int64)
         inbox = ctx.zeros(world * SLOTS * chunk, dtype=torch.uint8)
         if ctx.device.type == "cuda":
             # Zeroed before set-up's last host exchange, after which a peer may send here.
@@ -102,7 +102,7 @@ def _word(words, PART: tl.constexpr, rank, WORLD: tl.constexpr, PROGRAMS: tl.con
 def _header(words, source, slot, WORLD: tl.constexpr, PROGRAMS: tl.constexpr, SLOTS: tl.constexpr):
     """This program's header (two words: sequence number + 1, what the message is) of the chunk
     in slot ``slot`` from ``source``."""
-    return words + 4 * WORLD * PROGRAMS + ((source * PROGRAMS + tl.program_id(0)) * SLOTS + slot) * 2
+    return words + _PARTS * WORLD * PROGRAMS + ((source * PROGRAMS + tl.program_id(0)) * SLOTS + slot) * 2
 
 
 @triton.jit
@@ -198,8 +198,6 @@ def recv_kernel(context, data, inbox, words, faults, host_faults, n, peer, what,
 
 # -- launching ---------------------------------------------------------------------------------------------
 
-#: The integer type of each element size: data move as bits.
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: Codes of the dtypes a message announces (any dtype torch has; a code never changes meaning).
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(
     (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.int8, torch.uint8, torch.int16,
@@ -222,7 +220,7 @@ def _launch(call: CollectiveCall, kernel, tensor: torch.Tensor):
         raise IrisError(f"{call.collective}: {tensor.numel()} elements is too many for one message (offsets are "
                         f"32-bit); split it into messages of at most {MAX_ELEMENTS} elements")
     regions: PeerRegions = ctx.p2p_regions
-    bits = _BITS[tensor.element_size()]
+    bits = SAME_SIZE_INTEGER[tensor.element_size()]  # data move as bits
     front = ctx.frontend
     return front.launch(
         kernel, (regions.programs,), context=ctx.get_device_context(), data=tensor.view(bits),
