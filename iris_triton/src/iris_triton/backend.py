@@ -96,19 +96,21 @@ class TritonDeviceOps(DeviceOps):
         #: Every set of fault words this context's kernels record in, with the world ranks of
         #: their peers: the context's own, then its groups' (:meth:`_setup_group_view`).
         self._fault_word_sets: list[tuple] = []
-        self._new_fault_words(tuple(range(self.world_size)))
-        self._barrier_state = self._new_barrier_state()
-        #: The fixed per-peer regions of send/recv (:mod:`iris_triton.p2p`): a pair cannot grow
-        #: the symmetric heap, so every rank allocates them here.
-        self.p2p_regions = PeerRegions.allocate(self)
+        self._setup_peer_state(tuple(range(self.world_size)))
         #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
         #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
         #: ``p`` of its peers; a small call launches fewer.
         self.programs = self.get_cu_count() if self.device.type == "cuda" else CPU_PROGRAMS
 
-    def _new_fault_words(self, peers: tuple[int, ...]) -> None:
-        """This context's (or group view's) fault words, for kernels numbering ``peers`` (world
-        ranks) by their place in it, kept where :meth:`_recorded_failure` reads them."""
+    def _setup_peer_state(self, peers: tuple[int, ...]) -> None:
+        """What this context's (or group view's) kernels keep per peer, for kernels numbering
+        ``peers`` (world ranks) by their place in it: the fault words (kept where
+        :meth:`_recorded_failure` reads them), the device barrier's state and the fixed per-peer
+        regions of send/recv (:mod:`iris_triton.p2p`: a pair cannot grow the symmetric heap, so
+        every rank allocates them here). Heap state goes on this context's heap (a group view's
+        arena)."""
+        from iris_triton.barrier import state_words
+
         words = len(peers) + 2  # first failure, one per peer, trap on failure
         #: The fault words kernels record give-ups in, on the device (:mod:`iris_triton.waits`).
         self.faults = torch.zeros(words, dtype=torch.int32, device=self.device)
@@ -122,18 +124,12 @@ class TritonDeviceOps(DeviceOps):
             self.host_faults = self.faults
             host_words = self.faults.numpy()
         self._fault_word_sets.append((host_words, peers))
+        self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
+        self.p2p_regions = PeerRegions.allocate(self)
 
     def _setup_group_view(self) -> None:
         super()._setup_group_view()
-        self._new_fault_words(self.group_ranks)  # the list is the context's: it reads the group's words too
-        self._barrier_state = self._new_barrier_state()
-        self.p2p_regions = PeerRegions.allocate(self)  # the group's own counts, by group rank
-
-    def _new_barrier_state(self) -> torch.Tensor:
-        """The device barrier's state words, on the heap (a group view's: in its arena)."""
-        from iris_triton.barrier import state_words
-
-        return self.zeros(state_words(self.world_size), dtype=torch.int32)
+        self._setup_peer_state(self.group_ranks)  # the fault-word list is the context's: it reads the group's too
 
     def collective_sync(self) -> torch.Tensor:
         """The collectives' int32 sync words on the heap (a workspace): per program, its call count
