@@ -21,7 +21,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
-from iris_gluon.layouts import block_layout
+from iris_gluon.layouts import block_layout, tile_layout
 from iris_triton.context import with_device_methods
 from iris_triton.tracing import DeviceTracing
 
@@ -70,6 +70,15 @@ class IrisDeviceCtx:
         ``ptr``'s element type: coalesced 16-byte vectors per thread."""
         layout: gl.constexpr = block_layout(BLOCK, ptr.dtype.element_ty.primitive_bitwidth, gl.num_warps())
         return start + gl.arange(0, BLOCK, layout=layout)
+
+    @gluon.jit
+    def tile_indices(self, ptr, first_row, first_column, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The row and column indices of one tile of ``ptr``'s matrix, in the two slices of the
+        layout :func:`~iris_gluon.layouts.tile_layout` gives ``ptr``'s element type, so that
+        ``rows[:, None]`` and ``columns[None, :]`` combine into that layout."""
+        layout: gl.constexpr = tile_layout(BLOCK_M, BLOCK_N, ptr.dtype.element_ty.primitive_bitwidth, gl.num_warps())
+        rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        return rows, first_column + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
 
 
 IrisDeviceCtx = aggregate(IrisDeviceCtx)

@@ -1,9 +1,9 @@
-"""Layouts for one-dimensional blocks of memory traffic in Gluon kernels."""
+"""Layouts for blocks and tiles of memory traffic in Gluon kernels."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["block_layout"]
+__all__ = ["block_layout", "tile_layout"]
 
 #: Bytes one thread moves per memory instruction at most (``ld.global.v4.b32``).
 VECTOR_BYTES = 16
@@ -16,3 +16,13 @@ def block_layout(block, element_bits, num_warps):
     own neighbouring vectors, so a warp's access is one coalesced run of memory."""
     per_thread = max(1, min(VECTOR_BYTES * 8 // element_bits, block // (32 * num_warps)))
     return gl.BlockedLayout([per_thread], [32], [num_warps], [0])
+
+
+@gluon.constexpr_function
+def tile_layout(block_m, block_n, element_bits, num_warps):
+    """A blocked layout of a ``block_m x block_n`` tile of a row-major matrix in which each thread
+    owns up to 16 contiguous bytes of a row and neighbouring threads own neighbouring vectors
+    along the row, then the next rows, so that a warp's accesses are coalesced runs."""
+    per_thread = max(1, min(VECTOR_BYTES * 8 // element_bits, block_n))
+    across = max(1, min(32, block_n // per_thread))
+    return gl.BlockedLayout([1, per_thread], [32 // across, across], [num_warps, 1], [1, 0])

@@ -96,11 +96,24 @@ class TritonDeviceOps(DeviceOps):
         #: Every set of fault words this context's kernels record in, with the world ranks of
         #: their peers: the context's own, then its groups' (:meth:`_setup_group_view`).
         self._fault_word_sets: list[tuple] = []
+        #: The flag words of every tile sync made (``tile_sync``), kept while the context lives.
+        self._tile_flags: list[torch.Tensor] = []
         self._setup_peer_state(tuple(range(self.world_size)))
         #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
         #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
         #: ``p`` of its peers; a small call launches fewer.
         self.programs = self.get_cu_count() if self.device.type == "cuda" else CPU_PROGRAMS
+
+    def tile_sync(self, num_tiles: int) -> torch.Tensor:
+        """The synchronisation state of the tile collectives (:mod:`iris_triton.tile_collectives`,
+        ``iris.x``) for tile numbers ``[0, num_tiles)``: a small int64 tensor to pass to the kernel
+        and on to the collectives as ``sync``. It counts calls per tile on the device, so one
+        sync serves every launch of a kernel, CUDA-graph replays included; kernels that may run at
+        the same time need one each. Collective (it allocates on the heap)."""
+        from iris_triton.tile_collectives import allocate_tile_sync
+
+        with self._call("tile_sync"):
+            return allocate_tile_sync(self, num_tiles)
 
     def _setup_peer_state(self, peers: tuple[int, ...]) -> None:
         """What this context's (or group view's) kernels keep per peer, for kernels numbering

@@ -139,5 +139,12 @@ class DeviceContext:
         (Gluon's context lays the same offsets out explicitly; Triton picks the layout)."""
         return start + tl.arange(0, BLOCK)
 
+    @device_method
+    def tile_indices(self, ptr, first_row, first_column, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """``(first_row + [0, BLOCK_M), first_column + [0, BLOCK_N))``: the row and column indices
+        of one tile of ``ptr``'s matrix (:mod:`iris_triton.tiles`; Gluon's context lays them out
+        explicitly)."""
+        return first_row + tl.arange(0, BLOCK_M), first_column + tl.arange(0, BLOCK_N)
+
 
 DeviceContext = device_class(DeviceContext)

@@ -26,16 +26,19 @@ from iris_triton import device
 from iris_triton.clock import INTERPRETING, now_ns
 
 __all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
-           "peers_announced", "poison", "poison_blocks", "publish",
+           "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
            "read_published", "read_when_arrived", "record_failure", "site_code", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
               "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "send", "recv",
-              "all_to_all_single", "all_to_all_vdev", "reduce", "gather", "scatter")
+              "all_to_all_single", "all_to_all_vdev", "reduce", "gather", "scatter", "tile all_reduce",
+              "tile all_gather", "tile reduce_scatter", "tile all_to_all", "tile broadcast", "all_reduce_rmsnorm",
+              "moe_dispatch", "moe_combine")
 #: Kinds of failure, by code: a peer did not deliver within the timeout, or it delivered a
 #: different call (another collective, size, dtype, op or root).
-KINDS = {1: "timeout", 2: "mismatch", 3: "overflow", 4: "capacity", 5: "bounds", 6: "splits", 7: "unmatched"}
+KINDS = {1: "timeout", 2: "mismatch", 3: "overflow", 4: "capacity", 5: "bounds", 6: "splits", 7: "unmatched",
+         8: "tiles", 9: "expert_ids", 10: "expert_capacity"}
 #: What the kinds of failure that a call's own arguments cause (found on the device, in the
 #: split counts every rank published: iris_triton.all_to_all_v) say about the ranks recorded.
 ARGUMENT_FAILURES = {
@@ -46,6 +49,12 @@ ARGUMENT_FAILURES = {
     "bounds": "passed an output with another number of rows than this rank's; all_to_all_vdev needs the same "
               "output bound on every rank",
     "splits": "passed split counts that are negative or add up to more rows than their input has",
+    "expert_ids": "passed topk_ids outside [-1, num_experts) (-1: a slot routed to no expert); check the router's "
+                  "output (IRIS_DEBUG=1 checks it on the host at the call)",
+    "expert_capacity": "would receive more rows for one of their experts than capacity holds; pass a larger "
+                       "capacity to moe_dispatch (the default, world_size * num_tokens, always holds)",
+    "tiles": "synchronised a tile whose number is outside the tile sync it was given (ctx.tile_sync(num_tiles) "
+             "must cover every tile number of the views the kernel passes)",
     "unmatched": "passed output_split_sizes that differ from the rows their peers send them (output_split_sizes[s] "
                  "on rank d must equal input_split_sizes[d] on rank s)",
 }
@@ -64,6 +73,7 @@ CAPACITY: tl.constexpr = tl.constexpr(4)
 BOUNDS: tl.constexpr = tl.constexpr(5)
 SPLITS: tl.constexpr = tl.constexpr(6)
 UNMATCHED: tl.constexpr = tl.constexpr(7)
+TILES: tl.constexpr = tl.constexpr(8)
 
 
 def site_code(name: str) -> int:
@@ -237,6 +247,14 @@ def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.co
                 record_failure(faults, host_faults, WORLD, q, kind * 256 + SITE)
             ok = ok & same
     return ok
+
+
+@triton.jit
+def poisoned(values, ok):
+    """``values`` where ``ok``, else all-ones bits (NaN for floats, -1 for integers): what a call
+    whose wait gave up writes instead of its result."""
+    BITS: tl.constexpr = _signed_int(values.dtype.primitive_bitwidth)
+    return tl.where(ok, values.to(BITS, bitcast=True), -1).to(values.dtype, bitcast=True)
 
 
 @triton.jit

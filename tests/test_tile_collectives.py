@@ -1,0 +1,234 @@
+"""Tile collectives inside a kernel (``iris.x``) across real ranks, against torch.
+
+One spawn per world size (2 and 3 ranks) runs every check, each rank returning ``{check: True |
+False | error text}``: every collective of ``tests/tile_kernels.py`` over a ragged matrix (tiles
+past its edges), with float32, bfloat16 and int32 elements, each reduction of all_reduce (float32), in
+place where the collective allows it, three launches in a row on one sync (its call counts),
+and the upstream-style calls without a sync between host barriers. Data is seeded per rank so
+that every rank computes the reference (reductions in rank order, 16-bit floats in float32).
+
+The failure checks: ranks that call different collectives on one tile see a mismatch, a tile
+number outside the sync fails the call, and a peer that never launches makes the survivor give
+up: each time the output holds NaN and ``ctx.check()`` raises ``IrisTimeoutError``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import iris
+from iris.errors import IrisError, IrisTimeoutError
+from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
+from iris_triton.frontend import TRITON
+
+M, N = 37, 45
+BLOCK_M, BLOCK_N = 16, 16
+TILES = -(-M // BLOCK_M) * -(-N // BLOCK_N)
+DTYPES = (torch.float32, torch.bfloat16, torch.int32)
+#: The reductions checked (float32 only; the other types sum).
+OPS = ("sum", "max", "prod", "avg", "min")
+#: A wait in the failure checks gives up after this many seconds.
+FAILURE_TIMEOUT = 3.0
+
+
+def _data(dtype: torch.dtype, shape, *seed) -> torch.Tensor:
+    g = seeded_generator(*seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
+
+
+def _reduced(parts: list[torch.Tensor], op: str) -> torch.Tensor:
+    wide = [p.float() if p.dtype in (torch.bfloat16, torch.float16) else p for p in parts]
+    acc = wide[0]
+    for p in wide[1:]:
+        acc = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "max": torch.maximum,
+               "min": torch.minimum}[op](acc, p)
+    if op == "avg":
+        acc = acc / len(parts)
+    return acc.to(parts[0].dtype)
+
+
+class _Checks:
+    def __init__(self, ctx, report: RankReport):
+        from tile_kernels import tile_collective
+
+        self.ctx, self.report = ctx, report
+        self.kernel = TRITON.kernel(tile_collective)
+        self.sync = ctx.tile_sync(TILES * 3)
+
+    def launch(self, collective, src, dst, op="sum", chunk=1, root=0, sync=None, programs=2):
+        ctx = self.ctx
+        self.kernel[(programs,)](
+            ctx.get_device_context(), src, dst, self.sync if sync is None else sync, src.shape[0], src.shape[1],
+            dst.shape[0], dst.shape[1], src.stride(0), src.stride(1), dst.stride(0), dst.stride(1), chunk, root,
+            CTX=TRITON.device_context, RANK=ctx.rank, WORLD=ctx.world_size, COLLECTIVE=collective, OP=op,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        ctx.check()
+
+    def inputs(self, dtype, shape, *seed):
+        """Every rank's seeded input (``seed`` names the call), and this rank's copy on the heap."""
+        parts = [_data(dtype, shape, "tile", r, str(dtype), shape, *seed) for r in range(self.ctx.world_size)]
+        return parts, self.ctx.as_symmetric(parts[self.ctx.rank])
+
+    def expect(self, name, got, want):
+        exact = torch.equal(got.cpu(), want)
+        if not exact and got.dtype.is_floating_point:
+            exact = torch.allclose(got.cpu().float(), want.float(), rtol=1e-2 if got.dtype == torch.bfloat16 else 1e-5,
+                                   atol=1e-2 if got.dtype == torch.bfloat16 else 1e-5)
+        self.report.check(name, exact)
+
+    def all_reduces(self):
+        ctx = self.ctx
+        for dtype in DTYPES:
+            for op in OPS if dtype == torch.float32 else OPS[:1]:
+                for collective in ("all_reduce", "all_reduce_two_shot"):
+                    for call in range(2 if op == "sum" else 1):  # a second call on the same tiles
+                        parts, src = self.inputs(dtype, (M, N), collective, op, call)
+                        dst = ctx.full((M, N), 7, dtype=dtype)
+                        self.launch(collective, src, dst, op)
+                        self.expect(f"{collective}/{dtype}/{op}/{call}", dst, _reduced(parts, op))
+                in_place_parts, buf = self.inputs(dtype, (M, N), "in place")
+                self.launch("all_reduce", buf, buf)
+                self.expect(f"all_reduce/{dtype}/in_place", buf, _reduced(in_place_parts, "sum"))
+                parts, buf = self.inputs(dtype, (M, N), "two-shot in place")
+                self.launch("all_reduce_two_shot", buf, buf)
+                self.expect(f"all_reduce_two_shot/{dtype}/in_place", buf, _reduced(parts, "sum"))
+
+    def others(self):
+        ctx, W, rank = self.ctx, self.ctx.world_size, self.ctx.rank
+        tiles_n = -(-N // BLOCK_N)
+        for dtype in DTYPES:
+            parts, src = self.inputs(dtype, (M, N), "reduce_scatter")
+            before = _data(dtype, (M, N), "before", rank)
+            dst = ctx.as_symmetric(before)
+            self.launch("reduce_scatter", src, dst)
+            want = before.clone()
+            total = -(-M // BLOCK_M) * tiles_n
+            for t in range(total):
+                owner = min(t // (total // W), W - 1) if total // W else W - 1
+                if owner == rank:
+                    r, c = divmod(t, tiles_n)
+                    rows, cols = slice(r * BLOCK_M, (r + 1) * BLOCK_M), slice(c * BLOCK_N, (c + 1) * BLOCK_N)
+                    want[rows, cols] = _reduced([p[rows, cols] for p in parts], "sum")
+            self.expect(f"reduce_scatter/{dtype}", dst, want)
+
+            parts, src = self.inputs(dtype, (M, N), "all_gather")
+            rows_out = ctx.zeros((W * M, N), dtype=dtype)
+            self.launch("all_gather_rows", src, rows_out)
+            self.expect(f"all_gather_rows/{dtype}", rows_out, torch.cat(parts, 0))
+            columns_out = ctx.zeros((M, W * N), dtype=dtype)
+            self.launch("all_gather_columns", src, columns_out)
+            self.expect(f"all_gather_columns/{dtype}", columns_out, torch.cat(parts, 1))
+
+            chunk = 11  # not a multiple of the tile: a tile spans several ranks' chunks
+            parts, src = self.inputs(dtype, (M, W * chunk), "all_to_all")
+            dst = ctx.zeros((M, W * chunk), dtype=dtype)
+            self.launch("all_to_all", src, dst, chunk=chunk)
+            want = torch.cat([p[:, rank * chunk:(rank + 1) * chunk] for p in parts], 1)
+            self.expect(f"all_to_all/{dtype}", dst, want)
+
+            for root in range(W):
+                parts, src = self.inputs(dtype, (M, N), "broadcast", root)
+                dst = ctx.zeros((M, N), dtype=dtype)
+                self.launch("broadcast", src, dst, root=root)
+                self.expect(f"broadcast/{dtype}/root{root}", dst, parts[root])
+
+    def without_sync(self):
+        """Upstream iris's form: no sync, the host orders the ranks with barriers."""
+        from tile_kernels import unsynchronised_all_gather
+
+        ctx = self.ctx
+        parts, src = self.inputs(torch.float32, (M, N), "unsynchronised")
+        dst = ctx.zeros((ctx.world_size * M, N))
+        ctx.barrier()
+        TRITON.kernel(unsynchronised_all_gather)[(2,)](src, dst, ctx.get_heap_bases(), M, N, N, 1, N, 1,
+                                                       RANK=ctx.rank, WORLD=ctx.world_size, BLOCK_M=BLOCK_M,
+                                                       BLOCK_N=BLOCK_N)
+        ctx.barrier()
+        self.expect("without_sync/all_gather", dst, torch.cat(parts, 0))
+
+    def errors(self):
+        for bad in (0, -3, 2.0, True):
+            try:
+                self.ctx.tile_sync(bad)
+                self.report.check(f"tile_sync refuses {bad!r}", False)
+            except ValueError as error:
+                self.report.check(f"tile_sync refuses {bad!r}", "positive int" in str(error))
+
+
+def _worker(rank: int, world: int) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create()
+    checks = _Checks(ctx, report)
+    for name in ("all_reduces", "others", "without_sync", "errors"):
+        with report.section(name):
+            getattr(checks, name)()
+    ctx.destroy()
+    return report.packed()
+
+
+@pytest.fixture(scope="module", params=(2, 3), ids=lambda w: f"world{w}")
+def reports(request):
+    return reports_on_available_ranks(_worker, request.param, request.param, timeout=120)
+
+
+@pytest.mark.parametrize("family", ["all_reduce", "all_reduce_two_shot", "reduce_scatter", "all_gather", "all_to_all",
+                                    "broadcast", "without_sync", "tile_sync"])
+def test_tile_collectives_match_torch(reports, family):
+    assert_rank_checks(reports, family, minimum=2 * len(reports))
+
+
+# -- failures ---------------------------------------------------------------------------------------------
+
+
+def _failure_worker(rank: int, world: int, scenario: str) -> bytes:
+    from tile_kernels import tile_collective
+
+    report = RankReport(rank)
+    ctx = iris.create(timeout=FAILURE_TIMEOUT)
+    sync = ctx.tile_sync(1 if scenario == "outside" else TILES)
+    src = ctx.as_symmetric(_data(torch.float32, (M, N), "failure", rank))
+    dst = ctx.zeros((M, N))
+    ctx.barrier()
+    collective = "all_gather_columns" if scenario == "mismatch" and rank == 1 else "all_reduce"
+    start = time.monotonic()
+    if not (scenario == "absent" and rank == 1):
+        wide = ctx.zeros((M, world * N)) if collective == "all_gather_columns" else dst
+        TRITON.kernel(tile_collective)[(1,)](
+            ctx.get_device_context(), src, wide, sync, M, N, *wide.shape, N, 1, wide.stride(0), 1, 1, 0,
+            CTX=TRITON.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective, OP="sum", BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N)
+        try:
+            ctx.check()
+            report["raised"] = "nothing"
+        except IrisTimeoutError as error:
+            report["raised"] = str(error)
+        report["seconds"] = time.monotonic() - start
+        failed = torch.isnan(wide)
+        if scenario == "outside":  # tile 0 is inside the sync of one tile and succeeds; every later one fails
+            failed[:BLOCK_M, :BLOCK_N] = ~failed[:BLOCK_M, :BLOCK_N]
+        report["nan"] = bool(failed.all())
+    else:
+        time.sleep(2 * FAILURE_TIMEOUT)  # alive, but never calls: the peer's wait must give up
+    try:
+        ctx.destroy()
+    except IrisError:
+        pass
+    return report.packed()
+
+
+@pytest.mark.parametrize("scenario", ["mismatch", "outside", "absent"])
+def test_a_failed_tile_collective_poisons_its_tile_and_raises(scenario):
+    reports = reports_on_available_ranks(_failure_worker, 2, 2, scenario, timeout=FAILURE_TIMEOUT)
+    survivors = reports if scenario != "absent" else reports[:1]
+    for rank, report in enumerate(survivors):
+        assert report["raised"] != "nothing", f"rank {rank}: ctx.check() raised nothing"
+        expected = {"mismatch": "made a different call", "outside": "outside the tile sync", "absent": "gave up"}
+        assert expected[scenario] in report["raised"], report["raised"]
+        assert report["nan"], f"rank {rank}: the failed calls' tiles are not all NaN (or a good tile is)"
+        if scenario == "absent":
+            assert report["seconds"] < 10 * FAILURE_TIMEOUT, f"rank {rank} gave up after {report['seconds']:.1f} s"
