@@ -32,6 +32,8 @@ from iris_triton.barrier import device_barrier_kernel
 from iris_triton.frontend import TRITON
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.tuning import GEMM_SHAPES, LOW_LATENCY_SHAPES, SENTINEL_SHAPES, collective_shape
+from tile_kernels import COLLECTIVES as TILE_COLLECTIVES
+from tile_kernels import tile_collective
 
 TARGET = GPUTarget("cuda", 90, 32)
 SEMS = ("relaxed", "acquire", "release", "acq_rel")
@@ -417,13 +419,27 @@ def _fused_specs() -> dict:
     }
 
 
+def _tile_collective_specs(frontend) -> dict:
+    """The tile collectives (tests/tile_kernels.py), bf16 tiles of 64 x 64 with run-time sizes and
+    unit column strides, compiled by ``frontend``; Gluon's keys get a ``gluon:`` prefix."""
+    prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
+    types = {"context": "*i64", "src": "*bf16", "dst": "*bf16", "sync": "*i64", "M": "i32", "N": "i32", "DM": "i32",
+             "DN": "i32", "stride_sm": "i32", "stride_dm": "i32", "chunk": "i32", "root": "i32"}
+    divisible = ("context", "src", "dst", "sync", "N", "DN", "stride_sm", "stride_dm", "chunk")
+    return {f"{prefix}tile_{collective}": _spec(
+        frontend.kernel(tile_collective), dict(CTX=frontend.device_context, RANK=0, WORLD=2, COLLECTIVE=collective,
+                                               OP="sum", BLOCK_M=64, BLOCK_N=64, stride_sn=1, stride_dn=1),
+        types, divisible) for collective in TILE_COLLECTIVES}
+
+
 #: Compile options of the kernels that are not launched with Triton's defaults.
 OPTIONS = {"num_warps", "num_stages"}
 
 
 def specs() -> dict:
     out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON),
-           **_announcing_all_reduce_specs(TRITON), **_announcing_all_reduce_specs(GLUON), **_fused_specs()}
+           **_announcing_all_reduce_specs(TRITON), **_announcing_all_reduce_specs(GLUON), **_fused_specs(),
+           **_tile_collective_specs(TRITON), **_tile_collective_specs(GLUON)}
     for short, ptr in VECTOR_TYPES.items():
         types = {"buf": ptr, "out": ptr}
         for masked in (False, True):

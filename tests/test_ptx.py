@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tile_kernels import COLLECTIVES as TILE_COLLECTIVES
 
 KERNELS = Path(__file__).with_name("ptx_kernels.py")
 SEMS = ("relaxed", "acquire", "release", "acq_rel")
@@ -279,6 +280,20 @@ def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, fronten
     # exchange at system scope and a wait an acquire load at system scope; no other atomics.
     ops = ops_of(ptx, f"{frontend}ccl_{collective}")
     assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, ops
+    assert atomics_of(ops) == ["atom.global.sys.release.exch.b32"], ops
+    assert "ld.global.sys.acquire.b32" in ops, ops
+
+
+@pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
+@pytest.mark.parametrize("collective", TILE_COLLECTIVES)
+def test_tile_collectives_move_vectors_and_signal_at_system_scope(ptx, frontend, collective):
+    # A tile collective inside a kernel (iris.x; bf16 tiles, the source compiled by each front
+    # end): its tiles move as 16-byte vectors, never as single 16-bit elements; a tile's ready
+    # and done signals are release exchanges at system scope, its waits acquire loads at system
+    # scope, and nothing else is atomic.
+    ops = ops_of(ptx, f"{frontend}tile_{collective}")
+    assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, ops
+    assert not any(op.startswith(("ld.global", "st.global")) and op.endswith(".b16") for op in ops), ops
     assert atomics_of(ops) == ["atom.global.sys.release.exch.b32"], ops
     assert "ld.global.sys.acquire.b32" in ops, ops
 

@@ -1,6 +1,6 @@
 """Tile collectives inside a kernel (``iris.x``) across real ranks, against torch.
 
-One spawn per world size (2 and 3 ranks) runs every check, each rank returning ``{check: True |
+One spawn per world size (2 and 3 ranks; 3 with float32 only) runs every check, each rank returning ``{check: True |
 False | error text}``: every collective of ``tests/tile_kernels.py`` over a ragged matrix (tiles
 past its edges), with float32, bfloat16 and int32 elements, each reduction of all_reduce (float32), in
 place where the collective allows it, three launches in a row on one sync (its call counts),
@@ -14,7 +14,10 @@ up: each time the output holds NaN and ``ctx.check()`` raises ``IrisTimeoutError
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,7 +60,9 @@ class _Checks:
         from tile_kernels import tile_collective
 
         self.ctx, self.report = ctx, report
-        self.kernel = TRITON.kernel(tile_collective)
+        #: Every element type on 2 ranks; float32 on more (the protocol is the same, the time is not).
+        self.dtypes = DTYPES if ctx.world_size == 2 else DTYPES[:1]
+        self.kernel = ctx.frontend.kernel(tile_collective)
         self.sync = ctx.tile_sync(TILES * 3)
 
     def launch(self, collective, src, dst, op="sum", chunk=1, root=0, sync=None, programs=2):
@@ -65,7 +70,7 @@ class _Checks:
         self.kernel[(programs,)](
             ctx.get_device_context(), src, dst, self.sync if sync is None else sync, src.shape[0], src.shape[1],
             dst.shape[0], dst.shape[1], src.stride(0), src.stride(1), dst.stride(0), dst.stride(1), chunk, root,
-            CTX=TRITON.device_context, RANK=ctx.rank, WORLD=ctx.world_size, COLLECTIVE=collective, OP=op,
+            CTX=ctx.frontend.device_context, RANK=ctx.rank, WORLD=ctx.world_size, COLLECTIVE=collective, OP=op,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
         ctx.check()
 
@@ -83,7 +88,7 @@ class _Checks:
 
     def all_reduces(self):
         ctx = self.ctx
-        for dtype in DTYPES:
+        for dtype in self.dtypes:
             for op in OPS if dtype == torch.float32 else OPS[:1]:
                 for collective in ("all_reduce", "all_reduce_two_shot"):
                     for call in range(2 if op == "sum" else 1):  # a second call on the same tiles
@@ -101,7 +106,7 @@ class _Checks:
     def others(self):
         ctx, W, rank = self.ctx, self.ctx.world_size, self.ctx.rank
         tiles_n = -(-N // BLOCK_N)
-        for dtype in DTYPES:
+        for dtype in self.dtypes:
             parts, src = self.inputs(dtype, (M, N), "reduce_scatter")
             before = _data(dtype, (M, N), "before", rank)
             dst = ctx.as_symmetric(before)
@@ -160,11 +165,12 @@ class _Checks:
                 self.report.check(f"tile_sync refuses {bad!r}", "positive int" in str(error))
 
 
-def _worker(rank: int, world: int) -> bytes:
+def _worker(rank: int, world: int, backend: str = "triton") -> bytes:
     report = RankReport(rank)
-    ctx = iris.create()
+    ctx = iris.create(backend)
     checks = _Checks(ctx, report)
-    for name in ("all_reduces", "others", "without_sync", "errors"):
+    sections = ("all_reduces", "others", "without_sync", "errors") if backend == "triton" else ("all_reduces", "others")
+    for name in sections:
         with report.section(name):
             getattr(checks, name)()
     ctx.destroy()
@@ -180,6 +186,20 @@ def reports(request):
                                     "broadcast", "without_sync", "tile_sync"])
 def test_tile_collectives_match_torch(reports, family):
     assert_rank_checks(reports, family, minimum=2 * len(reports))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels run on GPUs only")
+def test_tile_collectives_in_gluon_kernels_match_torch():
+    reports = reports_on_available_ranks(_worker, 2, 2, "gluon", backend="gluon", timeout=120)
+    for family in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"):
+        assert_rank_checks(reports, family, minimum=4)
+
+
+def test_the_tile_gemm_example_matches_torch():
+    example = Path(__file__).parents[1] / "examples" / "tile_gemm.py"
+    proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "all match", proc.stdout
 
 
 # -- failures ---------------------------------------------------------------------------------------------

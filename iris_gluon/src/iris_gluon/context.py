@@ -77,8 +77,8 @@ class IrisDeviceCtx:
         layout :func:`~iris_gluon.layouts.tile_layout` gives ``ptr``'s element type, so that
         ``rows[:, None]`` and ``columns[None, :]`` combine into that layout."""
         layout: gl.constexpr = tile_layout(BLOCK_M, BLOCK_N, ptr.dtype.element_ty.primitive_bitwidth, gl.num_warps())
-        rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-        return rows, first_column + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout)) + first_row
+        return rows, gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout)) + first_column
 
 
 IrisDeviceCtx = aggregate(IrisDeviceCtx)

@@ -144,7 +144,7 @@ class DeviceContext:
         """``(first_row + [0, BLOCK_M), first_column + [0, BLOCK_N))``: the row and column indices
         of one tile of ``ptr``'s matrix (:mod:`iris_triton.tiles`; Gluon's context lays them out
         explicitly)."""
-        return first_row + tl.arange(0, BLOCK_M), first_column + tl.arange(0, BLOCK_N)
+        return tl.arange(0, BLOCK_M) + first_row, tl.arange(0, BLOCK_N) + first_column
 
 
 DeviceContext = device_class(DeviceContext)

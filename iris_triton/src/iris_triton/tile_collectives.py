@@ -180,7 +180,11 @@ def _reduced(dctx, pointers, mask, OP: tl.constexpr):
     acc = widen(dctx.load(pointers, 0, mask=mask))
     for q in range(1, dctx.world_size):
         acc = combine(acc, widen(dctx.load(pointers, q, mask=mask)), OP)
-    return finish(acc, OP, dctx.world_size)
+    if OP == "avg":  # the world size as a float block: Gluon's is a run-time integer, which div_rn refuses
+        world = (acc != acc).to(tl.float32) * 0 + dctx.world_size
+    else:
+        world = dctx.world_size
+    return finish(acc, OP, world)
 
 
 @triton.jit

@@ -28,8 +28,8 @@ def tile_indices(pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, dct
     ``pid_n * BLOCK_N + [0, BLOCK_N)``, hinted as runs of contiguous indices. With a device context,
     in the layout it gives ``ptr``'s element type (required in Gluon kernels)."""
     if dctx is None:
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, BLOCK_M) + pid_m * BLOCK_M  # the tensor first: constants stay out of the sum's type
+        rn = tl.arange(0, BLOCK_N) + pid_n * BLOCK_N
     else:
         rm, rn = dctx.tile_indices(ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N)
     return tl.max_contiguous(tl.multiple_of(rm, BLOCK_M), BLOCK_M), tl.max_contiguous(tl.multiple_of(rn, BLOCK_N),
@@ -195,4 +195,5 @@ TensorView = device_class(TensorView)
 def make_tensor_view(ptr, M, N, stride_m, stride_n):
     """A :class:`TensorView` of sizes and strides given as run-time values or compile-time
     constants alike (a constant becomes a run-time value)."""
-    return TensorView(ptr, M + 0, N + 0, stride_m + 0, stride_n + 0)
+    zero = tl.program_id(0) * 0  # a run-time 0: what a constant added to it becomes
+    return TensorView(ptr, M + zero, N + zero, stride_m + zero, stride_n + zero)
