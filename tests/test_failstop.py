@@ -3,9 +3,11 @@
 Every collective (each all_reduce algorithm, all_gather, reduce_scatter, all_to_all, broadcast,
 reduce, gather, scatter, all_to_all_single and all_to_all_vdev with uneven splits, send/recv
 between every pair, an all_reduce on a group, device_barrier) and every ``ctx.ops`` call (fused
-and sequential) runs on 2 and 3 ranks while a peer is SIGKILLed before the call, SIGKILLed during
-it, exits early (``os._exit``), is late by more than the timeout, is late by less than the
-timeout, or while busy processes load the CPUs. On every
+and sequential; MoE dispatch then combine; all_reduce_rmsnorm by each method; tile collectives
+inside a kernel) runs on 2 and 3
+ranks while a peer is SIGKILLed before the call, SIGKILLed during it, exits early
+(``os._exit``), is late by more than the timeout, is late by less than the timeout, or while busy
+processes load the CPUs. On every
 surviving rank each call either returns exactly the torch reference (computed from every rank's
 seeded inputs: small integers, so every order of summation gives the same bits), or raises an
 IrisError (then its float outputs are NaN, and the next call raises too); a give-up happens between
@@ -66,7 +68,13 @@ COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broad
 HOST_EXCHANGES = ("all_to_all_single",)
 FUSED = tuple(f"{k}/{m}" for k in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
               for m in ("fused", "sequential"))
-OPS = COLLECTIVES + FUSED
+#: MoE token routing: ctx.ops.moe_dispatch, then moe_combine of the experts' outputs.
+MOE = ("moe_dispatch_combine",)
+#: The fused all_reduce + residual add + RMSNorm (ctx.ops.all_reduce_rmsnorm) by each method.
+NORMS = ("all_reduce_rmsnorm/one_shot", "all_reduce_rmsnorm/two_shot")
+#: Tile collectives inside a kernel (iris.x, tests/tile_kernels.py), each launch then ctx.check().
+TILE_COLLECTIVES = ("tile/all_reduce", "tile/all_gather_rows", "tile/broadcast")
+OPS = COLLECTIVES + FUSED + MOE + NORMS + TILE_COLLECTIVES
 #: A slow peer pauses every this many Python function calls (:func:`sluggish`).
 SLOWDOWN = int(os.environ.get("IRIS_CHAOS_SLOWDOWN", "400"))
 #: Elements per rank of a collective call (divisible by 2 and 3; several blocks and rounds).
@@ -259,6 +267,12 @@ def prepare(ctx, op: str, seed, n: int = N):
         return (lambda: ctx.ccl.all_reduce(mine, group=_whole_group(ctx))), sum(xs[1:], xs[0]), mine
     if kind in ("all_to_all_single", "all_to_all_vdev"):
         return _uneven(ctx, kind, op, seed, n)
+    if kind == "moe_dispatch_combine":
+        return _moe(ctx, op, seed, n)
+    if kind == "all_reduce_rmsnorm":
+        return _rmsnorm(ctx, op, variant, seed, n)
+    if kind == "tile":
+        return _tile(ctx, variant, xs, seed)
     raise ValueError(op)
 
 
@@ -323,6 +337,85 @@ def _uneven(ctx, kind: str, op: str, seed, n: int):
         return torch.cat([out[:received.numel()], counts.float()])
 
     return call, torch.cat([received, torch.tensor([float(split(q, rank)) for q in range(world)])]), out
+
+
+def _moe(ctx, op: str, seed, n: int):
+    """Top-2 of 2 experts per rank over a number of tokens that follows ``n``; the experts scale
+    their tokens by (expert + 1). The result: combine's output, then this rank's experts' counts.
+    No ``out``: the call returns new tensors, and a call that fails on CPU ranks returns none."""
+    world, rank = ctx.world_size, ctx.rank
+    tokens, local = 4 + n % 7, 2
+    experts = local * world
+    ids = [torch.stack([torch.randperm(experts, generator=seeded_generator(op, seed, "ids", q, t))[:2]
+                        for t in range(tokens)]) for q in range(world)]
+    x = _ints((tokens, 8), torch.float32, op, seed, "x", rank)
+    w = _ints((tokens, 2), torch.float32, op, seed, "w", rank, low=1, high=4)
+    factor = torch.arange(rank * local + 1, (rank + 1) * local + 1, dtype=torch.float32).view(-1, 1, 1)
+
+    def call():
+        result = ctx.ops.moe_dispatch(x, ids[rank], w, experts)
+        combined = ctx.ops.moe_combine(result.tokens * factor, result)
+        return torch.cat([combined.flatten(), result.counts.float()])
+
+    combined = sum(w[:, j:j + 1] * x * (ids[rank][:, j:j + 1] + 1).float() for j in range(2))
+    counts = [float(sum(int((i == rank * local + e).sum()) for i in ids)) for e in range(local)]
+    return call, torch.cat([combined.flatten(), torch.tensor(counts)]), None
+
+
+def _rmsnorm(ctx, op: str, method: str, seed, n: int):
+    """Rows of 72 (two chunks on CPU ranks) over a number of tokens that follows ``n``; the
+    residual makes every sum +-2, so that with eps=0 the result is exactly +-weight (small
+    integers) in every order of summation. The result: out, then residual_out (one buffer)."""
+    world, rank = ctx.world_size, ctx.rank
+    tokens, hidden = 2 + n % 7, 72
+    dtype = (torch.bfloat16, torch.float32)[len(str(seed)) % 2]
+    xs = [_ints((tokens, hidden), dtype, op, seed, "x", q, low=-2, high=3) for q in range(world)]
+    sums = 2 * torch.randint(0, 2, (tokens, hidden), generator=seeded_generator(op, seed, "sign")) * 2 - 2
+    residual = (sums - sum(x.float() for x in xs)).to(dtype)
+    weight = _ints((hidden,), dtype, op, seed, "weight", low=-3, high=4)
+    both = torch.full((2, tokens, hidden), 12345.0, dtype=dtype)
+    expected = torch.stack([torch.nn.functional.rms_norm(sums.float(), (hidden,), weight.float(), 0.0), sums.float()])
+
+    def call():
+        ctx.ops.all_reduce_rmsnorm(both[0], xs[rank], residual, weight, 0.0, both[1], method=method)
+        return both
+
+    return call, expected.to(dtype), both
+
+
+#: Each context's tile sync and heap copy of the input (made at its first call, when every rank is there).
+_TILE_STATE: dict[int, tuple] = {}
+#: Columns and tile edge of the tile collectives' matrices.
+TILE_COLUMNS, TILE_BLOCK = 24, 16
+
+
+def _tile(ctx, collective: str, xs, seed):
+    """``collective`` on every tile of this rank's input as a ``rows x TILE_COLUMNS`` matrix, by one
+    launch of tests/tile_kernels.py's kernel (two programs) and ``ctx.check()``."""
+    from tile_kernels import tile_collective
+
+    world, rank = ctx.world_size, ctx.rank
+    rows = xs[0].numel() // TILE_COLUMNS
+    parts = [x[:rows * TILE_COLUMNS].view(rows, TILE_COLUMNS) for x in xs]
+    if id(ctx) not in _TILE_STATE:
+        tiles = -(-rows // TILE_BLOCK) * -(-TILE_COLUMNS // TILE_BLOCK)
+        _TILE_STATE[id(ctx)] = ctx.tile_sync(tiles), ctx.zeros(rows, TILE_COLUMNS)
+    sync, src = _TILE_STATE[id(ctx)]
+    root = len(str(seed)) % world
+    expected = {"all_reduce": sum(parts[1:], parts[0]), "all_gather_rows": torch.cat(parts),
+                "broadcast": parts[root]}[collective]
+    out = torch.full(tuple(expected.shape), 12345.0)
+
+    def call():
+        src.copy_(parts[rank])
+        ctx.frontend.kernel(tile_collective)[(2,)](
+            ctx.get_device_context(), src, out, sync, rows, TILE_COLUMNS, *out.shape, TILE_COLUMNS, 1, out.stride(0), 1,
+            1, root, CTX=ctx.frontend.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective, OP="sum",
+            BLOCK_M=TILE_BLOCK, BLOCK_N=TILE_BLOCK)
+        ctx.check()
+        return out
+
+    return call, expected, out
 
 
 def attempt(ctx, op: str, seed, n: int = N) -> dict:
