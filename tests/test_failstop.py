@@ -412,10 +412,28 @@ def _tile(ctx, collective: str, xs, seed):
             ctx.get_device_context(), src, out, sync, rows, TILE_COLUMNS, *out.shape, TILE_COLUMNS, 1, out.stride(0), 1,
             1, root, CTX=ctx.frontend.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective, OP="sum",
             BLOCK_M=TILE_BLOCK, BLOCK_N=TILE_BLOCK)
-        ctx.check()
+        try:
+            ctx.check()
+        except IrisError:
+            # A failure is per tile: the tiles whose calls succeeded before it hold their results.
+            # Every tile must be all NaN or exactly right; then the call counts as failed (NaN).
+            if not _tiles_nan_or_exact(out, expected):
+                return out  # compared with the reference: reported as wrong
+            out.fill_(float("nan"))
+            raise
         return out
 
     return call, expected, out
+
+
+def _tiles_nan_or_exact(out: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether every TILE_BLOCK x TILE_BLOCK tile of ``out`` is all NaN or equal to ``expected``'s."""
+    for r in range(0, out.shape[0], TILE_BLOCK):
+        for c in range(0, out.shape[1], TILE_BLOCK):
+            got, want = out[r:r + TILE_BLOCK, c:c + TILE_BLOCK], expected[r:r + TILE_BLOCK, c:c + TILE_BLOCK]
+            if not (bool(got.isnan().all()) or torch.equal(got, want)):
+                return False
+    return True
 
 
 def attempt(ctx, op: str, seed, n: int = N) -> dict:
