@@ -93,11 +93,14 @@ def _guarded(operation):
     """Run ``operation(out, ...)`` as one iris call of its context
     (:class:`iris.mixins.FailStopMixin`): refused on a failed context or from a second thread, and
     raising a failure it records; ``out`` then holds all-ones bits (NaN), also when the failure
-    ended an inner step before anything wrote ``out``."""
+    ended an inner step before anything wrote ``out``. An operation whose first parameter is not
+    named ``out`` returns new tensors and poisons them itself: its first argument is an input."""
+    writes_first = operation.__code__.co_varnames[1:2] == ("out",)
 
     @functools.wraps(operation)
     def call(self, out, *args, **kwargs):
-        with self._context._call(f"ops.{operation.__name__}", (out,) if isinstance(out, torch.Tensor) else ()):
+        outputs = (out,) if writes_first and isinstance(out, torch.Tensor) else ()
+        with self._context._call(f"ops.{operation.__name__}", outputs):
             return operation(self, out, *args, **kwargs)
 
     return call
@@ -106,6 +109,10 @@ def _guarded(operation):
 class FusedOps:
     """Fused matmul + communication of one context (``ctx.ops``). Every method is collective:
     all ranks call it in the same order with tensors of the same shapes."""
+
+    #: Public methods without a custom operator (torch.ops.iris): their results are objects, not
+    #: tensors, so torch.compile cannot record them; they run eagerly, outside compiled regions.
+    EAGER_ONLY = ("moe_dispatch", "moe_combine")
 
     def __init__(self, context):
         self._context = context
@@ -243,6 +250,48 @@ class FusedOps:
             raise IrisError(f"matmul_all_gather: method={method!r} is not available; it runs sequentially "
                             f"(method=None or 'sequential')")
         return ctx._torch_ccl.all_gather(out, torch.matmul(a, b))
+
+    @traceable("all_reduce_rmsnorm")
+    @_guarded
+    def all_reduce_rmsnorm(self, out: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float = 1e-6, residual_out: torch.Tensor | None = None, *,
+                           method: str | None = None) -> torch.Tensor:
+        """``out`` (``tokens x hidden``) := ``rms_norm(all_reduce(x) + residual, (hidden,), weight,
+        eps)``, computed in float32; ``residual_out``, if given, := ``all_reduce(x) + residual``.
+        ``method``: ``"one_shot"``, ``"two_shot"`` or None (by size). One kernel
+        (:mod:`iris_triton.rmsnorm`)."""
+        from iris_triton.rmsnorm import all_reduce_rmsnorm
+
+        return all_reduce_rmsnorm(self._context, out, x, residual, weight, eps, residual_out, method=method)
+
+    @_guarded
+    def moe_dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                     num_experts: int, *, capacity: int | None = None, fp8: bool = False):
+        """Send every token to the ranks holding its ``topk_ids`` experts (expert-parallel MoE;
+        rank r holds experts ``[r * E / W, (r + 1) * E / W)``): returns a
+        :class:`iris_triton.moe.MoeDispatch`, this rank's experts' received tokens as
+        ``[local experts, capacity, hidden]`` with device counts, and the handle
+        :meth:`moe_combine` takes. ``tokens``: ``[T, hidden]`` bf16, fp16 or fp32, the same ``T``
+        on every rank; ``topk_ids``: int32/int64 ``[T, k]`` (-1: the slot goes nowhere);
+        ``topk_weights``: float32 ``[T, k]``. ``capacity``: rows per expert (default ``W * T``,
+        which always holds; a routing that overflows it fails the call on every rank).
+        ``fp8=True`` moves tokens as float8_e4m3fn with a float32 scale per token. No host
+        synchronisation (CUDA-graph capturable after one eager call of the largest size).
+        Eager only: torch.compile cannot trace the result object (docs/moe.md)."""
+        from iris_triton.moe import dispatch
+
+        return dispatch(self, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
+
+    @_guarded
+    def moe_combine(self, expert_out: torch.Tensor, handle) -> torch.Tensor:
+        """The inverse of :meth:`moe_dispatch`: ``expert_out`` (``[local experts, capacity,
+        hidden]``, bf16, fp16 or fp32: the experts' outputs in the dispatch's slots) goes back to
+        the tokens' ranks; returns ``[T, hidden]`` (``expert_out``'s dtype), token t :=
+        ``sum_j topk_weights[t, j] * output of its j-th expert``, in float32. ``handle``: the
+        dispatch's result or its ``.handle``. Eager only, as :meth:`moe_dispatch`."""
+        from iris_triton.moe import combine
+
+        return combine(self, expert_out, handle)
 
     # -- checks, decisions, buffers, streams ----------------------------------------------------
 

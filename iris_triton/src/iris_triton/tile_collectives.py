@@ -197,7 +197,7 @@ def _store(pointers, values, mask, ok):
 
 
 @triton.jit
-def all_reduce_one_shot(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = "sum"):
+def all_reduce_one_shot(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = tl.constexpr("sum")):
     """``dst_view``'s ``tile`` := ``src_view``'s ``tile`` combined over ranks by ``op`` (``"sum"``,
     ``"prod"``, ``"max"``, ``"min"``, ``"avg"``): every rank reads every peer's tile and combines
     them itself, in rank order (the same bits on every rank). ``dst_view`` may be ``src_view``."""
@@ -210,13 +210,13 @@ def all_reduce_one_shot(tile, src_view, dst_view, ctx, sync=None, op: tl.constex
 
 
 @triton.jit
-def all_reduce(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = "sum"):
+def all_reduce(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = tl.constexpr("sum")):
     """:func:`all_reduce_one_shot`, the all-reduce of one tile."""
     all_reduce_one_shot(tile, src_view, dst_view, ctx, sync, op)
 
 
 @triton.jit
-def all_reduce_two_shot(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = "sum"):
+def all_reduce_two_shot(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = tl.constexpr("sum")):
     """:func:`all_reduce_one_shot` with each tile reduced once: rank ``tile number % world`` reads
     every peer's tile, combines them and writes the result into every rank's ``dst_view``, which
     must be on the heap; each rank reads less than in the one-shot form (a 1/world share of the
@@ -236,7 +236,7 @@ def all_reduce_two_shot(tile, src_view, dst_view, ctx, sync=None, op: tl.constex
 
 
 @triton.jit
-def reduce_scatter(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = "sum"):
+def reduce_scatter(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = tl.constexpr("sum")):
     """Reduce-scatter of tiles: the rank that owns ``tile`` (in contiguous runs of the tiles of
     ``src_view``: rank r the ``tiles // world`` from ``r * (tiles // world)``, the last rank the
     rest too) sets its ``dst_view``'s ``tile`` to every rank's ``src_view`` tile combined by ``op``
@@ -325,7 +325,8 @@ def allocate_tile_sync(context, num_tiles: int):
     """What ``ctx.tile_sync(num_tiles)`` returns: the int64 fields :data:`SYNC_FIELDS` (the
     address of ``num_tiles`` rows of zeroed flag words on the heap, of the context's fault words
     and their host-visible copy, the timeout in nanoseconds, ``num_tiles``) on the context's
-    device. The flag words are allocated collectively and live as long as the context."""
+    device. The flag words are allocated collectively and live as long as the context; a host
+    barrier follows, so that no peer signals into them before every rank has zeroed its own."""
     import torch
 
     if isinstance(num_tiles, bool) or not isinstance(num_tiles, int) or num_tiles < 1:
@@ -333,6 +334,7 @@ def allocate_tile_sync(context, num_tiles: int):
                          f"triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)), got {num_tiles!r}")
     flags = context.zeros(num_tiles * (1 + 2 * context.world_size), dtype=torch.int32)
     context._tile_flags.append(flags)
+    context.barrier()
     fields = [flags.data_ptr(), context.faults.data_ptr(), context.host_faults.data_ptr(), context.timeout_ns,
               num_tiles]
     return torch.tensor(fields, dtype=torch.int64, device=context.device)

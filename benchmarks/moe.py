@@ -1,0 +1,210 @@
+"""MoE token routing: ``ctx.ops.moe_dispatch`` and ``ctx.ops.moe_combine`` against a torch
+reference on ``all_to_all_single`` (NCCL on GPUs, gloo on CPU ranks), dispatch and combine timed
+separately.
+
+For each number of tokens per rank (default 128 to 8192, hidden 7168, bf16, top-8 of 64
+experts, a random routing drawn on the device), both implementations run once and are checked
+against each other (every expert's tokens exactly, in (source rank, token) order; combine's
+output, the identity expert, within bf16 rounding), then timed per call: ``--calls`` calls
+back to back, ``--repeats`` times, each rank's median and the slowest rank's as the figure. The
+reference exchanges its split sizes on the host (a synchronisation per call), so it is timed
+eagerly; iris is timed eagerly and, on GPUs, captured in a CUDA graph. Each row also gives the
+bytes of token data that cross the link (rows sent to other ranks, the most any rank sends) and
+the fraction of ``--link-gbps`` (478 GB/s per direction between 2 x H200) that the time makes
+of them.
+
+Launch it on one GPU (world size 1: nothing crosses a link, the figures are the costs of the
+sort, the regrouping and the kernels), under ``torchrun --nproc-per-node 2`` (2 GPUs), or with
+``--cpu`` on 2 CPU ranks (Triton's interpreter, tiny defaults: the checks and the JSON, not a
+measure of speed). Results go to ``benchmarks/runs/moe-<date>.json`` (or ``--out``).
+
+    python -m benchmarks.moe [--cpu] [--tokens 128,1024,8192] [--hidden 7168] [--experts 64] [--topk 8]
+    torchrun --nproc-per-node 2 -m benchmarks.moe
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+import iris
+from benchmarks.common import per_call_us, resolve, spawn_jobs, synchronize, write_results
+
+#: The link between 2 x H200, per direction (GB/s).
+LINK_GBPS = 478.0
+#: Defaults per device type: CPU ranks interpret every kernel.
+DEFAULTS = {"cuda": {"tokens": "128,256,512,1024,2048,4096,8192", "hidden": 7168, "experts": 64, "topk": 8,
+                     "calls": 10, "repeats": 10},
+            "cpu": {"tokens": "4,8", "hidden": 32, "experts": 8, "topk": 2, "calls": 1, "repeats": 2}}
+
+
+def routing(tokens: int, experts: int, topk: int, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random top-k routing (distinct experts per token) and softmax weights, on ``device``."""
+    g = torch.Generator(device).manual_seed(seed)
+    scores = torch.rand(tokens, experts, generator=g, device=device)
+    weights, ids = scores.topk(topk, dim=1)
+    return ids, torch.softmax(weights, dim=1)
+
+
+class TorchReference:
+    """Dispatch and combine with torch ops and ``all_to_all_single``: pairs sorted by (expert,
+    token), the per-expert counts exchanged on the device, the split sizes read on the host,
+    the rows exchanged, then regrouped by local expert (stable: (source rank, token) order)."""
+
+    def __init__(self, world: int, experts: int):
+        self.world, self.experts, self.local = world, experts, experts // world
+
+    def dispatch(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """``(rows grouped by local expert, counts per local expert, state for combine)``."""
+        T, k = ids.shape
+        flat = ids.reshape(-1)
+        token = torch.arange(T * k, device=x.device) // k
+        order = torch.argsort(flat * T + token)
+        counts = torch.bincount(flat, minlength=self.experts)
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts)
+        sends = counts.view(self.world, self.local).sum(1).tolist()
+        receives = received.view(self.world, self.local).sum(1).tolist()
+        rows = torch.empty(sum(receives), x.shape[1], dtype=x.dtype, device=x.device)
+        dist.all_to_all_single(rows, x[token[order]], receives, sends)
+        expert = torch.repeat_interleave(torch.arange(self.local, device=x.device).repeat(self.world),
+                                         received, output_size=rows.shape[0])
+        regroup = torch.argsort(expert, stable=True)
+        per_expert = received.view(self.world, self.local).sum(0)
+        return rows[regroup], per_expert, (order, token, regroup, sends, receives)
+
+    def combine(self, expert_rows: torch.Tensor, weights: torch.Tensor, state: tuple) -> torch.Tensor:
+        """``sum_j w[t, j] * expert_rows[row of (t, j)]`` back on the token's rank (float32 sums)."""
+        order, token, regroup, sends, receives = state
+        back = torch.empty_like(expert_rows)
+        back[regroup] = expert_rows
+        returned = torch.empty(sum(sends), expert_rows.shape[1], dtype=expert_rows.dtype, device=back.device)
+        dist.all_to_all_single(returned, back, sends, receives)
+        T = weights.shape[0]
+        total = torch.zeros(T, expert_rows.shape[1], dtype=torch.float32, device=back.device)
+        total.index_add_(0, token[order], returned.float() * weights.reshape(-1)[order, None])
+        return total.to(expert_rows.dtype)
+
+
+def _matches(result, grouped: torch.Tensor, counts: torch.Tensor) -> bool:
+    """iris's received tokens equal the reference's, expert by expert."""
+    if not torch.equal(result.counts.long().cpu(), counts.cpu()):
+        return False
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if not torch.equal(result.tokens[e, :n], grouped[start:start + n]):
+            return False
+        start += n
+    return True
+
+
+def heap_bytes(world: int, tokens: int, hidden: int, experts: int, topk: int) -> int:
+    """A heap for the receive workspace of the largest call (the most rows a rank can receive,
+    with their 16-byte headers), grown once or twice, and the small workspaces."""
+    rows = world * tokens * min(topk, experts // world)
+    return 3 * rows * (2 * hidden + 16) + (256 << 20)
+
+
+def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, topk: int, calls: int,
+             repeats: int, link_gbps: float) -> dict:
+    """One row: both implementations checked against each other, then timed."""
+    rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    ids, weights = routing(T, experts, topk, device, seed=T * world + rank)
+    x = torch.randn(T, hidden, generator=torch.Generator(device).manual_seed(rank), device=device).to(torch.bfloat16)
+    result = ctx.ops.moe_dispatch(x, ids, weights, experts)
+    grouped, counts, state = reference.dispatch(x, ids)
+    combined = ctx.ops.moe_combine(result.tokens, result)
+    expected = reference.combine(grouped, weights, state)
+    synchronize(device)
+    correct = {"dispatch": _matches(result, grouped, counts),
+               "combine": bool(torch.allclose(combined.float(), expected.float(), rtol=2e-2, atol=2e-2))}
+    sent = sum(n for d, n in enumerate(state[3]) if d != rank) * hidden * x.element_size()
+    fns = {"iris/dispatch": lambda: ctx.ops.moe_dispatch(x, ids, weights, experts),
+           "iris/combine": lambda: ctx.ops.moe_combine(result.tokens, result),
+           "torch/dispatch": lambda: reference.dispatch(x, ids),
+           "torch/combine": lambda: reference.combine(grouped, weights, state)}
+    row = {"tokens": T, "hidden": hidden, "experts": experts, "topk": topk, "world": world,
+           "link_bytes": max(ctx.comm.all_gather_object(sent)), "correct": correct}
+    for mode in ("graph", "eager") if device.type == "cuda" else ("eager",):
+        row[mode] = {}
+        for name, fn in fns.items():
+            if mode == "graph" and name.startswith("torch"):
+                continue  # host split sizes: not capturable
+            us = max(ctx.comm.all_gather_object(per_call_us(ctx, fn, calls, repeats, mode == "graph")))
+            row[mode][name] = {"us": us, "link_fraction": row["link_bytes"] / (us * 1e-6) / (link_gbps * 1e9)
+                               if row["link_bytes"] else None}
+    return row
+
+
+def _run(rank: int, token_counts: list[int], hidden: int, experts: int, topk: int, calls: int, repeats: int,
+         link_gbps: float) -> list[dict]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ctx = iris.create(heap_size=heap_bytes(world, max(token_counts), hidden, experts, topk))
+    reference = TorchReference(ctx.world_size, experts)
+    rows = []
+    for T in token_counts:
+        rows.append(_measure(ctx, reference, T, hidden, experts, topk, calls, repeats, link_gbps))
+        ctx.barrier()
+    ctx.destroy()
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.moe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default=None, help="tokens per rank, comma-separated (default 128,...,8192)")
+    parser.add_argument("--hidden", type=int, default=None, help="elements per token (default 7168)")
+    parser.add_argument("--experts", type=int, default=None, help="experts in all (default 64)")
+    parser.add_argument("--topk", type=int, default=None, help="experts per token (default 8)")
+    parser.add_argument("--calls", type=int, default=None, help="calls per timed sample (default 10)")
+    parser.add_argument("--repeats", type=int, default=None, help="samples per figure (default 10)")
+    parser.add_argument("--link-gbps", type=float, default=LINK_GBPS, help="link bandwidth per direction, GB/s")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--cpu", action="store_true",
+                        help="2 CPU ranks (Triton's interpreter) with tiny defaults: checks the benchmark and its "
+                             "JSON; the times are not a measure of speed")
+    return resolve(parser.parse_args(argv), DEFAULTS)
+
+
+def job(args: argparse.Namespace) -> tuple:
+    """What every rank runs: ``(function, its arguments after the rank)``."""
+    return _run, ([int(t) for t in args.tokens.split(",")], args.hidden, args.experts, args.topk, args.calls,
+                  args.repeats, args.link_gbps)
+
+
+def report(args: argparse.Namespace, rows: list[dict]) -> bool:
+    """Print the rows, write the JSON; whether iris matched the reference everywhere."""
+    for row in rows:
+        cells = []
+        for mode in ("graph", "eager"):
+            for name, figure in row.get(mode, {}).items():
+                share = f" ({figure['link_fraction']:.0%} of link)" if figure["link_fraction"] is not None else ""
+                cells.append(f"{name} {mode} {figure['us']:.1f} us{share}")
+        print(f"tokens {row['tokens']:>5} world {row['world']} link {row['link_bytes'] / 1e6:.1f} MB: "
+              + ", ".join(cells) + ("" if all(row["correct"].values()) else f"  INCORRECT: {row['correct']}"))
+    path = write_results("moe" + ("-cpu" if args.device == "cpu" else ""),
+                         {"unit": "us per call (slowest rank, median)", "reference": "torch all_to_all_single",
+                          "link_gbps": args.link_gbps, "calls": args.calls, "repeats": args.repeats, "rows": rows},
+                         args.out, args.device)
+    print(f"wrote {path}")
+    return all(all(row["correct"].values()) for row in rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    fn, arguments = job(args)
+    if args.device == "cpu":
+        rows = spawn_jobs(args, [(fn, arguments)])[0]
+    else:  # this process is one rank: of torchrun's world, or a world of one
+        rows = fn(int(os.environ.get("RANK", "0")), *arguments)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+    if not report(args, rows):
+        raise SystemExit("iris's results differ from the reference's (INCORRECT above)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""MoE token routing (``ctx.ops.moe_dispatch`` / ``ctx.ops.moe_combine``) across real CPU ranks,
+against a reference built on ``torch.distributed.all_to_all_single`` (gloo) in the same workers.
+
+One spawn per world size (2, 3) makes every check. Routings are drawn from seeds every rank
+shares: random top-k (k = 1 and k > 1), every token to one expert (also naming it in every slot:
+a duplicate goes once, both weights count), experts that get no token, a rank that sends nothing
+(all its ids -1), only local experts, an explicit capacity that just fits, fp32 and fp16 tokens,
+and fp8. For each, the received tokens of every local expert must be exactly the reference's, in
+(source rank, source token index) order, with their counts, sources and zero / -1 after them;
+combine's output, from the expert function ``f_e(x) = x * (e + 1)`` applied on the receiving
+rank, must be exactly ``sum_j w[t, j] * f_{e(t, j)}(x_t)`` computed the same way at the source.
+Then calls in a row (dispatches first, combines after, in another order), calls the host refuses,
+and calls the device fails (an expert over capacity, ids out of range), each on a fresh context.
+The GPU test captures dispatch and combine of one rank in a CUDA graph and replays it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import iris
+from iris.errors import IrisError, IrisTimeoutError
+from iris.testing import RankReport, assert_rank_checks, interpreted_device, seeded_generator, spawn_reports
+
+HIDDEN = 8
+TOKENS = 6
+#: (name, topk, experts per rank, dtype, fp8); each case's routing is made by :func:`_routing`.
+CASES = (("random", 2, 2, torch.bfloat16, False), ("random_k1", 1, 2, torch.bfloat16, False),
+         ("one_expert", 1, 1, torch.bfloat16, False), ("one_expert_every_slot", 3, 2, torch.bfloat16, False),
+         ("idle_experts", 2, 2, torch.float16, False), ("rank_sends_nothing", 2, 1, torch.bfloat16, False),
+         ("local_only", 2, 2, torch.float32, False), ("tight_capacity", 2, 2, torch.bfloat16, False),
+         ("fp8", 2, 2, torch.bfloat16, True))
+BACK_TO_BACK = 3
+
+
+def _routing(case: str, rank: int, world: int, k: int, experts: int, *seed) -> torch.Tensor:
+    """This rank's topk_ids [TOKENS, k] (int64, -1: nowhere) for ``case``."""
+    g = seeded_generator(case, rank, world, *seed)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(TOKENS)])
+    if case == "one_expert":
+        ids.fill_(experts - 1)
+    elif case == "one_expert_every_slot":
+        ids.fill_(1 % experts)
+    elif case == "idle_experts":  # the odd experts get nothing
+        ids = torch.stack([torch.randperm(experts // 2, generator=g)[:k] * 2 for _ in range(TOKENS)])
+    elif case == "rank_sends_nothing" and rank == 0:
+        ids.fill_(-1)
+    elif case == "local_only":
+        local = experts // world
+        ids = torch.stack([torch.randperm(local, generator=g)[:k] + rank * local for _ in range(TOKENS)])
+    if case in ("random", "fp8"):
+        ids[0, -1] = -1  # one slot routed nowhere
+    return ids
+
+
+def _tokens(dtype: torch.dtype, rank: int, *seed) -> torch.Tensor:
+    return torch.randn(TOKENS, HIDDEN, generator=seeded_generator("tokens", rank, *seed)).to(dtype)
+
+
+def _weights(k: int, rank: int, *seed) -> torch.Tensor:
+    return torch.rand(TOKENS, k, generator=seeded_generator("weights", rank, *seed))
+
+
+def _quantised(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token float8_e4m3fn with a float32 scale: amax / 448 (1 for an all-zero token)."""
+    amax = x.float().abs().amax(1)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (x.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
+def _reference_dispatch(x: torch.Tensor, ids: torch.Tensor, experts: int, world: int, rank: int, fp8: bool):
+    """Per local expert: the rows it receives (bits as int8 bytes), their source ranks and token
+    indices, in (source rank, token) order; by gloo's all_to_all_single."""
+    local = experts // world
+    data, scale = _quantised(x) if fp8 else (x, torch.zeros(TOKENS))
+    row_bytes = data.contiguous().view(torch.int8).shape[1]
+    pairs = sorted({(int(e), t) for t in range(TOKENS) for e in ids[t].tolist() if e >= 0})
+    by_rank = [[(e, t) for e, t in pairs if e // local == d] for d in range(world)]
+    sends = [len(p) for p in by_rank]
+    receives = torch.empty(world, dtype=torch.int64)
+    dist.all_to_all_single(receives, torch.tensor(sends))
+    order = [p for part in by_rank for p in part]
+    meta = torch.tensor([[e, t] for e, t in order], dtype=torch.int64).view(-1, 2)
+    rows = data.contiguous().view(torch.int8)[[t for _, t in order]].view(-1, row_bytes)
+    scales = scale[[t for _, t in order]].view(-1, 1)
+    got_meta = torch.empty(int(receives.sum()), 2, dtype=torch.int64)
+    got_rows = torch.empty(int(receives.sum()), row_bytes, dtype=torch.int8)
+    got_scales = torch.empty(int(receives.sum()), 1)
+    for out, inp in ((got_meta, meta), (got_rows, rows), (got_scales, scales)):
+        dist.all_to_all_single(out, inp, receives.tolist(), sends)
+    source = torch.repeat_interleave(torch.arange(world), receives)
+    experts_of = []
+    for e in range(local):
+        here = [i for i in range(len(source)) if got_meta[i, 0] == rank * local + e]
+        here.sort(key=lambda i: (int(source[i]), int(got_meta[i, 1])))
+        experts_of.append(dict(rows=got_rows[here], source=source[here], index=got_meta[here, 1],
+                               scales=got_scales[here, 0]))
+    return experts_of
+
+
+def _expert_function(tokens: torch.Tensor, scales, first_expert: int, dtype: torch.dtype) -> torch.Tensor:
+    """``f_e(x) = x * (e + 1)`` on the received tokens ``[L, capacity, hidden]`` (fp8: dequantised
+    first), in ``dtype``."""
+    x = tokens.float() if scales is None else tokens.float() * scales[..., None]
+    factor = torch.arange(first_expert + 1, first_expert + 1 + tokens.shape[0], dtype=torch.float32)
+    return (x * factor.view(-1, 1, 1)).to(dtype)
+
+
+def _reference_combine(x, ids, w, fp8, dtype) -> torch.Tensor:
+    """``sum_j w[t, j] * f_{ids[t, j]}(x_t)`` in float32, slot by slot, as the expert saw x_t."""
+    seen = x.float() if not fp8 else (lambda q, s: q.float() * s[:, None])(*_quantised(x))
+    total = torch.zeros(TOKENS, HIDDEN)
+    for j in range(ids.shape[1]):
+        e = ids[:, j]
+        rows = torch.where((e >= 0)[:, None], (seen * (e + 1).float()[:, None]).to(dtype), torch.zeros((), dtype=dtype))
+        total.addcmul_(rows.float(), torch.where(e >= 0, w[:, j], 0.0)[:, None])
+    return total.to(dtype)
+
+
+def _check_result(report: RankReport, name: str, result, reference, capacity: int, fp8: bool, dtype) -> None:
+    counts = [len(r["index"]) for r in reference]
+    report.check(f"dispatch/{name}/counts", result.counts.tolist() == counts)
+    ok = result.tokens.shape == (len(reference), capacity, HIDDEN)
+    ok &= result.tokens.dtype == (torch.float8_e4m3fn if fp8 else dtype)
+    for e, ref in enumerate(reference):
+        n = counts[e]
+        got = _bits(result.tokens[e]).contiguous().view(torch.int8).view(capacity, -1)
+        ok &= torch.equal(got[:n], ref["rows"])
+        ok &= result.source_rank[e, :n].tolist() == ref["source"].tolist()
+        ok &= result.source_index[e, :n].tolist() == ref["index"].tolist()
+        ok &= bool((result.source_rank[e, n:] == -1).all() and (result.source_index[e, n:] == -1).all())
+        if fp8:
+            ok &= torch.equal(result.scales[e, :n], ref["scales"])
+    report.check(f"dispatch/{name}/tokens_in_source_order", ok)
+    report.check(f"dispatch/{name}/scales", (result.scales is not None) == fp8)
+
+
+def _check_cases(ctx, report: RankReport) -> None:
+    rank, world = ctx.rank, ctx.world_size
+    for name, k, per_rank, dtype, fp8 in CASES:
+        experts = per_rank * world
+        ids = _routing(name, rank, world, k, experts)
+        x, w = _tokens(dtype, rank, name), _weights(k, rank, name)
+        reference = _reference_dispatch(x, ids, experts, world, rank, fp8)
+        capacity = None
+        if name == "tight_capacity":  # the most any expert receives, the same on every rank
+            most = torch.tensor([max(len(r["index"]) for r in reference)])
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            capacity = int(most)
+        ids_in = ids.int() if k == 1 else ids
+        result = ctx.ops.moe_dispatch(x, ids_in, w, experts, capacity=capacity, fp8=fp8)
+        _check_result(report, name, result, reference, capacity or world * TOKENS, fp8, dtype)
+        expert_out = _expert_function(result.tokens, result.scales, rank * per_rank,
+                                      torch.bfloat16 if fp8 else dtype)
+        y = ctx.ops.moe_combine(expert_out, result)
+        report.check(f"combine/{name}", y.dtype == expert_out.dtype and torch.equal(
+            y, _reference_combine(x, ids, w, fp8, expert_out.dtype)))
+    report.check("combine/no_failure", not ctx.failed)
+
+
+def _check_back_to_back(ctx, report: RankReport) -> None:
+    """Dispatches in a row with new routings, then their combines in reverse order (a handle holds
+    all its combine needs, whatever ran since)."""
+    rank, world = ctx.rank, ctx.world_size
+    experts, k = 2 * world, 2
+    calls = []
+    for i in range(BACK_TO_BACK):
+        ids = _routing("random", rank, world, k, experts, "b2b", i)
+        x, w = _tokens(torch.bfloat16, rank, "b2b", i), _weights(k, rank, "b2b", i)
+        calls.append((x, ids, w, ctx.ops.moe_dispatch(x, ids, w, experts)))
+    for i, (x, ids, w, result) in reversed(list(enumerate(calls))):
+        _check_result(report, f"back_to_back/{i}", result, _reference_dispatch(x, ids, experts, world, rank, False),
+                      world * TOKENS, False, torch.bfloat16)
+        y = ctx.ops.moe_combine(_expert_function(result.tokens, None, rank * 2, torch.bfloat16), result.handle)
+        report.check(f"combine/back_to_back/{i}", torch.equal(y, _reference_combine(x, ids, w, False, torch.bfloat16)))
+
+
+def _raises(call, *fragments, kind=IrisError) -> bool | str:
+    try:
+        call()
+    except (kind, TypeError) as error:
+        missing = [f for f in fragments if f not in str(error)]
+        return True if not missing else f"message {str(error)!r} lacks {missing}"
+    return "did not raise"
+
+
+def _check_host_errors(ctx, report: RankReport) -> None:
+    """Calls refused on the host, before any exchange (every rank refuses alike)."""
+    world = ctx.world_size
+    x, ids, w = torch.ones(TOKENS, HIDDEN, dtype=torch.bfloat16), torch.zeros(TOKENS, 2, dtype=torch.int64), \
+        torch.ones(TOKENS, 2)
+    dispatch = ctx.ops.moe_dispatch
+    cases = {
+        "tokens_dims": (lambda: dispatch(x.view(-1), ids, w, world), "tokens must have 2 dimensions"),
+        "tokens_dtype": (lambda: dispatch(x.int(), ids, w, world), "tokens has dtype torch.int32"),
+        "ids_dtype": (lambda: dispatch(x, ids.float(), w, world), "topk_ids has dtype torch.float32"),
+        "ids_rows": (lambda: dispatch(x, ids[1:], w[1:], world), "one row per token"),
+        "weights_shape": (lambda: dispatch(x, ids, w[:, :1], world), "topk_weights has shape"),
+        "weights_dtype": (lambda: dispatch(x, ids, w.double(), world), "topk_weights has dtype torch.float64"),
+        "experts_not_divisible": (lambda: dispatch(x, ids, w, world + 1), "not divisible by the world size"),
+        "capacity": (lambda: dispatch(x, ids, w, world, capacity=0), "capacity must be a positive int"),
+        "no_tokens": (lambda: dispatch(x[:0], ids[:0], w[:0], world), "at least one token"),
+        "handle": (lambda: ctx.ops.moe_combine(torch.zeros(1, 1, HIDDEN), "handle"), "must be the result"),
+    }
+    for name, (call, *fragments) in cases.items():
+        report.check(f"host_errors/{name}", _raises(call, *fragments))
+    result = dispatch(x, ids, w, world)
+    report.check("host_errors/expert_out_shape", _raises(
+        lambda: ctx.ops.moe_combine(torch.zeros(1, 2, HIDDEN, dtype=torch.bfloat16), result), "expert_out has shape"))
+    ctx.ops.moe_combine(result.tokens, result)  # every rank combines the dispatch it made
+    report.check("host_errors/context_still_usable", not ctx.failed)
+
+
+def _check_device_errors(report: RankReport, rank: int) -> None:
+    """Routings only the device can judge: every rank fails the call at once (the same verdict
+    from the same table), the message naming the rank and the fix; a fresh context each."""
+    world = dist.get_world_size()
+    x, w = _tokens(torch.bfloat16, rank, "errors"), _weights(1, rank, "errors")
+    ids = torch.zeros(TOKENS, 1, dtype=torch.int64)  # every token to expert 0: world * TOKENS rows on rank 0
+    ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30)
+    report.check("device_errors/over_capacity", _raises(
+        lambda: ctx.ops.moe_dispatch(x, ids, w, 2 * world, capacity=world * TOKENS - 1), "moe_dispatch",
+        "world rank(s) [0]", "than capacity holds", "pass a larger capacity", kind=IrisTimeoutError))
+    report.check("device_errors/over_capacity/failed", ctx.failed)
+    ctx.destroy()
+
+    bad = ids.clone()
+    if rank == world - 1:
+        bad[2, 0] = 2 * world  # one id out of range, on the last rank only
+    ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30)
+    report.check("device_errors/ids_out_of_range", _raises(
+        lambda: ctx.ops.moe_dispatch(x, bad, w, 2 * world), f"world rank(s) [{world - 1}]", "outside [-1, num_experts)",
+        kind=IrisTimeoutError))
+    ctx.destroy()
+
+    ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30, debug=True)
+    report.check("device_errors/ids_out_of_range_debug_mode_host_check", _raises(
+        lambda: ctx.ops.moe_dispatch(x, bad, w, 2 * world), f"on world rank(s) [{world - 1}]",
+        f"outside [-1, {2 * world})"))
+    report.check("device_errors/debug_mode_host_check_leaves_the_context_usable", not ctx.failed)
+    ctx.destroy()
+
+
+def _worker(rank: int) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create("triton", heap_size="16MiB", device="cpu")
+    with report.section("cases"):
+        _check_cases(ctx, report)
+    with report.section("back_to_back"):
+        _check_back_to_back(ctx, report)
+    with report.section("host_errors"):
+        _check_host_errors(ctx, report)
+    ctx.barrier()
+    ctx.destroy()
+    with report.section("device_errors"):
+        _check_device_errors(report, rank)
+    return report.packed()
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")
+def reports(request) -> list[dict]:
+    return spawn_reports(_worker, request.param, device=interpreted_device("triton"))
+
+
+def test_dispatch_matches_the_all_to_all_single_reference(reports):
+    assert_rank_checks(reports, "dispatch/", 3 * (len(CASES) + BACK_TO_BACK) * len(reports))
+
+
+def test_combine_is_the_weighted_sum_of_the_expert_outputs(reports):
+    assert_rank_checks(reports, "combine/", (len(CASES) + BACK_TO_BACK + 1) * len(reports))
+
+
+def test_bad_arguments_are_refused_on_the_host(reports):
+    assert_rank_checks(reports, "host_errors/", 12 * len(reports))
+
+
+def test_routings_that_do_not_fit_fail_the_call_on_every_rank(reports):
+    assert_rank_checks(reports, "device_errors/", 5 * len(reports))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dispatch_and_combine_replay_in_a_cuda_graph(ctx):
+    """One rank: an eager call sizes the workspaces, then dispatch + combine are captured and
+    replayed with new tokens, routings and weights, against torch."""
+    if ctx.world_size != 1:
+        pytest.skip("the session context has more than one rank")
+    device, experts, k, tokens, hidden = ctx.device, 8, 2, 64, 128
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16, device=device)
+    ids = torch.zeros(tokens, k, dtype=torch.int64, device=device)
+    w = torch.zeros(tokens, k, device=device)
+    factor = torch.arange(1, experts + 1, device=device, dtype=torch.float32).view(-1, 1, 1)
+
+    def step():
+        result = ctx.ops.moe_dispatch(x, ids, w, experts)
+        return result, ctx.ops.moe_combine((result.tokens.float() * factor).to(torch.bfloat16), result)
+
+    step()
+    torch.cuda.synchronize(device)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        result, y = step()
+    for replay in range(3):
+        g = seeded_generator("graph", replay)
+        xv = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+        idv = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+        wv = torch.rand(tokens, k, generator=g)
+        x.copy_(xv)
+        ids.copy_(idv)
+        w.copy_(wv)
+        graph.replay()
+        torch.cuda.synchronize(device)
+        for e in range(experts):
+            mine = [t for t in range(tokens) if e in idv[t].tolist()]
+            assert result.counts[e].item() == len(mine)
+            assert torch.equal(result.tokens[e, :len(mine)].cpu(), xv[mine])
+            assert result.source_index[e, :len(mine)].tolist() == mine
+        expected = torch.zeros(tokens, hidden)
+        for j in range(k):
+            expected.addcmul_((xv.float() * (idv[:, j] + 1).float()[:, None]).to(torch.bfloat16).float(),
+                              wv[:, j:j + 1])
+        torch.testing.assert_close(y.float().cpu(), expected.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+    ctx.check()
