@@ -66,6 +66,18 @@ def offset_ptr(ptr, stride_m, stride_n, offset_m, offset_n):
     return ptr + offset_m.to(tl.int64) * stride_m + offset_n.to(tl.int64) * stride_n
 
 
+@device_method
+def _tile_indices_method(self, dctx=None, ptr=None):
+    """The tile's row and column indices (no bounds applied): :func:`tile_indices`."""
+    return tile_indices(self.pid_m, self.pid_n, self.block_m, self.block_n, dctx, ptr)
+
+
+@device_method
+def _tile_layout_method(self, M, N):
+    """``(rm, rn, mask)`` of the tile in an ``M x N`` matrix: :func:`tile_layout`."""
+    return tile_layout(self.pid_m, self.pid_n, M, N, self.block_m, self.block_n)
+
+
 class TileView:
     """Tile ``(pid_m, pid_n)`` of ``block_m x block_n`` elements (coordinates in the grid of tiles)."""
 
@@ -81,15 +93,8 @@ class TileView:
         self.block_m = tl.constexpr(block_m)
         self.block_n = tl.constexpr(block_n)
 
-    @device_method
-    def indices(self, dctx=None, ptr=None):
-        """The tile's row and column indices (no bounds applied): :func:`tile_indices`."""
-        return tile_indices(self.pid_m, self.pid_n, self.block_m, self.block_n, dctx, ptr)
-
-    @device_method
-    def layout(self, M, N):
-        """``(rm, rn, mask)`` of the tile in an ``M x N`` matrix: :func:`tile_layout`."""
-        return tile_layout(self.pid_m, self.pid_n, M, N, self.block_m, self.block_n)
+    indices = _tile_indices_method
+    layout = _tile_layout_method
 
 
 TileView = device_class(TileView)
@@ -112,15 +117,8 @@ class Tile:
         self.block_n = tl.constexpr(block_n)
         self.data = data
 
-    @device_method
-    def indices(self, dctx=None, ptr=None):
-        """The tile's row and column indices (no bounds applied): :func:`tile_indices`."""
-        return tile_indices(self.pid_m, self.pid_n, self.block_m, self.block_n, dctx, ptr)
-
-    @device_method
-    def layout(self, M, N):
-        """``(rm, rn, mask)`` of the tile in an ``M x N`` matrix: :func:`tile_layout`."""
-        return tile_layout(self.pid_m, self.pid_n, M, N, self.block_m, self.block_n)
+    indices = _tile_indices_method
+    layout = _tile_layout_method
 
 
 Tile = device_class(Tile)
