@@ -33,7 +33,7 @@ from iris_triton.frontend import TRITON
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.tuning import GEMM_SHAPES, LOW_LATENCY_SHAPES, SENTINEL_SHAPES, collective_shape
 from tile_kernels import COLLECTIVES as TILE_COLLECTIVES
-from tile_kernels import tile_collective
+from tile_kernels import tile_collective, unsynchronised_all_gather
 
 TARGET = GPUTarget("cuda", 90, 32)
 SEMS = ("relaxed", "acquire", "release", "acq_rel")
@@ -421,12 +421,18 @@ def _fused_specs() -> dict:
 
 def _tile_collective_specs(frontend) -> dict:
     """The tile collectives (tests/tile_kernels.py), bf16 tiles of 64 x 64 with run-time sizes and
-    unit column strides, compiled by ``frontend``; Gluon's keys get a ``gluon:`` prefix."""
+    unit column strides, compiled by ``frontend``; Gluon's keys get a ``gluon:`` prefix. Triton also
+    compiles upstream iris's form, a collective without a sync."""
     prefix = "" if frontend.name == "triton" else f"{frontend.name}:"
     types = {"context": "*i64", "src": "*bf16", "dst": "*bf16", "sync": "*i64", "M": "i32", "N": "i32", "DM": "i32",
              "DN": "i32", "stride_sm": "i32", "stride_dm": "i32", "chunk": "i32", "root": "i32"}
     divisible = ("context", "src", "dst", "sync", "N", "DN", "stride_sm", "stride_dm", "chunk")
-    return {f"{prefix}tile_{collective}": _spec(
+    unsynchronised = {"tile_unsynchronised_all_gather": _spec(
+        frontend.kernel(unsynchronised_all_gather), dict(RANK=0, WORLD=2, BLOCK_M=64, BLOCK_N=64, stride_sn=1,
+                                                         stride_dn=1),
+        {"src": "*bf16", "dst": "*bf16", "M": "i32", "N": "i32", "stride_sm": "i32", "stride_dm": "i32"},
+        ("src", "dst", "heap_bases", "N", "stride_sm", "stride_dm"))} if frontend.name == "triton" else {}
+    return unsynchronised | {f"{prefix}tile_{collective}": _spec(
         frontend.kernel(tile_collective), dict(CTX=frontend.device_context, RANK=0, WORLD=2, COLLECTIVE=collective,
                                                OP="sum", BLOCK_M=64, BLOCK_N=64, stride_sn=1, stride_dn=1),
         types, divisible) for collective in TILE_COLLECTIVES}

@@ -298,6 +298,14 @@ def test_tile_collectives_move_vectors_and_signal_at_system_scope(ptx, frontend,
     assert "ld.global.sys.acquire.b32" in ops, ops
 
 
+def test_a_tile_collective_without_a_sync_moves_vectors_and_signals_nothing(ptx):
+    # Upstream iris's unsynchronised form (the host orders the ranks): the same vector traffic,
+    # no flag, no wait.
+    ops = ops_of(ptx, "tile_unsynchronised_all_gather")
+    assert "ld.global.v4.b32" in ops and "st.global.v4.b32" in ops, ops
+    assert not atomics_of(ops) and not any("acquire" in op for op in ops), ops
+
+
 @pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
 @pytest.mark.parametrize("dtype", ["i8", "bf16", "fp32", "i64"])
 def test_low_latency_all_reduce_pushes_flagged_words_without_fences(ptx, frontend, dtype):

@@ -25,6 +25,7 @@ import torch
 import iris
 from iris.errors import IrisError, IrisTimeoutError
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
+from iris_triton.backend import interpreter_runs_kernel_loops
 from iris_triton.frontend import TRITON
 
 M, N = 37, 45
@@ -202,6 +203,9 @@ def test_tile_collectives_in_gluon_kernels_match_torch():
         assert_rank_checks(reports, family, minimum=4)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2 and not interpreter_runs_kernel_loops(),
+                    reason="the example runs on 2 CPU ranks here, and this Triton's interpreter cannot run its "
+                           "loops with this numpy (pin numpy<2.4)")
 def test_the_tile_gemm_example_matches_torch():
     example = Path(__file__).parents[1] / "examples" / "tile_gemm.py"
     proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=600)

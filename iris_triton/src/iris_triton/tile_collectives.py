@@ -124,7 +124,7 @@ def _arrive(dctx, sync, tile_id, hub, GATHER: tl.constexpr, KIND: tl.constexpr, 
     everything arrived (False also for a tile number outside the sync, recorded as a failure,
     and on a failed context). Without a sync it does nothing (the host orders the ranks)."""
     if sync is None:
-        row = sync
+        row = 0  # unused: nothing to count
         value = 0
         ok = True
     else:
