@@ -428,10 +428,10 @@ def _tile_collective_specs(frontend) -> dict:
              "DN": "i32", "stride_sm": "i32", "stride_dm": "i32", "chunk": "i32", "root": "i32"}
     divisible = ("context", "src", "dst", "sync", "N", "DN", "stride_sm", "stride_dm", "chunk")
     unsynchronised = {"tile_unsynchronised_all_gather": _spec(
-        frontend.kernel(unsynchronised_all_gather), dict(RANK=0, WORLD=2, BLOCK_M=64, BLOCK_N=64, stride_sn=1,
-                                                         stride_dn=1),
-        {"src": "*bf16", "dst": "*bf16", "M": "i32", "N": "i32", "stride_sm": "i32", "stride_dm": "i32"},
-        ("src", "dst", "heap_bases", "N", "stride_sm", "stride_dm"))} if frontend.name == "triton" else {}
+        frontend.kernel(unsynchronised_all_gather),
+        dict(RANK=0, WORLD=2, BLOCK_M=64, BLOCK_N=64, M=256, N=512, stride_sm=512, stride_sn=1, stride_dm=512,
+             stride_dn=1), {"src": "*bf16", "dst": "*bf16"}, ("src", "dst", "heap_bases"))} \
+        if frontend.name == "triton" else {}
     return unsynchronised | {f"{prefix}tile_{collective}": _spec(
         frontend.kernel(tile_collective), dict(CTX=frontend.device_context, RANK=0, WORLD=2, COLLECTIVE=collective,
                                                OP="sum", BLOCK_M=64, BLOCK_N=64, stride_sn=1, stride_dn=1),

@@ -46,13 +46,15 @@ def tile_collective(context, src, dst, sync, M, N, DM, DN, stride_sm, stride_sn,
 
 
 
-def unsynchronised_all_gather(src, dst, heap_bases, M, N, stride_sm, stride_sn, stride_dm, stride_dn,
+def unsynchronised_all_gather(src, dst, heap_bases, M: tl.constexpr, N: tl.constexpr, stride_sm: tl.constexpr,
+                              stride_sn: tl.constexpr, stride_dm: tl.constexpr, stride_dn: tl.constexpr,
                               RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Upstream iris's tile kernel form: ``iris.x.DeviceContext(rank, world, heap_bases)`` and a
-    collective without a sync (the host orders the ranks around the launch)."""
+    """Upstream iris's tile kernel form: compile-time sizes and strides straight into
+    ``x.TensorView``, ``x.DeviceContext(rank, world, heap_bases)``, and a collective without a
+    sync (the host orders the ranks around the launch)."""
     ctx = x.DeviceContext(RANK, WORLD, heap_bases)
-    src_view = x.make_tensor_view(src, M, N, stride_sm, stride_sn)
-    dst_view = x.make_tensor_view(dst, WORLD * M, N, stride_dm, stride_dn)
+    src_view = x.TensorView(src, M, N, stride_sm, stride_sn)
+    dst_view = x.TensorView(dst, WORLD * M, N, stride_dm, stride_dn)
     tiles_n = tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tiles_n, tl.num_programs(0)):
         x.all_gather(x.TileView(t // tiles_n, t % tiles_n, BLOCK_M, BLOCK_N), src_view, dst_view, 0, ctx)

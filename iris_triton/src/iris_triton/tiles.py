@@ -125,23 +125,23 @@ Tile = device_class(Tile)
 
 
 class TensorView:
-    """The ``M x N`` matrix at ``ptr`` with strides ``(stride_m, stride_n)`` in elements. The sizes
-    and strides are run-time values (kernel arguments); build a view of compile-time ones with
-    :func:`make_tensor_view`."""
+    """The ``M x N`` matrix at ``ptr`` with strides ``(stride_m, stride_n)`` in elements, each a
+    run-time value (a kernel argument) or a compile-time constant (which reaches the constructor as
+    a plain int, kept as a constant)."""
 
     ptr: tl.tensor
-    M: tl.tensor
-    N: tl.tensor
-    stride_m: tl.tensor
-    stride_n: tl.tensor
+    M: tl.core.base_value  # a run-time value or a compile-time constant: both are base values
+    N: tl.core.base_value
+    stride_m: tl.core.base_value
+    stride_n: tl.core.base_value
 
     @device_constructor
     def __init__(self, ptr, M, N, stride_m, stride_n):
         self.ptr = ptr
-        self.M = M
-        self.N = N
-        self.stride_m = stride_m
-        self.stride_n = stride_n
+        self.M = tl.constexpr(M) if isinstance(M, int) else M
+        self.N = tl.constexpr(N) if isinstance(N, int) else N
+        self.stride_m = tl.constexpr(stride_m) if isinstance(stride_m, int) else stride_m
+        self.stride_n = tl.constexpr(stride_n) if isinstance(stride_n, int) else stride_n
 
     @device_method
     def tile_ptr(self, tile, dctx=None):
@@ -191,7 +191,7 @@ TensorView = device_class(TensorView)
 
 @triton.jit
 def make_tensor_view(ptr, M, N, stride_m, stride_n):
-    """A :class:`TensorView` of sizes and strides given as run-time values or compile-time
-    constants alike (a constant becomes a run-time value)."""
+    """A :class:`TensorView` whose sizes and strides are run-time values even where constants are
+    given (one compiled kernel for every size)."""
     zero = tl.program_id(0) * 0  # a run-time 0: what a constant added to it becomes
     return TensorView(ptr, M + zero, N + zero, stride_m + zero, stride_n + zero)
