@@ -389,6 +389,30 @@ matmul_all_reduce = _functional_product("matmul_all_reduce", matmul_all_reduce_)
 matmul_all_gather = _functional_product("matmul_all_gather", matmul_all_gather_)
 
 
+@_in_place("all_reduce_rmsnorm_", ("out", "residual_out"))
+def all_reduce_rmsnorm_(out: Tensor, x: Tensor, residual: Tensor, weight: Tensor, handle: int, eps: float,
+                        residual_out: Optional[Tensor], method: Optional[str]) -> None:
+    _eager(handle, "all_reduce_rmsnorm")(out, x, residual, weight, eps, residual_out, method=method)
+
+
+def _normed_and_summed(x: Tensor, keep_residual: bool) -> tuple[Tensor, Tensor]:
+    """What the functional all_reduce_rmsnorm returns: the normalised rows and, with
+    ``keep_residual``, the sums (else an empty tensor)."""
+    return _dense(x), _dense(x) if keep_residual else x.new_empty((0,))
+
+
+@_custom_op("all_reduce_rmsnorm")
+def all_reduce_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, handle: int, eps: float, keep_residual: bool,
+                       method: Optional[str]) -> tuple[Tensor, Tensor]:
+    out, summed = _normed_and_summed(x, keep_residual)
+    all_reduce_rmsnorm_(out, x, residual, weight, handle, eps, summed if keep_residual else None, method)
+    return out, summed
+
+
+all_reduce_rmsnorm.register_fake(lambda x, residual, weight, handle, eps, keep_residual, method:
+                                 _normed_and_summed(x, keep_residual))
+
+
 # -- the public methods' routes to the operators ----------------------------------------------------------
 #
 # Each route takes its method's arguments, calls the functional operator and copies its result
@@ -473,6 +497,14 @@ def _product_route(name: str):
     return route
 
 
+def _route_all_reduce_rmsnorm(self, out, x, residual, weight, eps=1e-6, residual_out=None, *, method=None):
+    normed, summed = torch.ops.iris.all_reduce_rmsnorm(x, residual, weight, self._iris_handle, float(eps),
+                                                       residual_out is not None, method)
+    if residual_out is not None:
+        residual_out.copy_(summed)
+    return out.copy_(normed)
+
+
 ROUTES: dict[str, Callable] = {
     "all_reduce": _route_all_reduce,
     "all_gather": _route_all_gather,
@@ -488,10 +520,11 @@ ROUTES: dict[str, Callable] = {
     "all_to_all_single": _route_all_to_all_single,
     "all_to_all_vdev": _route_all_to_all_vdev,
     **{name: _product_route(name) for name in FUSED},
+    "all_reduce_rmsnorm": _route_all_reduce_rmsnorm,
 }
 
 ORDERED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
-           "recv", "all_to_all_single", "all_to_all_vdev", "send", "barrier", *FUSED)
+           "recv", "all_to_all_single", "all_to_all_vdev", "send", "barrier", *FUSED, "all_reduce_rmsnorm")
 """The operators that carry an ordered effect: the functional ones, send and barrier."""
 for _name in ORDERED:
     torch.library._register_effectful_op(getattr(torch.ops.iris, _name).default,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "ALL_REDUCE_CHOSEN_UP_TO",
+    "ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO",
     "COLLECTIVE_SHAPES",
     "COPY_ENGINE_MIN_SHARE",
     "CPU_PROGRAMS",
@@ -24,6 +25,7 @@ __all__ = [
     "LOW_LATENCY_SHAPES",
     "PUSH_BLOCK_K",
     "PUSH_PROGRAMS",
+    "RMSNORM_SHAPES",
     "SENTINEL_SHAPES",
     "collective_shape",
 ]
@@ -63,6 +65,23 @@ ALL_REDUCE_CHOSEN_UP_TO = {
     "sentinel": {2: 8 << 20, None: 0},
     "one_shot": {2: 8 << 20, 3: 1 << 20, None: 256 << 10},
 }
+
+
+#: For the automatic method of ``ctx.ops.all_reduce_rmsnorm`` (:mod:`iris_triton.rmsnorm`): the
+#: most bytes of ``x`` per rank that take ``"one_shot"`` (one exchange, every rank receiving every
+#: peer's whole input), by world size (``None``: the other sizes); larger inputs take
+#: ``"two_shot"`` (two exchanges, each rank receiving about twice its share). It is the trade-off
+#: of all_reduce's one_shot against two_shot (one exchange's latency against moving
+#: ``world_size - 1`` copies of the input), so it starts from their limits above; the fused
+#: operation's own crossover has not been measured (``benchmarks/all_reduce_rmsnorm.py`` does).
+ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO = dict(ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
+
+#: Launch shape of ``all_reduce_rmsnorm``: the most elements of a row one chunk holds (a row is
+#: one program's; longer rows are done in chunks), and on GPUs the warps, one per
+#: ``ELEMENTS_PER_WARP`` elements of a chunk (a 16-byte vector per thread), at most ``MAX_WARPS``.
+#: A starting point, not a measurement: a chunk of 8192 holds a whole row of the common hidden sizes.
+#: The CPU chunk is small so that tests reach rows of several chunks.
+RMSNORM_SHAPES = {"cuda": dict(MAX_BLOCK=8192, MAX_WARPS=16, ELEMENTS_PER_WARP=256), "cpu": dict(MAX_BLOCK=64)}
 
 
 def collective_shape(device_type: str, nbytes: int) -> dict:
