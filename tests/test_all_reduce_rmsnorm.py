@@ -89,6 +89,7 @@ def _mismatch(ctx, report: RankReport) -> None:
     try:
         ctx.ops.all_reduce_rmsnorm(out, xs[ctx.rank].to(ctx.device), residual.to(ctx.device),
                                    weight.to(ctx.device), method="one_shot" if ctx.rank == 0 else "two_shot")
+        ctx.check()  # on GPUs the kernel's failure surfaces at the next iris call
         report.check("mismatch/raised", False)
     except IrisError as error:
         report.check("mismatch/raised", "made a different call" in str(error))

@@ -200,7 +200,7 @@ def test_tile_collectives_match_torch(reports, family):
 def test_tile_collectives_in_gluon_kernels_match_torch():
     reports = reports_on_available_ranks(_worker, 2, 2, "gluon", backend="gluon", timeout=120)
     for family in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"):
-        assert_rank_checks(reports, family, minimum=4)
+        assert_rank_checks(reports, family, minimum=len(reports))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2 and not interpreter_runs_kernel_loops(),
