@@ -116,6 +116,23 @@ def run_command_line(argv: list[str] | None, parse_args: Callable, jobs: Callabl
         raise SystemExit(failure)
 
 
+def run_as_this_rank(args: argparse.Namespace, job: Callable, report: Callable, failure: str) -> None:
+    """A ``main`` for benchmarks whose process is one rank (of ``torchrun``'s world, or a world of
+    one on one GPU), or which run on 2 fresh CPU ranks with ``--cpu``: ``job(args)`` gives the
+    function every rank runs and its arguments after the rank; rank 0 passes the rows it returns
+    to ``report(args, rows)``, and the process exits with ``failure`` when a result failed its check."""
+    fn, arguments = job(args)
+    if args.device == "cpu":
+        rows = spawn_jobs(args, [(fn, arguments)])[0]
+    else:
+        rank = int(os.environ.get("RANK", "0"))
+        rows = fn(rank, *arguments)
+        if rank != 0:
+            return
+    if not report(args, rows):
+        raise SystemExit(failure)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device``; nothing to wait for on CPU ranks, whose kernels
     (Triton's interpreter) have run when their launch returns."""

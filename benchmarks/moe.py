@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 import iris
-from benchmarks.common import per_call_us, resolve, spawn_jobs, synchronize, write_results
+from benchmarks.common import per_call_us, resolve, run_as_this_rank, synchronize, write_results
 
 #: The link between 2 x H200, per direction (GB/s).
 LINK_GBPS = 478.0
@@ -194,17 +194,7 @@ def report(args: argparse.Namespace, rows: list[dict]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    fn, arguments = job(args)
-    if args.device == "cpu":
-        rows = spawn_jobs(args, [(fn, arguments)])[0]
-    else:  # this process is one rank: of torchrun's world, or a world of one
-        rows = fn(int(os.environ.get("RANK", "0")), *arguments)
-        if int(os.environ.get("RANK", "0")) != 0:
-            return
-    if not report(args, rows):
-        raise SystemExit("iris's results differ from the reference's (INCORRECT above)")
-
+    run_as_this_rank(parse_args(argv), job, report, "iris's results differ from the reference's (INCORRECT above)")
 
 if __name__ == "__main__":
     main()
