@@ -6,10 +6,10 @@ it). Importing this module imports Triton; ``import iris`` alone does not."""
 
 from iris_triton.context import DeviceContext
 from iris_triton.tile_collectives import (all_gather, all_reduce, all_reduce_one_shot, all_reduce_two_shot,
-                                          all_to_all, broadcast, reduce_scatter)
+                                          all_to_all, broadcast, gather, reduce_scatter)
 from iris_triton.tiles import (Tile, TensorView, TileView, make_tensor_view, offset_ptr, tile_indices, tile_layout,
                                tile_ptr)
 
 __all__ = ["DeviceContext", "TensorView", "Tile", "TileView", "all_gather", "all_reduce", "all_reduce_one_shot",
-           "all_reduce_two_shot", "all_to_all", "broadcast", "make_tensor_view", "offset_ptr", "reduce_scatter",
-           "tile_indices", "tile_layout", "tile_ptr"]
+           "all_reduce_two_shot", "all_to_all", "broadcast", "gather", "make_tensor_view", "offset_ptr",
+           "reduce_scatter", "tile_indices", "tile_layout", "tile_ptr"]

@@ -7,6 +7,9 @@ place where the collective allows it, three launches in a row on one sync (its c
 and the upstream-style calls without a sync between host barriers. Data is seeded per rank so
 that every rank computes the reference (reductions in rank order, 16-bit floats in float32).
 
+On GPUs also: a launch captured in a CUDA graph and replayed on new data, and the same checks of
+kernels compiled by Gluon.
+
 The failure checks: ranks that call different collectives on one tile see a mismatch, a tile
 number outside the sync fails the call, and a peer that never launches makes the survivor give
 up: each time the output holds NaN and ``ctx.check()`` raises ``IrisTimeoutError``.
@@ -70,7 +73,8 @@ class _Checks:
         self.kernel = ctx.frontend.kernel(tile_collective)
         self.sync = ctx.tile_sync(TILES * 3)
 
-    def launch(self, collective, src, dst, op="sum", chunk=1, root=0):
+    def start(self, collective, src, dst, op="sum", chunk=1, root=0):
+        """Launch the kernel (asynchronously on GPUs)."""
         ctx = self.ctx
         programs = TILES if self.shared_gpu else 2
         self.kernel[(programs,)](
@@ -78,7 +82,11 @@ class _Checks:
             dst.shape[0], dst.shape[1], src.stride(0), src.stride(1), dst.stride(0), dst.stride(1), chunk, root,
             CTX=ctx.frontend.device_context, RANK=ctx.rank, WORLD=ctx.world_size, COLLECTIVE=collective, OP=op,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-        ctx.check()
+
+    def launch(self, *args, **kwargs):
+        """Launch the kernel and wait for it, raising a failure it recorded."""
+        self.start(*args, **kwargs)
+        self.ctx.check()
 
     def inputs(self, dtype, shape, *seed):
         """Every rank's seeded input (``seed`` names the call), and this rank's copy on the heap."""
@@ -147,6 +155,9 @@ class _Checks:
                 dst = ctx.zeros((M, N), dtype=dtype)
                 self.launch("broadcast", src, dst, root=root)
                 self.expect(f"broadcast/{dtype}/root{root}", dst, parts[root])
+                dst = ctx.zeros((M, N), dtype=dtype)
+                self.launch("gather", src, dst, root=root)
+                self.expect(f"gather/{dtype}/root{root}", dst, parts[root])
 
     def without_sync(self):
         """Upstream iris's form: no sync, the host orders the ranks with barriers."""
@@ -162,6 +173,22 @@ class _Checks:
         ctx.barrier()
         self.expect("without_sync/all_gather", dst, torch.cat(parts, 0))
 
+    def graph(self):
+        """GPUs: one all_reduce launch captured in a CUDA graph and replayed on new data: the call
+        counts kept on the device tell the replays apart."""
+        ctx = self.ctx
+        src, dst = ctx.zeros((M, N)), ctx.zeros((M, N))
+        self.launch("all_reduce", src, dst)  # compiled before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.start("all_reduce", src, dst)
+        for replay in range(3):
+            parts = [_data(torch.float32, (M, N), "graph", r, replay) for r in range(ctx.world_size)]
+            src.copy_(parts[ctx.rank])  # the last replay returned once every peer had read this rank's tiles
+            graph.replay()
+            ctx.check()
+            self.expect(f"graph/all_reduce/replay{replay}", dst, _reduced(parts, "sum"))
+
     def errors(self):
         for bad in (0, -3, 2.0, True):
             try:
@@ -176,6 +203,8 @@ def _worker(rank: int, world: int, backend: str = "triton") -> bytes:
     ctx = iris.create(backend)
     checks = _Checks(ctx, report)
     sections = ("all_reduces", "others", "without_sync", "errors") if backend == "triton" else ("all_reduces", "others")
+    if ctx.device.type == "cuda":
+        sections += ("graph",)
     for name in sections:
         with report.section(name):
             getattr(checks, name)()
@@ -191,7 +220,7 @@ def reports(request):
 
 
 @pytest.mark.parametrize("family", ["all_reduce", "all_reduce_two_shot", "reduce_scatter", "all_gather", "all_to_all",
-                                    "broadcast", "without_sync", "tile_sync"])
+                                    "broadcast", "gather", "without_sync", "tile_sync"])
 def test_tile_collectives_match_torch(reports, family):
     assert_rank_checks(reports, family, minimum=len(reports))
 
@@ -199,8 +228,13 @@ def test_tile_collectives_match_torch(reports, family):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels run on GPUs only")
 def test_tile_collectives_in_gluon_kernels_match_torch():
     reports = reports_on_available_ranks(_worker, 2, 2, "gluon", backend="gluon", timeout=120)
-    for family in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"):
+    for family in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "gather", "graph"):
         assert_rank_checks(reports, family, minimum=len(reports))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_tile_collective_kernel_replays_in_a_cuda_graph(reports):
+    assert_rank_checks(reports, "graph/", 3 * len(reports))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2 and not interpreter_runs_kernel_loops(),

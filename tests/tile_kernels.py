@@ -14,7 +14,7 @@ import triton.language as tl
 import iris.x as x
 
 COLLECTIVES = ("all_reduce", "all_reduce_two_shot", "reduce_scatter", "all_gather_rows", "all_gather_columns",
-               "all_to_all", "broadcast")
+               "all_to_all", "broadcast", "gather")
 
 
 def tile_collective(context, src, dst, sync, M, N, DM, DN, stride_sm, stride_sn, stride_dm, stride_dn, chunk, root,
@@ -40,9 +40,13 @@ def tile_collective(context, src, dst, sync, M, N, DM, DN, stride_sm, stride_sn,
             x.all_gather(tile, src_view, dst_view, 1, dctx, sync)
         elif COLLECTIVE == "all_to_all":
             x.all_to_all(tile, src_view, dst_view, chunk, dctx, sync)
-        else:
-            tl.static_assert(COLLECTIVE == "broadcast", "unknown COLLECTIVE")
+        elif COLLECTIVE == "broadcast":
             x.broadcast(tile, src_view, dst_view, root, dctx, sync)
+        else:
+            tl.static_assert(COLLECTIVE == "gather", "unknown COLLECTIVE")
+            data = x.gather(tile, src_view, root, dctx, sync)
+            pointers, mask = dst_view.tile_ptr(tile, dctx)
+            tl.store(pointers, data, mask=mask)
 
 
 

@@ -45,7 +45,7 @@ from iris_triton.reductions import combine, finish, widen
 from iris_triton.waits import MISMATCH, TILES, failed, poisoned, record_failure, site_code, wait_or_record
 
 __all__ = ["SYNC_FIELDS", "all_gather", "all_reduce", "all_reduce_one_shot", "all_reduce_two_shot", "all_to_all",
-           "allocate_tile_sync", "broadcast", "reduce_scatter"]
+           "allocate_tile_sync", "broadcast", "gather", "reduce_scatter"]
 
 #: The int64 fields of a tile sync (``ctx.tile_sync``), in order.
 SYNC_FIELDS = ("flags", "faults", "host_faults", "timeout_ns", "tiles")
@@ -57,11 +57,13 @@ REDUCE_SCATTER: tl.constexpr = tl.constexpr(3)
 ALL_TO_ALL: tl.constexpr = tl.constexpr(4)
 BROADCAST: tl.constexpr = tl.constexpr(5)
 ALL_REDUCE_TWO_SHOT: tl.constexpr = tl.constexpr(6)
+GATHER: tl.constexpr = tl.constexpr(7)
 ALL_REDUCE_SITE: tl.constexpr = tl.constexpr(site_code("tile all_reduce"))
 ALL_GATHER_SITE: tl.constexpr = tl.constexpr(site_code("tile all_gather"))
 REDUCE_SCATTER_SITE: tl.constexpr = tl.constexpr(site_code("tile reduce_scatter"))
 ALL_TO_ALL_SITE: tl.constexpr = tl.constexpr(site_code("tile all_to_all"))
 BROADCAST_SITE: tl.constexpr = tl.constexpr(site_code("tile broadcast"))
+GATHER_SITE: tl.constexpr = tl.constexpr(site_code("tile gather"))
 
 
 # -- the protocol ----------------------------------------------------------------------------------------
@@ -316,6 +318,20 @@ def broadcast(tile, src_view, dst_view, root, ctx, sync=None):
     data = ctx.load(src, root, mask=mask)
     ok = _leave(ctx, sync, row, value, ok, root, False, BROADCAST_SITE)
     _store(dst, data, dst_mask, ok)
+
+
+
+@triton.jit
+def gather(tile, src_view, source_rank, ctx, sync=None):
+    """Rank ``source_rank``'s ``src_view`` tile, returned for the caller to use at once (e.g. as
+    an operand of ``tl.dot``) rather than stored; 0 outside the matrix. With a sync every rank
+    calls it with the same ``source_rank`` (that rank's own call returns its tile once every rank
+    has read it); a failed call returns all-ones bits (NaN)."""
+    src, mask = src_view.tile_ptr(tile, ctx)
+    row, value, ok = _arrive(ctx, sync, src_view.tile_id(tile), source_rank, False, GATHER, GATHER_SITE)
+    data = ctx.load(src, source_rank, mask=mask, other=0)
+    ok = _leave(ctx, sync, row, value, ok, source_rank, False, GATHER_SITE)
+    return poisoned(data, ok)
 
 
 # -- the host side ---------------------------------------------------------------------------------------
