@@ -16,13 +16,16 @@ The GPU test captures dispatch and combine of one rank in a CUDA graph and repla
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import iris
 from iris.errors import IrisError, IrisTimeoutError
-from iris.testing import RankReport, assert_rank_checks, interpreted_device, seeded_generator, spawn_reports
+from iris.testing import (RankReport, assert_rank_checks, interpreted_device, reports_on_available_ranks,
+                          seeded_generator, spawn_reports)
 
 HIDDEN = 8
 TOKENS = 6
@@ -108,7 +111,8 @@ def _expert_function(tokens: torch.Tensor, scales, first_expert: int, dtype: tor
     """``f_e(x) = x * (e + 1)`` on the received tokens ``[L, capacity, hidden]`` (fp8: dequantised
     first), in ``dtype``."""
     x = tokens.float() if scales is None else tokens.float() * scales[..., None]
-    factor = torch.arange(first_expert + 1, first_expert + 1 + tokens.shape[0], dtype=torch.float32)
+    factor = torch.arange(first_expert + 1, first_expert + 1 + tokens.shape[0], dtype=torch.float32,
+                          device=tokens.device)
     return (x * factor.view(-1, 1, 1)).to(dtype)
 
 
@@ -282,6 +286,44 @@ def test_bad_arguments_are_refused_on_the_host(reports):
 
 def test_routings_that_do_not_fit_fail_the_call_on_every_rank(reports):
     assert_rank_checks(reports, "device_errors/", 5 * len(reports))
+
+
+def _cpu_copy(result):
+    """The result's tensors on the host, as :func:`_check_result` reads them."""
+    return types.SimpleNamespace(**{name: None if value is None else value.cpu() for name, value in (
+        ("tokens", result.tokens), ("scales", result.scales), ("counts", result.counts),
+        ("source_rank", result.source_rank), ("source_index", result.source_index))})
+
+
+def _gpu_worker(rank: int, world: int) -> bytes:
+    """Every case but the tight capacity on GPU ranks, checked as on CPU ranks."""
+    report = RankReport(rank)
+    with iris.create("triton", heap_size="256MiB") as ctx:
+        for name, k, per_rank, dtype, fp8 in CASES:
+            if name == "tight_capacity":
+                continue
+            experts = per_rank * world
+            ids = _routing(name, rank, world, k, experts)
+            x, w = _tokens(dtype, rank, name), _weights(k, rank, name)
+            result = ctx.ops.moe_dispatch(x.to(ctx.device), (ids.int() if k == 1 else ids).to(ctx.device),
+                                          w.to(ctx.device), experts, fp8=fp8)
+            _check_result(report, name, _cpu_copy(result), _reference_dispatch(x, ids, experts, world, rank, fp8),
+                          world * TOKENS, fp8, dtype)
+            expert_out = _expert_function(result.tokens, result.scales, rank * per_rank,
+                                          torch.bfloat16 if fp8 else dtype)
+            y = ctx.ops.moe_combine(expert_out, result)
+            ctx.check()
+            # The GPU's float32 sums may contract into fused multiply-adds: within rounding, not bit for bit.
+            reference = _reference_combine(x, ids, w, fp8, y.dtype).float()
+            report.check(f"combine/{name}", torch.allclose(y.cpu().float(), reference, rtol=1e-2, atol=1e-2))
+    return report.packed()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dispatch_and_combine_on_two_gpu_ranks():
+    reports = reports_on_available_ranks(_gpu_worker, 2, 2, timeout=120)
+    assert_rank_checks(reports, "dispatch/", 3 * (len(CASES) - 1) * 2)
+    assert_rank_checks(reports, "combine/", (len(CASES) - 1) * 2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
