@@ -77,11 +77,14 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[x.element_size()])
 
 
-def _reference_dispatch(x: torch.Tensor, ids: torch.Tensor, experts: int, world: int, rank: int, fp8: bool):
+def _reference_dispatch(x: torch.Tensor, ids: torch.Tensor, experts: int, world: int, rank: int, fp8: bool,
+                        quantise_on: str = "cpu"):
     """Per local expert: the rows it receives (bits as int8 bytes), their source ranks and token
-    indices, in (source rank, token) order; by gloo's all_to_all_single."""
+    indices, in (source rank, token) order; by gloo's all_to_all_single. ``quantise_on``: the
+    device whose float8 conversion the rows are quantised with (CPU and GPU conversions may round
+    a value at the edge of the range differently)."""
     local = experts // world
-    data, scale = _quantised(x) if fp8 else (x, torch.zeros(TOKENS))
+    data, scale = (t.cpu() for t in _quantised(x.to(quantise_on))) if fp8 else (x, torch.zeros(TOKENS))
     row_bytes = data.contiguous().view(torch.int8).shape[1]
     pairs = sorted({(int(e), t) for t in range(TOKENS) for e in ids[t].tolist() if e >= 0})
     by_rank = [[(e, t) for e, t in pairs if e // local == d] for d in range(world)]
@@ -307,7 +310,8 @@ def _gpu_worker(rank: int, world: int) -> bytes:
             x, w = _tokens(dtype, rank, name), _weights(k, rank, name)
             result = ctx.ops.moe_dispatch(x.to(ctx.device), (ids.int() if k == 1 else ids).to(ctx.device),
                                           w.to(ctx.device), experts, fp8=fp8)
-            _check_result(report, name, _cpu_copy(result), _reference_dispatch(x, ids, experts, world, rank, fp8),
+            _check_result(report, name, _cpu_copy(result),
+                          _reference_dispatch(x, ids, experts, world, rank, fp8, quantise_on=str(ctx.device)),
                           world * TOKENS, fp8, dtype)
             expert_out = _expert_function(result.tokens, result.scales, rank * per_rank,
                                           torch.bfloat16 if fp8 else dtype)
