@@ -3,7 +3,10 @@
 One spawn per (backend, world size) runs every collective x dtype x op x size against torch
 references built from every rank's input (gathered on the host), with heap and plain tensors,
 forced and automatic algorithms, many back-to-back calls with changing data, and CUDA graph
-capture on GPUs. Each rank returns ``{check name: True | False | error text}``.
+capture on GPUs. Each rank returns ``{check name: True | False | error text}``. Beyond two ranks
+each dtype runs at one of the sizes (:func:`_cases`): every dtype and every size still meets
+three ranks, and the dtype x size grid is the two-rank world's. On CPU ranks the multi-round size
+runs one op per dtype in turn (:func:`_ops`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ OPS = ("sum", "max", "min")
 #: program in one-shot and (2 ranks) two-shot (CPU ranks: BLOCK 64, ROUND 2, 2 programs; GPUs:
 #: the launch shapes of iris_triton.tuning.COLLECTIVE_SHAPES up to 64 MiB, 132 programs).
 SIZES = {"cpu": (1, 37, 600), "cuda": (1, 37, 4099, 10 * 4096 * 132 + 5)}
+#: Sizes at which each dtype runs one op, in turn (CPU ranks: the multi-round size, whose calls
+#: take most of the matrix's time; every op meets every dtype and algorithm at the smaller sizes,
+#: and the multi-round schedule with some dtype).
+ONE_OP_AT = {"cpu": (600,), "cuda": ()}
 BACK_TO_BACK = {"cpu": 20, "cuda": 1000}
 #: Element counts the back-to-back calls alternate between: one block (one program) and blocks
 #: for more programs than the GPU has multiprocessors.
@@ -43,6 +50,23 @@ BACK_TO_BACK_SIZES = {"cpu": (37, 129), "cuda": (129, 4096 * 140 + 3)}
 #: checked on GPUs, where calls are cheap).
 ALL_REDUCE_ALGORITHMS = {"cpu": ("low_latency", "sentinel", "one_shot", "two_shot"),
                          "cuda": ("low_latency", "sentinel", "one_shot", "two_shot", None)}
+
+
+def _cases(device_type: str, world: int) -> list[tuple[int, torch.dtype]]:
+    """The (elements per rank, dtype) pairs the matrix runs: every pair on two ranks; on more, each
+    dtype at one size in turn (the element handling a dtype needs does not depend on the world
+    size, which the sizes' splitting between ranks does)."""
+    sizes = SIZES[device_type]
+    if world == 2:
+        return [(size, dtype) for size in sizes for dtype in DTYPES]
+    return [(sizes[i % len(sizes)], dtype) for i, dtype in enumerate(DTYPES)]
+
+
+def _ops(device_type: str, size: int, dtype: torch.dtype) -> tuple[str, ...]:
+    """The reductions the matrix runs at ``size`` in ``dtype`` (:data:`ONE_OP_AT`)."""
+    if size in ONE_OP_AT[device_type]:
+        return (OPS[DTYPES.index(dtype) % len(OPS)],)
+    return OPS
 
 
 def _refusal(algorithm: str | None, t: torch.Tensor) -> str | None:
@@ -92,49 +116,48 @@ def _check_matrix(ctx, report: RankReport) -> None:
         on_the_heap.append(ctx.as_symmetric(values))
         return on_the_heap[-1]
 
-    for size in SIZES[device.type]:
-        for dtype in DTYPES:
-            name = f"{str(dtype).removeprefix('torch.')}/n{size}"
-            mine = [_data(dtype, world * size, q, size, str(dtype)) for q in range(world)]
-            on_heap = (size + DTYPES.index(dtype)) % 2 == 0  # alternate heap and plain tensors
-            for op in OPS:
-                expected = _reference_reduce(mine, op)
-                for algorithm in ALL_REDUCE_ALGORITHMS[device.type]:
-                    t = _tensor(ctx, mine[rank], on_heap)
-                    refusal = _refusal(algorithm, t)
-                    if refusal is not None:
-                        try:
-                            ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
-                            refused = False
-                        except IrisError as error:
-                            refused = refusal in str(error)
-                        report.check(f"all_reduce/{algorithm}/{op}/{name}/refused", refused)
-                        continue
-                    ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
-                    result = t.cpu()
-                    report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}", _same(result, expected))
-                    everyone = ctx.comm.all_gather_object(result)
-                    report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}/identical_on_all_ranks",
-                                 all(torch.equal(everyone[0], r) for r in everyone))
-                out = torch.empty(size, dtype=dtype, device=device)
-                ctx.ccl.reduce_scatter(out, _tensor(ctx, mine[rank], on_heap), op=op)
-                report.check(f"reduce_scatter/{op}/{name}", _same(out.cpu(), expected[rank * size:(rank + 1) * size]))
-            x = mine[rank][:size]
-            out = torch.full((world, size), 7, dtype=dtype, device=device)
-            ctx.ccl.all_gather(out, _tensor(ctx, x, on_heap))
-            report.check(f"all_gather/{name}", torch.equal(out.cpu(), torch.stack([m[:size] for m in mine])))
-            out = torch.empty(world * size, dtype=dtype, device=device)
-            ctx.ccl.all_to_all(out, _tensor(ctx, mine[rank], on_heap))
-            report.check(f"all_to_all/{name}", torch.equal(
-                out.cpu(), torch.cat([mine[q][rank * size:(rank + 1) * size] for q in range(world)])))
-            src = (size + 1) % world
-            t = _tensor(ctx, x, on_heap)
-            ctx.ccl.broadcast(t, src=src)
-            report.check(f"broadcast/src{src}/{name}", torch.equal(t.cpu(), mine[src][:size]))
-            ctx.barrier()
-            report.check(f"no_wait_failed/{name}", not ctx.failed)
-            while on_the_heap:
-                ctx.free(on_the_heap.pop())
+    for size, dtype in _cases(device.type, world):
+        name = f"{str(dtype).removeprefix('torch.')}/n{size}"
+        mine = [_data(dtype, world * size, q, size, str(dtype)) for q in range(world)]
+        on_heap = (size + DTYPES.index(dtype)) % 2 == 0  # alternate heap and plain tensors
+        for op in _ops(device.type, size, dtype):
+            expected = _reference_reduce(mine, op)
+            for algorithm in ALL_REDUCE_ALGORITHMS[device.type]:
+                t = _tensor(ctx, mine[rank], on_heap)
+                refusal = _refusal(algorithm, t)
+                if refusal is not None:
+                    try:
+                        ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+                        refused = False
+                    except IrisError as error:
+                        refused = refusal in str(error)
+                    report.check(f"all_reduce/{algorithm}/{op}/{name}/refused", refused)
+                    continue
+                ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+                result = t.cpu()
+                report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}", _same(result, expected))
+                everyone = ctx.comm.all_gather_object(result)
+                report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}/identical_on_all_ranks",
+                             all(torch.equal(everyone[0], r) for r in everyone))
+            out = torch.empty(size, dtype=dtype, device=device)
+            ctx.ccl.reduce_scatter(out, _tensor(ctx, mine[rank], on_heap), op=op)
+            report.check(f"reduce_scatter/{op}/{name}", _same(out.cpu(), expected[rank * size:(rank + 1) * size]))
+        x = mine[rank][:size]
+        out = torch.full((world, size), 7, dtype=dtype, device=device)
+        ctx.ccl.all_gather(out, _tensor(ctx, x, on_heap))
+        report.check(f"all_gather/{name}", torch.equal(out.cpu(), torch.stack([m[:size] for m in mine])))
+        out = torch.empty(world * size, dtype=dtype, device=device)
+        ctx.ccl.all_to_all(out, _tensor(ctx, mine[rank], on_heap))
+        report.check(f"all_to_all/{name}", torch.equal(
+            out.cpu(), torch.cat([mine[q][rank * size:(rank + 1) * size] for q in range(world)])))
+        src = (size + 1) % world
+        t = _tensor(ctx, x, on_heap)
+        ctx.ccl.broadcast(t, src=src)
+        report.check(f"broadcast/src{src}/{name}", torch.equal(t.cpu(), mine[src][:size]))
+        ctx.barrier()
+        report.check(f"no_wait_failed/{name}", not ctx.failed)
+        while on_the_heap:
+            ctx.free(on_the_heap.pop())
 
 
 def _check_back_to_back(ctx, report: RankReport) -> None:
@@ -209,6 +232,7 @@ def _check_cuda_graph(ctx, report: RankReport) -> None:
 
 def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
     report = RankReport(rank)
+    report["device_type"] = device  # the tests count the checks the matrix makes there
     # The largest int64 calls need ~175 MiB of workspace, which grows (free, then allocate) with the sizes.
     ctx = iris.create(backend, heap_size="2GiB" if device == "cuda" else "32MiB", device=device)
     with report.section("matrix"):
@@ -233,12 +257,17 @@ def reports(request) -> list[dict]:
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"])
 def test_collective_matches_torch(reports, collective):
-    per_size = {"all_reduce": 3 * len(OPS), "reduce_scatter": len(OPS)}.get(collective, 1) * len(DTYPES)
-    assert_rank_checks(reports, f"{collective}/", per_size * len(reports))
+    # Per rank: at least 3 all_reduce checks (algorithms x result, same on every rank, or refusal)
+    # and one reduce_scatter check per size, dtype and op; one of each other collective per size and dtype.
+    device_type, world = reports[0]["device_type"], len(reports)
+    per_case = {"all_reduce": 3, "reduce_scatter": 1}
+    checks = sum(len(_ops(device_type, size, dtype)) * per_case[collective] if collective in per_case else 1
+                 for size, dtype in _cases(device_type, world))
+    assert_rank_checks(reports, f"{collective}/", checks * world)
 
 
 def test_no_device_wait_timed_out(reports):
-    assert_rank_checks(reports, "no_wait_failed/", len(DTYPES) * len(reports))
+    assert_rank_checks(reports, "no_wait_failed/", len(_cases(reports[0]["device_type"], len(reports))) * len(reports))
 
 
 def test_back_to_back_calls_see_no_stale_data(reports):

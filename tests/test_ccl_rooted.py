@@ -17,6 +17,11 @@ One spawn per world size (2, 3 and 4 ranks) runs every check, and each rank retu
 - the errors every rank raises alike (a root that is not a rank, fp8 reductions, ``avg`` of
   integers), after which the context still works.
 
+The two-rank world runs gather and scatter of every dtype from every root, and the new reductions
+through every all_reduce algorithm; on 3 and 4 ranks each dtype takes one root and each new
+reduction one algorithm, in turn (:func:`_grid`), so that every root and algorithm still meets
+every world size.
+
 The session context (one rank, the root of every call) checks the errors only a root raises,
 the algorithms' declarations of reductions and the call's signature.
 """
@@ -45,6 +50,16 @@ REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": di
 SIZES = (1, 37, 600)
 ALL_REDUCE_ALGORITHMS = ("low_latency", "sentinel", "one_shot", "two_shot")
 WORLDS = (2, 3, 4)
+#: Where all_reduce takes the new reductions: each named algorithm, then the automatic choice (None).
+ALL_REDUCE_CHOICES = (*ALL_REDUCE_ALGORITHMS, None)
+
+
+def _grid(world: int, index: int, count: int) -> range | tuple[int, ...]:
+    """Which of ``count`` choices (roots, all_reduce choices) item ``index`` of a list (a dtype,
+    a dtype and reduction) takes on ``world`` ranks: every one on two; on more, one in turn. What
+    an item needs (its element type, its reduction) does not depend on the world size, and every
+    choice still meets every world size; the two-rank world runs the whole grid."""
+    return range(count) if world == 2 else (index % count,)
 
 
 def _ops(dtype: torch.dtype) -> tuple[str, ...]:
@@ -182,8 +197,8 @@ class _Checks:
     # -- gather and scatter -------------------------------------------------------------------------
 
     def gather(self) -> None:
-        for dtype in DTYPES + FP8:
-            for dst in range(self.world):
+        for i, dtype in enumerate(DTYPES + FP8):
+            for dst in _grid(self.world, i, self.world):
                 size = SIZES[self.next_turn() % len(SIZES)]
                 name = f"gather/{_name(dtype)}/n{size}/dst{dst}"
                 mine = self.everyone(dtype, size, "gather", dst, str(dtype))
@@ -209,8 +224,8 @@ class _Checks:
         self.free()
 
     def scatter(self) -> None:
-        for dtype in DTYPES + FP8:
-            for src in range(self.world):
+        for i, dtype in enumerate(DTYPES + FP8):
+            for src in _grid(self.world, i, self.world):
                 size = SIZES[self.next_turn() % len(SIZES)]
                 name = f"scatter/{_name(dtype)}/n{size}/src{src}"
                 segments = _data(dtype, self.world * size, "scatter", src, str(dtype)).view(self.world, size)
@@ -262,8 +277,11 @@ class _Checks:
                     yield dtype, op
 
     def all_reduce(self) -> None:
-        for algorithm in ALL_REDUCE_ALGORITHMS:
-            for dtype, op in self._new_reductions():
+        pairs = list(self._new_reductions())
+        for choice, algorithm in enumerate(ALL_REDUCE_ALGORITHMS):
+            for p, (dtype, op) in enumerate(pairs):
+                if choice not in _grid(self.world, p, len(ALL_REDUCE_CHOICES)):
+                    continue
                 size = SIZES[self.next_turn() % len(SIZES)]
                 name = f"all_reduce/{algorithm}/{op}/{_name(dtype)}/n{size}"
                 mine = self.everyone(dtype, size, "all_reduce", algorithm, op, str(dtype))
@@ -277,7 +295,9 @@ class _Checks:
                 self.report.check(name, _reduced_alike(t, _reference(mine, op)))
                 everyone = self.ctx.comm.all_gather_object(_bits(t.cpu()))
                 self.report.check(f"{name}/identical_on_all_ranks", all(torch.equal(everyone[0], b) for b in everyone))
-        for dtype, op in self._new_reductions():  # the automatic choice takes them too
+        for p, (dtype, op) in enumerate(pairs):  # the automatic choice takes them too
+            if ALL_REDUCE_CHOICES.index(None) not in _grid(self.world, p, len(ALL_REDUCE_CHOICES)):
+                continue
             size = SIZES[self.next_turn() % len(SIZES)]
             mine = self.everyone(dtype, size, "all_reduce", "auto", op, str(dtype))
             t = self.tensor(mine[self.rank])
@@ -361,14 +381,25 @@ def test_reduce_matches_gloo_and_the_reference_for_every_dtype_op_and_root(repor
     assert roots == {f"dst{r}" for r in range(world)}, roots
 
 
+def _assert_every_root(reports, collective: str, key: str) -> None:
+    """Every rank of the world was the root of some ``collective`` call."""
+    roots = {part for k in reports[0] if k.startswith(f"{collective}/") for part in k.split("/")
+             if part.startswith(key)}
+    assert roots == {f"{key}{r}" for r in range(_world(reports))}, roots
+
+
 def test_gather_matches_gloo_for_every_dtype_and_root(reports):
     world = _world(reports)
-    assert_rank_checks(reports, "gather/", len(DTYPES + FP8) * world * 2 * world)
+    roots_per_dtype = len(_grid(world, 0, world))
+    assert_rank_checks(reports, "gather/", len(DTYPES + FP8) * roots_per_dtype * 2 * world)
+    _assert_every_root(reports, "gather", "dst")
 
 
 def test_scatter_matches_gloo_for_every_dtype_and_root(reports):
     world = _world(reports)
-    assert_rank_checks(reports, "scatter/", len(DTYPES + FP8) * world * 2 * world)
+    roots_per_dtype = len(_grid(world, 0, world))
+    assert_rank_checks(reports, "scatter/", len(DTYPES + FP8) * roots_per_dtype * 2 * world)
+    _assert_every_root(reports, "scatter", "src")
 
 
 def test_fp8_moves_bit_for_bit_through_every_data_movement_collective(reports):
@@ -376,9 +407,13 @@ def test_fp8_moves_bit_for_bit_through_every_data_movement_collective(reports):
 
 
 def test_prod_avg_and_8_bit_integers_through_every_all_reduce_algorithm(reports):
+    world = _world(reports)
     pairs = sum(1 for d in DTYPES for op in _ops(d) if op in ("prod", "avg") or d.itemsize == 1)
-    assert_rank_checks(reports, "all_reduce/", (len(ALL_REDUCE_ALGORITHMS) + 1) * pairs * _world(reports))
+    choices_per_pair = len(_grid(world, 0, len(ALL_REDUCE_CHOICES)))
+    assert_rank_checks(reports, "all_reduce/", choices_per_pair * pairs * world)
     assert any(k.endswith("/refused") for k in reports[0])
+    taken = {k.split("/")[1] for k in reports[0] if k.startswith("all_reduce/") and not k.endswith("/completed")}
+    assert taken == {*ALL_REDUCE_ALGORITHMS, "auto"}, taken
 
 
 def test_prod_avg_and_8_bit_integers_through_reduce_scatter(reports):

@@ -313,7 +313,8 @@ def test_log_level_from_environment(make_context, iris_logger, caplog, monkeypat
 
 
 def _spawned_rank(rank: int, base: int) -> dict:
-    """Runs on each spawned rank: checks torch.distributed and builds a 2-rank iris context."""
+    """Runs on each spawned rank: checks torch.distributed and builds a 2-rank iris context; the
+    result also carries far more than a pipe holds."""
     value = torch.tensor([rank + 1])
     dist.all_reduce(value)
     with iris.create(heap_size="1MiB") as ctx:
@@ -331,6 +332,7 @@ def _spawned_rank(rank: int, base: int) -> dict:
         "pg_backend": str(dist.get_backend()),
         "sum": int(value.item()),
         "interpret": os.environ.get("TRITON_INTERPRET"),
+        "large": str(rank) * 300_000,
         **seen,
     }
 
@@ -345,9 +347,15 @@ def _failing_rank(rank: int) -> int:
     return rank
 
 
+@pytest.fixture(scope="module")
+def spawned() -> list[dict]:
+    """:func:`_spawned_rank`'s results on 2 CPU ranks, from one spawn."""
+    return iris.spawn(_spawned_rank, 2, 100, device="cpu")
+
+
 @pytest.mark.slow
-def test_spawn_runs_fn_on_cpu_ranks_and_returns_results_by_rank():
-    results = iris.spawn(_spawned_rank, 2, 100, device="cpu")
+def test_spawn_runs_fn_on_cpu_ranks_and_returns_results_by_rank(spawned):
+    results = spawned
     assert [r["result"] for r in results] == [100, 101]
     for rank, r in enumerate(results):
         assert r["initialized"] is True
@@ -379,13 +387,9 @@ def test_spawn_rejects_bad_device():
         iris.spawn(_failing_rank, 2, device="tpu")
 
 
-def _large_result(rank: int) -> str:
-    return str(rank) * 300_000  # far more than a pipe holds
-
-
 @pytest.mark.slow
-def test_spawn_returns_results_larger_than_a_pipe():
-    assert iris.spawn(_large_result, 2, device="cpu") == ["0" * 300_000, "1" * 300_000]
+def test_spawn_returns_results_larger_than_a_pipe(spawned):
+    assert [r["large"] for r in spawned] == ["0" * 300_000, "1" * 300_000]
 
 
 def test_gluon_device_context_shares_the_triton_methods():

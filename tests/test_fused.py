@@ -162,15 +162,18 @@ def _fused_worker(rank: int, device: str) -> bytes:
 SHRINKING = {"all_gather_matmul": ((21, 40, 8), (5, 16, 8)), "matmul_reduce_scatter": ((21, 16, 40), (10, 16, 50))}
 
 
-def _slow_peer_worker(rank: int, kind: str, method: str) -> list[bool]:
-    """``kind`` twice, the second call smaller, with rank 0 held up in its first waits (after it
-    sent its data, while it still reads what it received): rank 1's second call must not write
-    where rank 0 still reads."""
+SLOW_PEER_METHODS = ("fused", "copy_engine")
+
+
+def _slow_peer_worker(rank: int) -> dict[tuple[str, str], list[bool]]:
+    """Per operation of SHRINKING and overlapping method, in a context of its own: the operation
+    twice, the second call smaller, with rank 0 held up in its first waits (after it sent its
+    data, while it still reads what it received): rank 1's second call must not write where rank
+    0 still reads. ``{(kind, method): [first call right, second call right]}``."""
     import time
 
     from iris_triton import copy_engine, fused
 
-    ctx = iris.create("triton", heap_size="32MiB", device="cpu")
     waits = []
 
     def held_up(original):
@@ -183,22 +186,33 @@ def _slow_peer_worker(rank: int, kind: str, method: str) -> list[bool]:
 
     fused.wait_or_record = held_up(fused.wait_or_record)
     copy_engine.wait_or_record = held_up(copy_engine.wait_or_record)
-    results = []
-    for m, K, N in SHRINKING[kind]:
-        a, b = _inputs(kind, torch.bfloat16, m, K, N, ctx.world_size, "slow peer")
-        rows = ctx.world_size * m if kind == "all_gather_matmul" else m
-        out = torch.empty(rows, N, dtype=torch.bfloat16)
-        getattr(ctx.ops, kind)(out, a[rank], b[rank], method=method)
-        results.append(_close(out, _reference(kind, a, b, rank, m)))
-    ctx.barrier()
-    ctx.destroy()
+    results = {}
+    for kind, shapes in SHRINKING.items():
+        for method in SLOW_PEER_METHODS:
+            ctx = iris.create("triton", heap_size="32MiB", device="cpu")
+            waits.clear()  # each pair's first waits are held up
+            results[kind, method] = []
+            for m, K, N in shapes:
+                a, b = _inputs(kind, torch.bfloat16, m, K, N, ctx.world_size, "slow peer")
+                rows = ctx.world_size * m if kind == "all_gather_matmul" else m
+                out = torch.empty(rows, N, dtype=torch.bfloat16)
+                getattr(ctx.ops, kind)(out, a[rank], b[rank], method=method)
+                results[kind, method].append(_close(out, _reference(kind, a, b, rank, m)))
+            ctx.barrier()
+            ctx.destroy()
     return results
 
 
-@pytest.mark.parametrize("method", ["fused", "copy_engine"])
+@pytest.fixture(scope="module")
+def slow_peer_results() -> list[dict[tuple[str, str], list[bool]]]:
+    """Every rank's results of :func:`_slow_peer_worker`, from one spawn of 2 CPU ranks."""
+    return iris.spawn(_slow_peer_worker, 2, device=interpreted_device())
+
+
+@pytest.mark.parametrize("method", SLOW_PEER_METHODS)
 @pytest.mark.parametrize("kind", list(SHRINKING))
-def test_a_smaller_call_never_overwrites_what_a_slow_peer_still_reads(kind, method):
-    assert iris.spawn(_slow_peer_worker, 2, kind, method, device=interpreted_device()) == [[True, True]] * 2
+def test_a_smaller_call_never_overwrites_what_a_slow_peer_still_reads(slow_peer_results, kind, method):
+    assert [results[kind, method] for results in slow_peer_results] == [[True, True]] * 2
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")
