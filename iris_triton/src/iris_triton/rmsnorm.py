@@ -137,7 +137,7 @@ def _push_rows(dctx, x, slot, tokens, share, hidden, region, RANK: tl.constexpr,
             if TWO_SHOT:
                 for q in tl.static_range(WORLD):
                     if q != RANK:
-                        mask = (offs < hidden) & (q * share + r < tokens)
+                        mask = offs < tl.where(q * share + r < tokens, hidden, 0)  # no columns past the last token
                         dctx.store(target, tl.load(x + (q * share + r) * hidden + offs, mask=mask), q, mask=mask)
             else:
                 mask = offs < hidden
@@ -158,7 +158,7 @@ def _collect_rows(dctx, out, residual_out, slot, tokens, share, hidden, region, 
                 row = q * share + r
                 for c in range(CHUNKS):
                     offs = dctx.block_offsets(out, c * BLOCK, BLOCK)
-                    mask = (offs < hidden) & (row < tokens)
+                    mask = offs < tl.where(row < tokens, hidden, 0)
                     source = slot + q * region + r * hidden + offs
                     tl.store(out + row * hidden + offs, tl.load(source + part, mask=mask), mask=mask)
                     if RESIDUAL_OUT:
