@@ -58,6 +58,16 @@ class DeviceOps(metaclass=abc.ABCMeta):
         default: nothing is recorded on the device."""
         return None
 
+    def _trace_event_names(self) -> dict[int, str]:
+        """Names of the backend's own trace event kinds (from ``iris.tracing.OPERATION_EVENTS``
+        on), for the exported trace. The default: none."""
+        return {}
+
+    def _device_clock_ns(self) -> int | None:
+        """The clock device-side trace events are stamped with, read now (nanoseconds), or None
+        when it is the host's monotonic clock. The default: None."""
+        return None
+
     def _demo_steps(self, inputs: list) -> dict[str, Callable[[], bool]]:
         """Extra steps for ``iris demo``, run before the collectives: ``{title: check}``, each
         check returning whether this rank's result is right; ``inputs`` is every rank's input,

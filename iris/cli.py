@@ -96,7 +96,7 @@ def demo(args: argparse.Namespace) -> int:
 
     if args.nprocs is not None and args.nprocs < 1:
         raise UsageError(f"--nprocs must be at least 1, got {args.nprocs}")
-    return main(args.nprocs)
+    return main(args.nprocs, args.trace)
 
 
 # -- iris bench ----------------------------------------------------------------------------------------
@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
+    p.add_argument("--trace", metavar="PATH", default=None,
+                   help="trace every rank's kernels and calls into PATH, a Chrome trace that Perfetto opens")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -76,11 +76,13 @@ def _report(ctx, step: str, ok: bool, seconds: float) -> bool:
     return everywhere
 
 
-def run_rank(rank: int) -> bool:
+def run_rank(rank: int, trace: str | None = None) -> bool:
     """The demo's steps on one rank, each reported as it finishes; whether every step was right
-    on every rank."""
+    on every rank. With ``trace``, every step is traced (:mod:`iris.tracing`) into that file."""
     start = time.perf_counter()
     ctx = iris.create(heap_size="64MiB")
+    if trace is not None:
+        ctx.tracing.enable()
     if ctx.rank == 0:
         print(f"{'step':44s} {'result':8s} {'slowest rank':>14s}", flush=True)
     right = _report(ctx, f"create context ({ctx.device.type}, {ctx.world_size} ranks)", True,
@@ -91,16 +93,20 @@ def run_rank(rank: int) -> bool:
     right &= _report(ctx, "device-side barrier", *_timed(lambda: (ctx.device_barrier(), ctx.barrier()) and True))
     for name, check in _collectives(ctx, inputs).items():
         right &= _report(ctx, name, *_timed(check))
+    if trace is not None:
+        ctx.tracing.export(trace)
+        if ctx.rank == 0:
+            print(f"trace of every rank written to {trace} (open it in ui.perfetto.dev)", flush=True)
     ctx.destroy()
     return right
 
 
-def main(nprocs: int | None = None) -> int:
-    """Run the demo on ``nprocs`` ranks (default: every GPU, else 2 CPU ranks); 0 when every
-    step was right on every rank."""
+def main(nprocs: int | None = None, trace: str | None = None) -> int:
+    """Run the demo on ``nprocs`` ranks (default: every GPU, else 2 CPU ranks), traced into the
+    file ``trace`` if given; 0 when every step was right on every rank."""
     gpus = torch.cuda.device_count()
     device = "cuda" if gpus >= 1 else "cpu"
     nprocs = nprocs or (gpus if device == "cuda" else 2)
     print(f"iris {iris.__version__}: {nprocs} {'GPU' if device == 'cuda' else 'CPU'} ranks, backends "
           f"{iris.available_backends()}", flush=True)
-    return 0 if all(iris.spawn(run_rank, nprocs, device=device)) else 1
+    return 0 if all(iris.spawn(run_rank, nprocs, trace, device=device)) else 1

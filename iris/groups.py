@@ -115,7 +115,8 @@ class GroupView:
                                   allocation_map=False)
         bases = context.get_heap_bases().tolist()
         view._device_context = torch.tensor([view.rank, view.world_size, *(bases[r] for r in ranks),
-                                             context.heap.size], dtype=torch.int64, device=context.device)
+                                             context.heap.size, 0, 0], dtype=torch.int64, device=context.device)
+        context.tracing.attach(view._device_context)
         view._heap_bases = view._device_context[2:2 + view.world_size]
         view._namespaces = {}
         view._setup_group_view()

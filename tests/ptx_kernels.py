@@ -369,7 +369,7 @@ def _ccl_specs(frontend) -> dict:
     for name, (push, middle, consume) in CCL_STEPS.items():
         roots = {"": ("sum", 1), "_root": (CCL_ROOTS[name], 0)} if name in CCL_ROOTS else {"": ("sum", 1)}
         for suffix, (op, src) in roots.items():
-            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle,
+            constexprs = dict(CTX=frontend.device_context, TRACING=False, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle,
                               CONSUME=consume, OP=op, SRC=src, SITE=2, **shape)
             out[f"{prefix}ccl_{name}{suffix}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
                                                        divisible)
@@ -392,7 +392,8 @@ def _announcing_all_reduce_specs(frontend) -> dict:
         shape = {k: v for k, v in shapes["cuda"].items() if k not in OPTIONS}
         for dtype, element_size, workspace in cases:
             types = {"inp": f"*{dtype}", "out": f"*{dtype}", "ws": workspace, "sync": "*i32"}
-            constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, OP="sum", **element_size, **shape)
+            constexprs = dict(CTX=frontend.device_context, TRACING=False, RANK=0, WORLD=2, OP="sum", **element_size,
+                              **shape)
             out[f"{prefix}{name}_{dtype}"] = _spec(
                 frontend.kernel(kernel), constexprs, types,
                 divisible=("context", "inp", "out", "ws", "sync", "faults", "host_faults", count, "capacity"))
@@ -409,13 +410,16 @@ def _fused_specs() -> dict:
                  "m", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
     return {
-        "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, BLOCK_M=config["BLOCK_M"], BLOCK_K=128,
+        "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, TRACING=False, BLOCK_M=config["BLOCK_M"],
+                                                        BLOCK_K=128,
                                                         stride_sk=1), types, divisible),
         "fused_all_gather_matmul": _spec(all_gather_matmul_kernel,
-                                         dict(RANK=0, WORLD=2, EVEN_K=True, **config, stride_bn=1, stride_on=1),
+                                         dict(RANK=0, WORLD=2, TRACING=False, EVEN_K=True, **config, stride_bn=1,
+                                              stride_on=1),
                                          types, divisible),
         "fused_matmul_reduce_scatter": _spec(matmul_reduce_scatter_kernel,
-                                             dict(RANK=0, WORLD=2, EVEN_K=True, **config, **unit), types, divisible),
+                                             dict(RANK=0, WORLD=2, TRACING=False, EVEN_K=True, **config, **unit), types,
+                                             divisible),
     }
 
 

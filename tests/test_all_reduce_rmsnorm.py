@@ -299,7 +299,7 @@ def _compile_ptx() -> dict:
     results = {}
     for frontend_name, method, chunks in PTX_CASES:
         frontend = {"triton": TRITON, "gluon": GLUON}[frontend_name]
-        constexprs = dict(CTX=frontend.device_context, RANK=0, WORLD=2, TWO_SHOT=method == "two_shot",
+        constexprs = dict(CTX=frontend.device_context, TRACING=False, RANK=0, WORLD=2, TWO_SHOT=method == "two_shot",
                           RESIDUAL_OUT=True, SITE=site_code(SITE), BLOCK=shape["MAX_BLOCK"], CHUNKS=chunks)
         fn, signature, const, attrs = ptx_kernels._spec(frontend.kernel(all_reduce_rmsnorm_kernel), constexprs,
                                                         types, divisible)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from iris.testing import interpreted_device
+from trace_checks import check_chrome_trace
 
 HAS_GPUS = torch.cuda.device_count() >= 2
 
@@ -54,11 +55,16 @@ def test_info_names_backends_with_their_distributions_and_the_devices():
     assert ("peer access" in proc.stdout) if torch.cuda.is_available() else ("no GPU visible" in proc.stdout)
 
 
-def test_demo_checks_every_step_against_torch():
+def test_demo_checks_every_step_against_torch_and_traces_it(tmp_path):
     if not torch.cuda.is_available():
         interpreted_device()  # the demo's CPU ranks: skips where the interpreter cannot run them
-    proc = iris("demo", timeout=600)
+    trace = tmp_path / "demo.json"
+    proc = iris("demo", "--trace", str(trace), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    events = json.loads(trace.read_text())
+    assert check_chrome_trace(events, torch.cuda.device_count() or 2) == []  # the demo's ranks
+    names = {e["name"] for e in events["traceEvents"]}
+    assert {"iris.ccl.all_reduce", "iris.device_barrier", "all_reduce", "all_gather", "broadcast"} <= names, names
     for step in ("remote store into the next rank", "device-side barrier", "all_reduce (sum, low_latency)",
                  "all_reduce (sum, sentinel)", "all_reduce (sum, one_shot)", "all_reduce (sum, two_shot)",
                  "all_reduce (max, automatic choice)", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):

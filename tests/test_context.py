@@ -20,7 +20,7 @@ import iris
 from iris.backend import DeviceOps
 from iris.context import Context, ContextBase, context_class
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin, WorkspacesMixin
+from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin, TracingMixin, WorkspacesMixin
 from iris.registry import get_backend
 
 HEAP = "4MiB"
@@ -78,8 +78,8 @@ def test_context_class_mro_order():
 
     cls = context_class(_triton_backend())
     mro = cls.__mro__
-    expected = [TritonDeviceOps, Context, LoggingMixin, FailStopMixin, WorkspacesMixin, HeapMixin, TensorMixin,
-                CCLMixin, ContextBase, DeviceOps]
+    expected = [TritonDeviceOps, Context, LoggingMixin, FailStopMixin, WorkspacesMixin, TracingMixin, HeapMixin,
+                TensorMixin, CCLMixin, ContextBase, DeviceOps]
     assert [c for c in mro if c in expected] == expected
     assert mro[0] is cls and mro[1] is TritonDeviceOps  # the backend's host side is leftmost
     # The terminal base is the last with state; DeviceOps after it only declares the contract.
@@ -218,7 +218,8 @@ def test_identity(make_context):
     assert ctx.backend == "triton"
     assert ctx.get_cu_count() == len(os.sched_getaffinity(0)) >= 1
     assert ctx.get_heap_bases().dtype == torch.int64 and ctx.get_heap_bases().shape == (1,)
-    assert ctx.get_device_context().tolist() == [0, 1, ctx.get_heap_bases().item(), ctx.heap_size]
+    # Then iris's own: the heap size, and the trace buffer's distance and capacity (no buffer yet).
+    assert ctx.get_device_context().tolist() == [0, 1, ctx.get_heap_bases().item(), ctx.heap_size, 0, 0]
 
 
 @needs_interpreter

@@ -109,8 +109,8 @@ class Collectives:
         self._context = context
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
         self._repeats: dict[tuple, Callable[[], None]] = {}
-        #: (workspaces' generation, registries' changes) when the repeats were made.
-        self._repeats_made_with = (0, PluginRegistry.changes)
+        #: (workspaces' generation, registries' changes, tracing's epoch) when the repeats were made.
+        self._repeats_made_with = (0, PluginRegistry.changes, 0)
         #: This object's handle for the custom operators (torch.ops.iris.*, iris.custom_ops).
         self._iris_handle = register_operator_handle(self)
 
@@ -263,8 +263,9 @@ class Collectives:
 
     def _forget_outdated_repeats(self) -> None:
         """Drop the repeats if a workspace was replaced since they were launched (they hold its
-        address) or a registry changed (the automatic choice may now be another algorithm)."""
-        now = (self._context.workspaces.generation, PluginRegistry.changes)
+        address), a registry changed (the automatic choice may now be another algorithm) or
+        tracing was switched (the kernels are compiled otherwise)."""
+        now = (self._context.workspaces.generation, PluginRegistry.changes, self._context.tracing.epoch)
         if self._repeats_made_with != now:
             self._repeats.clear()
             self._repeats_made_with = now

@@ -104,12 +104,13 @@ def poison(tensor: torch.Tensor) -> None:
 class _Call:
     """The guard of one call (a class rather than a generator: it runs on every call's path)."""
 
-    __slots__ = ("context", "name", "outputs")
+    __slots__ = ("context", "name", "outputs", "host_range")
 
     def __init__(self, context: FailStopMixin, name: str, outputs: tuple):
         self.context = context
         self.name = name
         self.outputs = outputs
+        self.host_range = context.tracing.host_range(name)
 
     def __enter__(self) -> None:
         context = self.context
@@ -122,9 +123,13 @@ class _Call:
         except BaseException:
             context._in_use.release()
             raise
+        if self.host_range is not None:
+            self.host_range.__enter__()
 
     def __exit__(self, kind, error, trace) -> None:
         context = self.context
+        if self.host_range is not None:
+            self.host_range.__exit__(kind, error, trace)
         try:
             if error is None:
                 context._raise_if_failed(self.name)

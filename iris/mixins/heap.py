@@ -44,9 +44,10 @@ class HeapMixin:
         self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug,
                                   allocation_map=self.config.debug or debug_from_environment())
         self.heap_creation_seconds = time.perf_counter() - start
-        # Upstream iris's layout: what follows the bases (the heap size) is for iris's own use.
+        # Upstream iris's layout: what follows the bases (the heap size, the trace buffer's trailer
+        # of iris.tracing) is for iris's own use.
         self._device_context = torch.tensor(
-            [self.rank, self.world_size, *mapping.bases, mapping.size], dtype=torch.int64, device=self.device
+            [self.rank, self.world_size, *mapping.bases, mapping.size, 0, 0], dtype=torch.int64, device=self.device
         )
         self._heap_bases = self._device_context[2:2 + self.world_size]
         self.debug(
@@ -87,10 +88,11 @@ class HeapMixin:
         return self._heap_bases
 
     def get_device_context(self) -> torch.Tensor:
-        """int64 tensor ``[rank, world_size, base_0, ..., base_{W-1}, heap_size]`` on the context's
-        device, the single argument from which device code builds its context. Upstream iris's
-        layout: the rank, the world size, then the heap bases (``heap_bases`` is
-        ``context + 2``); what follows the bases is iris's own and may grow."""
+        """int64 tensor ``[rank, world_size, base_0, ..., base_{W-1}, heap_size, trace buffer's
+        distance, trace capacity]`` on the context's device, the single argument from which device
+        code builds its context. Upstream iris's layout: the rank, the world size, then the heap
+        bases (``heap_bases`` is ``context + 2``); what follows the bases is iris's own
+        (:mod:`iris.tracing` for the last two) and may grow."""
         return self._device_context
 
     def is_symmetric(self, tensor: torch.Tensor) -> bool:

@@ -45,7 +45,7 @@ class IrisDeviceCtx:
         self.cur_rank = rank
         self.num_ranks = world_size
         self.heap_bases = heap_bases
-        self.tracing = DeviceTracing(False) if tracing is None else tracing
+        self.tracing = DeviceTracing(False, heap_bases, heap_bases) if tracing is None else tracing
 
     @gluon.jit
     def initialize(context_tensor, RANK: gl.constexpr = None, WORLD_SIZE: gl.constexpr = None,
@@ -62,7 +62,8 @@ class IrisDeviceCtx:
             world_size = gl.load(context_tensor + 1)
         else:
             world_size = gl.to_tensor(WORLD_SIZE)
-        return IrisDeviceCtx(rank, world_size, context_tensor + 2, DeviceTracing(tracing))
+        return IrisDeviceCtx(rank, world_size, context_tensor + 2,
+                             DeviceTracing.of(context_tensor, world_size, tracing))
 
     @gluon.jit
     def block_offsets(self, ptr, start, BLOCK: gl.constexpr):

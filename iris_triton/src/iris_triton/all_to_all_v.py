@@ -57,6 +57,7 @@ from iris.collectives import SAME_SIZE_INTEGER, Algorithm, CollectiveCall
 from iris_triton.calls import announce, header_value, headers_of
 from iris_triton.ccl import SLOT_ALIGNMENT, _finish, _program_state, _signal_peers, _wait_peers
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
+from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import collective_shape
 from iris_triton.waits import (BOUNDS, CAPACITY, OVERFLOW, SPLITS, UNMATCHED, peers_announced, poison_blocks,
                                record_failure, site_code)
@@ -190,7 +191,8 @@ def _take_rows(dctx, table, words, out, region, out_splits, row, RANK: tl.conste
 
 def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_splits, sync, programs, faults,
                         host_faults, in_rows, bound, cap_rows, row, out_numel, timeout_ns, signature,
-                        CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, LANES: tl.constexpr,
+                        CTX: tl.constexpr,
+                        TRACING: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, LANES: tl.constexpr,
                         TABLE: tl.constexpr, SITE: tl.constexpr, EXPECTED: tl.constexpr,
                         SAME_BOUND: tl.constexpr, REPORT: tl.constexpr, BLOCK: tl.constexpr):
     """One uneven all-to-all of rows of ``row`` elements, by the protocol above: ``splits``
@@ -198,8 +200,9 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     ``EXPECTED``) the rows ``out`` (``bound`` rows) receives from each rank; ``SAME_BOUND``:
     every rank's ``bound`` must be the same; ``REPORT``: ``out_splits`` := the rows received
     from each rank. ``region`` holds ``cap_rows`` rows; ``table`` is the table's two slots."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     call, count, flags = _program_state(sync, programs)
+    span = dctx.tracing.begin(OPERATION_EVENT + SITE, op=call)
     headers = headers_of(sync, programs, call, WORLD)
     announced = header_value(call, signature)
     slot = table + (call & 1) * WORLD * LANES
@@ -233,6 +236,7 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
             if tl.program_id(0) == 0:
                 for s in tl.static_range(WORLD):
                     tl.store(out_splits + s, -1)
+    dctx.tracing.end(span)
 
 
 # -- launching -----------------------------------------------------------------------------------------
@@ -281,7 +285,8 @@ def _launch(call: CollectiveCall, need_bytes: int | None, expected: torch.Tensor
         out_splits=call.input_splits if out_splits is None else out_splits, sync=ctx.collective_sync(),
         programs=ctx.programs, faults=ctx.faults, host_faults=ctx.host_faults, in_rows=in_rows, bound=bound,
         cap_rows=cap_rows, row=row, out_numel=call.output.numel(), timeout_ns=ctx.timeout_ns,
-        signature=call.signature, CTX=front.device_context, RANK=ctx.rank, WORLD=world, LANES=table_lanes(world),
+        signature=call.signature, CTX=front.device_context,
+        TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world, LANES=table_lanes(world),
         TABLE=table_lanes(world) * triton.next_power_of_2(world), SITE=site_code(call.collective),
         EXPECTED=expected is not None, SAME_BOUND=out_splits is not None, REPORT=out_splits is not None,
         BLOCK=shape["BLOCK"], **options)

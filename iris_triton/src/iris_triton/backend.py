@@ -196,6 +196,20 @@ class TritonDeviceOps(DeviceOps):
             device_barrier_kernel[(1,)](self._barrier_state, self.get_heap_bases(), self.faults, self.host_faults,
                                         self.rank, self.world_size, self.timeout_ns, num_warps=1)
 
+    def _trace_event_names(self) -> dict[int, str]:
+        """Every operation whose kernels wait on peers, by its code (:mod:`iris_triton.waits`)."""
+        from iris.tracing import OPERATION_EVENTS
+        from iris_triton.waits import WAIT_SITES, site_code
+
+        return {OPERATION_EVENTS + site_code(name): name for name in WAIT_SITES}
+
+    def _device_clock_ns(self) -> int | None:
+        if self.device.type != "cuda":
+            return None  # the interpreter's clock is the host's
+        from iris_triton.clock import read_device_clock
+
+        return read_device_clock(torch.empty(1, dtype=torch.int64, device=self.device))
+
     def _demo_steps(self, inputs: list) -> dict:
         from iris_triton.demo import ring_store_step
 

@@ -44,6 +44,7 @@ from iris.errors import IrisError
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import reduce_in_rank_order
+from iris_triton.tracing import OPERATION_EVENT, WAIT_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, collective_shape
 from iris_triton.waits import peers_announced, poison_blocks, site_code, wait_or_record
 
@@ -92,10 +93,12 @@ def _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK: tl.co
     that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.waits`)."""
     row = flags + tl.program_id(0) * WORLD
     ok = True
+    waiting = dctx.tracing.begin(WAIT_EVENT, op=count)
     for q in tl.static_range(WORLD):
         if q != RANK:
             ok = ok & wait_or_record(row + q, count, RANK, dctx.heap_bases, timeout_ns, faults, host_faults, WORLD,
                                      q, SITE)
+    dctx.tracing.end(waiting)
     return ok
 
 
@@ -321,7 +324,7 @@ def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, 
 
 
 def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, m, out_numel, stride, timeout_ns,
-                      signature, CTX: tl.constexpr,
+                      signature, CTX: tl.constexpr, TRACING: tl.constexpr,
                       RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
                       CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, SITE: tl.constexpr,
                       BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
@@ -337,8 +340,10 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
     first signal a program announces the call (its number and ``signature``) to its peers, and
     after its first wait it checks what they announced: a peer in a different call is a failure,
     not data (:func:`iris_triton.calls.announce`)."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     call, count, flags = _program_state(sync, programs)
+    span = dctx.tracing.begin(OPERATION_EVENT + SITE, nbytes=n * (inp.dtype.element_ty.primitive_bitwidth // 8),
+                              op=call)
     headers = headers_of(sync, programs, call, WORLD)
     announced = header_value(call, signature)
     announce(dctx, headers, announced, RANK, WORLD)
@@ -368,6 +373,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
     _finish(dctx, sync, programs, call, count)
     if not ok:
         poison_blocks(dctx, out, out_numel, m, tl.program_id(0), tl.num_programs(0), BLOCK)
+    dctx.tracing.end(span)
 
 
 # -- launching -----------------------------------------------------------------------------------------
@@ -405,7 +411,7 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
         collective_kernel, grid, context=ctx.get_device_context(), inp=inp, out=out, ws=ws,
         sync=ctx.collective_sync(), programs=ctx.programs, faults=ctx.faults, host_faults=ctx.host_faults, n=n, m=m,
         out_numel=out_numel, stride=stride, timeout_ns=ctx.timeout_ns, signature=call.signature,
-        CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
+        CTX=front.device_context, TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
         MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, SITE=site_code(call.collective), **shape)
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from iris_triton.compiled import INTERPRETING
 
-__all__ = ["INTERPRETING", "now_ns"]
+__all__ = ["INTERPRETING", "now_ns", "read_device_clock"]
 
 if INTERPRETING:
 
@@ -30,3 +30,15 @@ else:
         """Nanoseconds of the GPU's global timer."""
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
                                          pack=1)
+
+
+@triton.jit
+def _store_now(out):
+    tl.store(out, now_ns())
+
+
+def read_device_clock(out) -> int:
+    """:func:`now_ns` as a kernel on ``out``'s device reads it (``out``: one int64 element), after
+    the work queued before; waits for the kernel."""
+    _store_now[(1,)](out)
+    return int(out.item())

@@ -122,7 +122,7 @@ class DeviceContext:
         self.rank = tl.constexpr(rank)
         self.world_size = tl.constexpr(world_size)
         self.heap_bases = heap_bases
-        self.tracing = DeviceTracing(False) if tracing is None else tracing
+        self.tracing = DeviceTracing(False, heap_bases, heap_bases) if tracing is None else tracing
 
     @device_method
     def initialize(context_tensor, RANK: tl.constexpr, WORLD_SIZE: tl.constexpr, tracing: tl.constexpr = False):
@@ -131,7 +131,8 @@ class DeviceContext:
         ``WORLD_SIZE`` are compile-time constants (``tl.constexpr`` kernel arguments), as in
         upstream iris kernels; ``tracing`` builds its ``tracing`` member
         (:class:`iris_triton.tracing.DeviceTracing`)."""
-        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 2, DeviceTracing(tracing))
+        return DeviceContext(RANK, WORLD_SIZE, context_tensor + 2,
+                             DeviceTracing.of(context_tensor, WORLD_SIZE, tracing))
 
     @device_method
     def block_offsets(self, ptr, start, BLOCK: tl.constexpr):

@@ -29,6 +29,7 @@ from iris_triton import device
 from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.context import DeviceContext
 from iris_triton.gemm import tile_coordinates, tile_product
+from iris_triton.tracing import COMPUTE_EVENT, OPERATION_EVENT, PUSH_EVENT, WAIT_EVENT, DeviceTracing
 from iris_triton.waits import poison, site_code, wait_or_record
 
 __all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
@@ -40,16 +41,19 @@ MATMUL_REDUCE_SCATTER_SITE: tl.constexpr = tl.constexpr(site_code("matmul_reduce
 
 @triton.jit
 def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, stride_sm, stride_sk, flag_stride,
-                     slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Copy this rank's ``m x K`` ``shard`` into rows ``[RANK * m, (RANK + 1) * m)`` of the call's
     slot of every rank's ``gathered`` (heap; two slots ``slot_stride`` elements apart, each
     ``WORLD * m x K``), one tile of ``BLOCK_M`` rows at a time; after each tile set flag
     ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart) on every rank to the call's number."""
     call = call_number(calls)
+    tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
     slot = gathered + (call & 1) * slot_stride
     offs_k = tl.arange(0, BLOCK_K)
     for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK_M), tl.num_programs(0)):
+        pushing = tracing.begin(PUSH_EVENT, nbytes=BLOCK_M * K * (shard.dtype.element_ty.primitive_bitwidth // 8),
+                                tile=tile, op=call)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             cols = k * BLOCK_K + offs_k
@@ -60,19 +64,22 @@ def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, 
                 device.store(target, x, RANK, q, heap_bases, mask=mask)
         for q in tl.static_range(WORLD):
             device.signal(flags + RANK * flag_stride + tile, call + 1, RANK, q, heap_bases)
+        tracing.end(pushing)
     count_call(calls, capacity, call, tl.arange(0, LANES))
 
 
 @triton.jit
 def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, faults, host_faults, capacity, m, N, K,
                              stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride, timeout_ns,
-                             RANK: tl.constexpr,
-                             WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     """``out`` (``WORLD * m x N``) := the call's slot of ``gathered`` times ``b`` (``K x N``),
     source rank by source rank from this one on; a tile waits for the flag of its row tile. A wait
     that gives up fills ``out`` (contiguous) with NaN (:mod:`iris_triton.waits`)."""
     call = call_number(calls)
+    tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
+    span = tracing.begin(OPERATION_EVENT + ALL_GATHER_MATMUL_SITE, op=call)
     ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
     slot = gathered + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
@@ -81,23 +88,28 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, faults,
     for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
         source = (RANK + t // per_source) % WORLD
         tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
+        waiting = tracing.begin(WAIT_EVENT, source, tile=tile_row, op=call)
         ok = ok & wait_or_record(flags + source * flag_stride + tile_row, call + 1, RANK, heap_bases, timeout_ns,
                                  faults, host_faults, WORLD, source, ALL_GATHER_MATMUL_SITE)
+        tracing.end(waiting)
+        computing = tracing.begin(COMPUTE_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
         acc, offs_m, offs_n = tile_product(slot + source * m * K, b, m, N, K, K, 1, stride_bk, stride_bn, tile_row,
                                            tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         rows = source * m + offs_m
         tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
+        tracing.end(computing)
     count_call(calls, capacity, call, tl.arange(0, LANES))
     if not ok:
         poison(DeviceContext(RANK, WORLD, heap_bases), out, WORLD * m * N, BLOCK_M * BLOCK_N)
+    tracing.end(span)
 
 
 @triton.jit
 def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faults, host_faults, capacity, m, N, K,
                                  stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride,
                                  slot_stride, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
-                                 BLOCK_M: tl.constexpr,
+                                 TRACING: tl.constexpr, BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                  EVEN_K: tl.constexpr):
     """``out`` (``m x N``) := row block ``RANK`` (rows ``[RANK * m, (RANK + 1) * m)``) of
@@ -106,6 +118,8 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faul
     followed by flag ``[RANK, tile]`` there. A wait that gives up fills ``out`` (contiguous) with
     NaN (:mod:`iris_triton.waits`)."""
     call = call_number(calls)
+    tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
+    span = tracing.begin(OPERATION_EVENT + MATMUL_REDUCE_SCATTER_SITE, op=call)
     ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
     slot = recv + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
@@ -115,6 +129,7 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faul
         owner: tl.constexpr = (RANK + step) % WORLD
         for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
             tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+            computing = tracing.begin(COMPUTE_EVENT, owner, tile=tile_row, tile_n=tile_col, op=call)
             acc, offs_m, offs_n = tile_product(a + owner * m * stride_am, b, m, N, K, stride_am, stride_ak,
                                                stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
                                                EVEN_K)
@@ -122,19 +137,25 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faul
             part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
             device.store(part, acc.to(out.dtype.element_ty), RANK, owner, heap_bases, mask=mask)
             device.signal(flags + RANK * flag_stride + t, call + 1, RANK, owner, heap_bases)
+            tracing.end(computing)
     for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+        computing = tracing.begin(COMPUTE_EVENT, tile=tile_row, tile_n=tile_col, op=call)
         acc, offs_m, offs_n = tile_product(a + RANK * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
                                            stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
         for source in tl.static_range(WORLD):
             if source != RANK:
+                waiting = tracing.begin(WAIT_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
                 ok = ok & wait_or_record(flags + source * flag_stride + t, call + 1, RANK, heap_bases, timeout_ns,
                                          faults, host_faults, WORLD, source, MATMUL_REDUCE_SCATTER_SITE)
+                tracing.end(waiting)
                 part = slot + source * m * N + offs_m[:, None] * N + offs_n[None, :]
                 acc += tl.load(part, mask=mask).to(tl.float32)
         tl.store(out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=mask)
+        tracing.end(computing)
     count_call(calls, capacity, call, tl.arange(0, LANES))
     if not ok:
         poison(DeviceContext(RANK, WORLD, heap_bases), out, m * N, BLOCK_M * BLOCK_N)
+    tracing.end(span)

@@ -39,6 +39,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris_triton.calls import LANES, call_number, count_call, header_value
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.reductions import reduce_in_rank_order
+from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, LOW_LATENCY_SHAPES
 from iris_triton.waits import poison_blocks, publish, read_when_arrived, site_code
 
@@ -129,7 +130,8 @@ def _peer_elements(q, args):
 
 
 def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, words, capacity, timeout_ns,
-                       signature, CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
+                       signature, CTX: tl.constexpr,
+                       TRACING: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
                        SIZE: tl.constexpr, BLOCK: tl.constexpr):
     """All-reduce ``n`` elements of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``):
     push this rank's ``words`` payload words, flagged, into every peer's slot region ``RANK``
@@ -137,8 +139,9 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     Program ``p`` pushes word blocks ``p, p + P, ...`` of ``BLOCK`` words and then reduces the
     elements of those same blocks, so an in-place call reads no element after it was written. A
     wait that gives up fills ``out`` with NaN (integers: -1; :mod:`iris_triton.waits`)."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     call = call_number(sync)
+    span = dctx.tracing.begin(OPERATION_EVENT + _SITE, nbytes=n * SIZE, op=call)
     flag = header_value(call, signature)
     slot = ws + (call & 1) * WORLD * capacity
     for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
@@ -159,6 +162,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
     if not ok:
         poison_blocks(dctx, out, n, n, tl.program_id(0), tl.num_programs(0), ELEMENTS)
+    dctx.tracing.end(span)
 
 
 #: Most bytes per rank a call may have: the workspace holds twice the input per peer and slot,
@@ -177,7 +181,7 @@ def _all_reduce(call: CollectiveCall):
         low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws.view(torch.int64), sync=ctx.collective_sync(), programs=ctx.programs, faults=ctx.faults,
         host_faults=ctx.host_faults, n=n, words=words, capacity=region_bytes // 8, timeout_ns=ctx.timeout_ns,
-        signature=call.signature, CTX=front.device_context,
+        signature=call.signature, CTX=front.device_context, TRACING=ctx.tracing.enabled,
         RANK=ctx.rank, WORLD=ctx.world_size, OP=call.op, SIZE=size, **shape)
 
 

@@ -157,7 +157,7 @@ class FusedOps:
         gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.device.type], tiles))
         common = dict(flags=buffers.flags, heap_bases=ctx.get_heap_bases(), capacity=buffers.programs,
                       flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride, RANK=ctx.rank,
-                      WORLD=ctx.world_size)
+                      WORLD=ctx.world_size, TRACING=ctx.tracing.enabled)
         with self._alongside():
             push_rows_kernel[(push_programs,)](
                 a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
@@ -199,8 +199,7 @@ class FusedOps:
             a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, ctx.get_heap_bases(), ctx.faults,
             ctx.host_faults, buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             out.stride(0), out.stride(1), buffers.flag_stride, buffers.slot_stride, ctx.timeout_ns, RANK=ctx.rank,
-            WORLD=ctx.world_size,
-            EVEN_K=K % config["BLOCK_K"] == 0, **config)
+            WORLD=ctx.world_size, TRACING=ctx.tracing.enabled, EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
     @traceable("matmul_all_reduce")

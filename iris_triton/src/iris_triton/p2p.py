@@ -39,6 +39,7 @@ import triton.language as tl
 from iris.collectives import SAME_SIZE_INTEGER, Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
+from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.waits import MISMATCH, failed, poison_blocks, record_failure, site_code, wait_or_record
 
 __all__ = ["CHUNK_BYTES", "PROGRAMS", "RECV_DIRECT", "SEND_DIRECT", "SLOTS", "PeerRegions", "recv_kernel",
@@ -126,17 +127,20 @@ def _part(dctx, data, k, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
 
 
 def send_kernel(context, data, inbox, words, faults, host_faults, n, peer, what, timeout_ns, CTX: tl.constexpr,
+                TRACING: tl.constexpr,
                 RANK: tl.constexpr, WORLD: tl.constexpr, SLOTS: tl.constexpr, PROGRAMS: tl.constexpr,
                 BLOCK: tl.constexpr):
     """Send ``data`` (``n`` elements, as integers of their size) to ``peer``, announcing ``what``
     (the message's size and dtype) with every chunk, by the module's protocol."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     CHUNK: tl.constexpr = PROGRAMS * BLOCK
     chunks = tl.cdiv(n, CHUNK)
     sent = _word(words, _SENT, peer, WORLD, PROGRAMS)
     consumed = _word(words, _CONSUMED, peer, WORLD, PROGRAMS)  # here, written by the peer
     delivered = _word(words, _DELIVERED, RANK, WORLD, PROGRAMS)  # on the peer, written here
     first = tl.load(sent)
+    span = dctx.tracing.begin(OPERATION_EVENT + _SEND_SITE, peer, n * (data.dtype.element_ty.primitive_bitwidth // 8),
+                              op=first)
     ok = (not failed(faults)) & _accepted(consumed, faults, host_faults, peer, WORLD)
     for k in range(chunks):
         seq = first + k
@@ -156,21 +160,25 @@ def send_kernel(context, data, inbox, words, faults, host_faults, n, peer, what,
             dctx.store(header + 1, what, peer)
             dctx.signal(delivered, seq + 1, peer)
     tl.store(sent, first + chunks)
+    dctx.tracing.end(span)
 
 
 def recv_kernel(context, data, inbox, words, faults, host_faults, n, peer, what, timeout_ns, CTX: tl.constexpr,
+                TRACING: tl.constexpr,
                 RANK: tl.constexpr, WORLD: tl.constexpr, SLOTS: tl.constexpr, PROGRAMS: tl.constexpr,
                 BLOCK: tl.constexpr):
     """Receive ``n`` elements from ``peer`` into ``data``, which must be a message announced as
     ``what``; after a give-up or a mismatch (refused to the sender), this program's elements of
     ``data`` hold all-ones bits."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     CHUNK: tl.constexpr = PROGRAMS * BLOCK
     chunks = tl.cdiv(n, CHUNK)
     taken = _word(words, _TAKEN, peer, WORLD, PROGRAMS)
     delivered = _word(words, _DELIVERED, peer, WORLD, PROGRAMS)  # here, written by the peer
     consumed = _word(words, _CONSUMED, RANK, WORLD, PROGRAMS)  # on the peer, written here
     first = tl.load(taken)
+    span = dctx.tracing.begin(OPERATION_EVENT + _RECV_SITE, peer, n * (data.dtype.element_ty.primitive_bitwidth // 8),
+                              op=first)
     ok = not failed(faults)
     for k in range(chunks):
         seq = first + k
@@ -194,6 +202,7 @@ def recv_kernel(context, data, inbox, words, faults, host_faults, n, peer, what,
     tl.store(taken, first + chunks)
     if not ok:
         poison_blocks(dctx, data, n, n, tl.program_id(0), PROGRAMS, BLOCK)
+    dctx.tracing.end(span)
 
 
 # -- launching ---------------------------------------------------------------------------------------------
@@ -226,7 +235,8 @@ def _launch(call: CollectiveCall, kernel, tensor: torch.Tensor):
         kernel, (regions.programs,), context=ctx.get_device_context(), data=tensor.view(bits),
         inbox=regions.inbox.view(bits), words=regions.words, faults=ctx.faults, host_faults=ctx.host_faults,
         n=tensor.numel(), peer=call.src, what=announcement(tensor), timeout_ns=ctx.timeout_ns,
-        CTX=front.device_context, RANK=ctx.rank, WORLD=ctx.world_size, SLOTS=SLOTS, PROGRAMS=regions.programs,
+        CTX=front.device_context,
+        TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=ctx.world_size, SLOTS=SLOTS, PROGRAMS=regions.programs,
         BLOCK=regions.chunk_bytes // regions.programs // tensor.element_size())
 
 

@@ -55,6 +55,7 @@ from iris_triton.calls import announce, header_value, headers_of
 from iris_triton.ccl import MAX_WORKSPACE_ELEMENTS, _finish, _own_block, _program_state, _received_block, \
     _signal_peers, _wait_peers
 from iris_triton.reductions import reduce_in_rank_order
+from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO, RMSNORM_SHAPES
 from iris_triton.waits import peers_announced, poison_blocks, site_code
 
@@ -185,7 +186,8 @@ def _poison_rows(dctx, out, residual_out, tokens, share, hidden, RANK: tl.conste
 
 def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, ws, sync, programs, faults,
                               host_faults, tokens, share, hidden, region, eps, timeout_ns, signature,
-                              CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, TWO_SHOT: tl.constexpr,
+                              CTX: tl.constexpr,
+                              TRACING: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, TWO_SHOT: tl.constexpr,
                               RESIDUAL_OUT: tl.constexpr, SITE: tl.constexpr, BLOCK: tl.constexpr,
                               CHUNKS: tl.constexpr):
     """One call by the protocol above, for ``tokens`` rows of ``hidden`` elements (``CHUNKS``
@@ -193,8 +195,10 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
     ``ws`` is the workspace, two slots of ``WORLD`` regions of ``region`` elements each (two-shot:
     three parts of ``share * hidden``: pushed ``x``, finished ``out``, finished
     ``residual_out``). Without ``RESIDUAL_OUT``, ``residual_out`` is never written."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     call, count, flags = _program_state(sync, programs)
+    span = dctx.tracing.begin(OPERATION_EVENT + SITE, op=call,
+                              nbytes=tokens * hidden * (x.dtype.element_ty.primitive_bitwidth // 8))
     headers = headers_of(sync, programs, call, WORLD)
     announced = header_value(call, signature)
     announce(dctx, headers, announced, RANK, WORLD)
@@ -222,6 +226,7 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
     _finish(dctx, sync, programs, call, count)
     if not ok:
         _poison_rows(dctx, out, residual_out, tokens, share, hidden, RANK, WORLD, TWO_SHOT, RESIDUAL_OUT, BLOCK)
+    dctx.tracing.end(span)
 
 
 # -- launching -----------------------------------------------------------------------------------------
@@ -313,7 +318,8 @@ def all_reduce_rmsnorm(ctx, out: torch.Tensor, x: torch.Tensor, residual: torch.
             ws=space[:2 * world * region_bytes].view(x.dtype), sync=ctx.collective_sync(), programs=ctx.programs,
             faults=ctx.faults, host_faults=ctx.host_faults, tokens=tokens, share=share, hidden=hidden,
             region=region_bytes // size, eps=float(eps), timeout_ns=ctx.timeout_ns,
-            signature=_signature(method, x, residual_out), CTX=front.device_context, RANK=ctx.rank, WORLD=world,
+            signature=_signature(method, x, residual_out), CTX=front.device_context,
+            TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world,
             TWO_SHOT=two_shot, RESIDUAL_OUT=residual_out is not None, SITE=site_code(SITE), BLOCK=block,
             CHUNKS=triton.cdiv(hidden, block), **options)
     return out

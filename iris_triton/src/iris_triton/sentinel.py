@@ -36,6 +36,7 @@ from iris.collectives import Algorithm, CollectiveCall
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.reductions import reduce_in_rank_order
+from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, SENTINEL_SHAPES
 from iris_triton.waits import peers_announced, poison_blocks, publish, read_when_arrived, site_code
 
@@ -86,7 +87,7 @@ def _peer_elements(q, args):
 
 
 def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, capacity, timeout_ns, signature,
-                    CTX: tl.constexpr,
+                    CTX: tl.constexpr, TRACING: tl.constexpr,
                     RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                     LAG: tl.constexpr):
     """All-reduce ``n`` floats from ``inp`` into ``out`` (may be ``inp``): push this rank's
@@ -100,8 +101,10 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     written. A program announces the call (its number and ``signature``) to its peers first, and
     checks what they announced last: the data carry no call number, so a peer that made a
     different call fails the call instead of passing its data off as this call's."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     call = call_number(sync)
+    span = dctx.tracing.begin(OPERATION_EVENT + _SITE, nbytes=n * (inp.dtype.element_ty.primitive_bitwidth // 8),
+                              op=call)
     headers = headers_of(sync, programs, call, WORLD)
     announced = header_value(call, signature)
     announce(dctx, headers, announced, RANK, WORLD)
@@ -128,6 +131,7 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
     if not ok:
         poison_blocks(dctx, out, n, n, tl.program_id(0), tl.num_programs(0), BLOCK)
+    dctx.tracing.end(span)
 
 
 #: The dtypes it takes: an all-ones element is a NaN in each.
@@ -149,7 +153,8 @@ def _all_reduce(call: CollectiveCall):
         sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.collective_sync(), programs=ctx.programs,
         faults=ctx.faults, host_faults=ctx.host_faults, n=n, capacity=region_bytes // size, timeout_ns=ctx.timeout_ns,
-        signature=call.signature, CTX=front.device_context, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
+        signature=call.signature, CTX=front.device_context,
+        TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
 
 
 ALL_REDUCE_SENTINEL = Algorithm(
