@@ -438,7 +438,8 @@ def _tile_collective_specs(frontend) -> dict:
         if frontend.name == "triton" else {}
     return unsynchronised | {f"{prefix}tile_{collective}": _spec(
         frontend.kernel(tile_collective), dict(CTX=frontend.device_context, RANK=0, WORLD=2, COLLECTIVE=collective,
-                                               OP="sum", BLOCK_M=64, BLOCK_N=64, stride_sn=1, stride_dn=1),
+                                               TRACING=False, OP="sum", BLOCK_M=64, BLOCK_N=64, stride_sn=1,
+                                               stride_dn=1),
         types, divisible) for collective in TILE_COLLECTIVES}
 
 
@@ -475,7 +476,8 @@ def specs() -> dict:
         out[f"wait_cmp_{cmp}"] = _spec(wait_cmp, dict(RANK=0, CMP=cmp))
     out["wait_relaxed_gpu"] = _spec(wait_sem_scope, dict(RANK=0, SEM="relaxed", SCOPE="gpu"))
     out["wait_acquire_cta"] = _spec(wait_sem_scope, dict(RANK=0, SEM="acquire", SCOPE="cta"))
-    out["device_barrier"] = _spec(device_barrier_kernel, divisible=("state_ptr", "heap_bases", "faults", "host_faults"))
+    out["device_barrier"] = _spec(device_barrier_kernel, dict(TRACING=False),
+                                  divisible=("state_ptr", "heap_bases", "faults", "host_faults"))
     return out
 
 

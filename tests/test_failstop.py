@@ -411,8 +411,8 @@ def _tile(ctx, collective: str, xs, seed):
         src.copy_(parts[rank])
         ctx.frontend.kernel(tile_collective)[(2,)](
             ctx.get_device_context(), src, out, sync, rows, TILE_COLUMNS, *out.shape, TILE_COLUMNS, 1, out.stride(0), 1,
-            1, root, CTX=ctx.frontend.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective, OP="sum",
-            BLOCK_M=TILE_BLOCK, BLOCK_N=TILE_BLOCK)
+            1, root, CTX=ctx.frontend.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective,
+            TRACING=False, OP="sum", BLOCK_M=TILE_BLOCK, BLOCK_N=TILE_BLOCK)
         try:
             ctx.check()
         except IrisError:

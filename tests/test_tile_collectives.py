@@ -80,8 +80,8 @@ class _Checks:
         self.kernel[(programs,)](
             ctx.get_device_context(), src, dst, self.sync, src.shape[0], src.shape[1],
             dst.shape[0], dst.shape[1], src.stride(0), src.stride(1), dst.stride(0), dst.stride(1), chunk, root,
-            CTX=ctx.frontend.device_context, RANK=ctx.rank, WORLD=ctx.world_size, COLLECTIVE=collective, OP=op,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+            CTX=ctx.frontend.device_context, RANK=ctx.rank, WORLD=ctx.world_size, COLLECTIVE=collective,
+            TRACING=False, OP=op, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
 
     def launch(self, *args, **kwargs):
         """Launch the kernel and wait for it, raising a failure it recorded."""
@@ -265,8 +265,8 @@ def _failure_worker(rank: int, world: int, scenario: str) -> bytes:
         wide = ctx.zeros((M, world * N)) if collective == "all_gather_columns" else dst
         TRITON.kernel(tile_collective)[(1,)](
             ctx.get_device_context(), src, wide, sync, M, N, *wide.shape, N, 1, wide.stride(0), 1, 1, 0,
-            CTX=TRITON.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective, OP="sum", BLOCK_M=BLOCK_M,
-            BLOCK_N=BLOCK_N)
+            CTX=TRITON.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective,
+            TRACING=False, OP="sum", BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
         try:
             ctx.check()
             report["raised"] = "nothing"

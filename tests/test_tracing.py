@@ -3,10 +3,10 @@ Chrome trace, and tracing compiled out.
 
 One spawn of 2 CPU ranks (GPUs where there are) traces a user kernel that records ``put``,
 ``store`` (upstream's ``record_event_start`` with a mask) and instant ``compute`` events
-(tests/tracing_kernels.py), all_reduce, all_gather, the fused matmul_reduce_scatter and
-all_reduce_rmsnorm, every result checked against torch; each rank checks its own events (kinds,
-target ranks, bytes, call numbers, every device event of a call inside that call's host range
-where kernels run synchronously), then a full buffer (events counted as dropped, the kept ones
+(tests/tracing_kernels.py), all_reduce, all_gather, a tile all_reduce inside a kernel, the
+fused matmul_reduce_scatter and all_reduce_rmsnorm, every result checked against torch; each rank
+checks its own events (kinds, target ranks, bytes, call numbers, every device event of a call
+inside that call's host range where kernels run synchronously), then a full buffer (events counted as dropped, the kept ones
 intact) and tracing off again (the user kernel's events go nowhere: the context tensor and the
 data stay as they were). The parent checks the merged file: the Chrome trace format, every rank a
 process, events nested on every track.
@@ -54,6 +54,8 @@ def _ring_put(ctx, tracing: bool) -> bool:
 
 
 def _collectives(ctx, report: RankReport) -> None:
+    from tile_kernels import tile_collective
+
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     parts = [torch.randn(256, generator=seeded_generator("ar", q)) for q in range(world)]
     for call in range(2):
@@ -68,6 +70,14 @@ def _collectives(ctx, report: RankReport) -> None:
     ctx.ops.matmul_reduce_scatter(out, a[rank].to(device), b.to(device), method="fused")
     expected = sum(x.float() @ b.float() for x in a)[16 * rank:16 * (rank + 1)]
     report.check("calls/matmul_reduce_scatter", torch.allclose(out.float().cpu(), expected, rtol=2e-2, atol=5e-2))
+    tiles = [torch.randn(16, 16, generator=seeded_generator("tile", q)) for q in range(world)]
+    src, dst = ctx.as_symmetric(tiles[rank].to(device)), ctx.zeros(16, 16)
+    ctx.frontend.kernel(tile_collective)[(1,)](
+        ctx.get_device_context(), src, dst, ctx.tile_sync(1), 16, 16, 16, 16, 16, 1, 16, 1, 1, 0,
+        CTX=ctx.frontend.device_context, RANK=rank, WORLD=world, COLLECTIVE="all_reduce", OP="sum", BLOCK_M=16,
+        BLOCK_N=16, TRACING=True)
+    ctx.check()
+    report.check("calls/tile_all_reduce", torch.allclose(dst.cpu(), sum(tiles), atol=1e-5))
     xs = [torch.randn(3, 64, generator=seeded_generator("x", q)) for q in range(world)]
     residual, weight = torch.randn(3, 64, generator=seeded_generator("r")), torch.ones(64)
     normed = torch.empty(3, 64, device=device)
@@ -96,7 +106,7 @@ def _check_events(ctx, report: RankReport, record: dict) -> None:
     reduces = by_name.get("all_reduce", [])
     report.check("events/all_reduce_calls", len({e["op"] for e in reduces}) >= 2 and all(
         e["bytes"] == 256 * 4 for e in reduces))
-    for name in ("all_gather", "matmul_reduce_scatter", "all_reduce_rmsnorm", "wait"):
+    for name in ("all_gather", "matmul_reduce_scatter", "all_reduce_rmsnorm", "wait", "tile all_reduce"):
         report.check(f"events/{name}", bool(by_name.get(name)))
     report.check("events/gemm_tiles", any(e["op"] >= 0 and e["target_rank"] == peer for e in computes))
     report.check("events/none_dropped", record["dropped"] == 0)

@@ -19,10 +19,11 @@ COLLECTIVES = ("all_reduce", "all_reduce_two_shot", "reduce_scatter", "all_gathe
 
 def tile_collective(context, src, dst, sync, M, N, DM, DN, stride_sm, stride_sn, stride_dm, stride_dn, chunk, root,
                     CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, COLLECTIVE: tl.constexpr,
-                    OP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    OP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRACING: tl.constexpr):
     """``COLLECTIVE`` of ``src`` (``M x N``) into ``dst`` (``DM x DN``) tile by tile, synchronised
-    by ``sync``; ``chunk`` is all_to_all's columns per rank, ``root`` broadcast's root."""
-    dctx = CTX.initialize(context, RANK, WORLD)
+    by ``sync``; ``chunk`` is all_to_all's columns per rank, ``root`` broadcast's root; ``TRACING``
+    records the collectives' events (iris.tracing)."""
+    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     src_view = x.make_tensor_view(src, M, N, stride_sm, stride_sn)
     dst_view = x.make_tensor_view(dst, DM, DN, stride_dm, stride_dn)
     tiles_n = tl.cdiv(N, BLOCK_N)

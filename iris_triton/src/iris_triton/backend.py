@@ -194,7 +194,8 @@ class TritonDeviceOps(DeviceOps):
 
         with self._call("device_barrier"):
             device_barrier_kernel[(1,)](self._barrier_state, self.get_heap_bases(), self.faults, self.host_faults,
-                                        self.rank, self.world_size, self.timeout_ns, num_warps=1)
+                                        self.rank, self.world_size, self.timeout_ns, TRACING=self.tracing.enabled,
+                                        num_warps=1)
 
     def _trace_event_names(self) -> dict[int, str]:
         """Every operation whose kernels wait on peers, by its code (:mod:`iris_triton.waits`)."""

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from iris_triton import device
+from iris_triton.tracing import OPERATION_EVENT, DeviceTracing
 from iris_triton.waits import site_code, wait_or_record
 
 __all__ = ["device_barrier_kernel", "state_words"]
@@ -24,13 +25,17 @@ def state_words(world_size: int) -> int:
 
 
 @triton.jit
-def device_barrier_kernel(state_ptr, heap_bases, faults, host_faults, rank, world_size, timeout_ns):
+def device_barrier_kernel(state_ptr, heap_bases, faults, host_faults, rank, world_size, timeout_ns,
+                          TRACING: tl.constexpr):
+    tracing = DeviceTracing.of(heap_bases - 2, world_size, TRACING)  # heap_bases is the device context + 2
     arrivals = state_ptr
     epoch_ptr = state_ptr + world_size
     epoch = tl.load(epoch_ptr) + 1
+    span = tracing.begin(OPERATION_EVENT + DEVICE_BARRIER_SITE, op=epoch)
     tl.store(epoch_ptr, epoch)
     for peer in range(world_size):
         device.atomic_add(arrivals + rank, 1, rank, peer, heap_bases, sem="release", scope="sys")
     for peer in range(world_size):
         wait_or_record(arrivals + peer, epoch, rank, heap_bases, timeout_ns, faults, host_faults, world_size, peer,
                        DEVICE_BARRIER_SITE)
+    tracing.end(span)

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from iris_triton.reductions import combine, finish, widen
+from iris_triton.tracing import OPERATION_EVENT, WAIT_EVENT
 from iris_triton.waits import MISMATCH, TILES, failed, poisoned, record_failure, site_code, wait_or_record
 
 __all__ = ["SYNC_FIELDS", "all_gather", "all_reduce", "all_reduce_one_shot", "all_reduce_two_shot", "all_to_all",
@@ -109,8 +110,10 @@ def _await(dctx, sync, flag, value, peer, ok, SITE: tl.constexpr):
     if ok:
         faults = _field(sync, 1).to(tl.pointer_type(tl.int32))
         host_faults = _field(sync, 2).to(tl.pointer_type(tl.int32))
+        waiting = dctx.tracing.begin(WAIT_EVENT, peer, op=value // KIND_SPAN)
         ok = wait_or_record(flag, value - value % KIND_SPAN, dctx.rank, dctx.heap_bases, _field(sync, 3), faults,
                             host_faults, dctx.world_size, peer, SITE)
+        dctx.tracing.end(waiting)
         if ok:
             if tl.atomic_add(flag, 0, sem="acquire", scope="sys") != value:
                 record_failure(faults, host_faults, dctx.world_size, peer, MISMATCH * 256 + SITE)
@@ -146,6 +149,7 @@ def _arrive(dctx, sync, tile_id, hub, GATHER: tl.constexpr, KIND: tl.constexpr, 
             for q in range(dctx.world_size):
                 if _reads_from(dctx.rank, q, hub, GATHER):
                     ok = _await(dctx, sync, row + 1 + q, value, q, ok, SITE)
+    dctx.tracing.record(OPERATION_EVENT + SITE, tile=tile_id, op=value // KIND_SPAN)
     return row, value, ok
 
 
