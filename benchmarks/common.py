@@ -158,19 +158,6 @@ def write_results(name: str, payload: dict[str, Any], out_dir: str | os.PathLike
     return path
 
 
-def _warmed_graph(fn, calls: int, stream) -> torch.cuda.CUDAGraph:
-    """``fn`` run three times (compiling, sizing workspaces), then ``calls`` calls of it captured
-    on ``stream`` as one CUDA graph."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    return graph
-
-
 def _sample_us(ctx, launch, calls: int) -> float:
     """Microseconds per call of ``launch()`` (which runs ``calls`` calls) between two CUDA events,
     after a host barrier of every rank."""
@@ -232,8 +219,27 @@ def interleaved_per_call_us(ctx, fns: dict, calls: int, repeats: int) -> dict[st
                 samples[name].append(_host_sample_us(ctx, fn, calls))
         return {name: statistics.median(values) for name, values in samples.items()}
     stream = torch.cuda.Stream(ctx.device)
-    graphs = {name: _warmed_graph(fn, calls, stream) for name, fn in fns.items()}
-    samples = {name: [] for name in fns}
+    return replayed_per_call_us(ctx, {name: captured(fn, calls, stream) for name, fn in fns.items()}, calls, repeats)
+
+
+def captured(fn, calls: int, stream) -> torch.cuda.CUDAGraph:
+    """``fn`` run three times (compiling, sizing workspaces), then ``calls`` calls of it captured
+    on ``stream`` as one CUDA graph."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def replayed_per_call_us(ctx, graphs: dict, calls: int, repeats: int) -> dict[str, float]:
+    """This rank's median time per call of each of ``graphs`` (``{name: CUDA graph of calls
+    calls}``, from :func:`captured`), every repeat replaying each once, in turn, after a host
+    barrier of every rank (as :func:`interleaved_per_call_us`)."""
+    samples = {name: [] for name in graphs}
     for _ in range(repeats):
         for name, graph in graphs.items():
             samples[name].append(_sample_us(ctx, graph.replay, calls))

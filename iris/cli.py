@@ -1,4 +1,4 @@
-"""The ``iris`` command: ``info``, ``demo``, ``bench`` and ``run``.
+"""The ``iris`` command: ``info``, ``demo``, ``bench``, ``run`` and ``tune``.
 
 Mistakes of the user (a bad option, a missing script, a benchmark that needs GPUs there are not)
 end in one line ``iris: error: ...`` and exit status 2, not a traceback.
@@ -236,6 +236,50 @@ def run(args: argparse.Namespace) -> int:
     return subprocess.run(torchrun_command(args), check=False, env=env).returncode
 
 
+# -- iris tune -----------------------------------------------------------------------------------------
+
+
+def _listed(value: str | None) -> list[str] | None:
+    return None if value is None else [item.strip() for item in value.split(",") if item.strip()]
+
+
+def tune(args: argparse.Namespace) -> int:
+    import torch
+
+    import iris
+    from iris.config import parse_size
+    from iris.tuning import TUNABLE, parse_dtype, tune_on_rank
+
+    gpus = torch.cuda.device_count()
+    device = args.device or ("cuda" if gpus else "cpu")
+    if device == "cuda" and gpus == 0:
+        raise UsageError("--device cuda: no GPU is visible; tune CPU ranks with --device cpu")
+    nprocs = args.nprocs if args.nprocs is not None else (gpus if device == "cuda" else 2)
+    if nprocs < 1:
+        raise UsageError(f"--nprocs must be at least 1, got {nprocs}")
+    if device == "cuda" and nprocs > gpus:
+        raise UsageError(f"--nprocs {nprocs} needs a GPU per rank; {gpus} visible")
+    options = dict(device=device, nprocs=nprocs, collectives=_listed(args.collectives), dtypes=_listed(args.dtypes),
+                   sizes=_listed(args.sizes), hidden=args.rmsnorm_hidden, repeats=args.repeats, tokens=None)
+    unknown = sorted(set(options["collectives"] or ()) - set(TUNABLE))
+    if unknown:
+        raise UsageError(f"cannot tune {', '.join(unknown)}; tunable collectives: {', '.join(TUNABLE)}")
+    try:
+        for name in options["dtypes"] or ():
+            parse_dtype(name)
+        for size in options["sizes"] or ():
+            parse_size(size)
+        if args.rmsnorm_tokens is not None:
+            options["tokens"] = [int(t) for t in _listed(args.rmsnorm_tokens)]
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{error} (--dtypes, --sizes or --rmsnorm-tokens)") from None
+    if args.repeats is not None and args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    print(f"iris tune: {nprocs} {'GPU' if device == 'cuda' else 'CPU'} ranks", flush=True)
+    print(iris.spawn(tune_on_rank, nprocs, options, device=device)[0])
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------------
 
 
@@ -249,6 +293,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=info)
     p = commands.add_parser("demo", help="spawn ranks and check remote stores and every collective against torch")
     p.add_argument("--nprocs", type=int, default=None, help="ranks (default: every GPU, else 2 CPU ranks)")
+    p.add_argument("--trace", metavar="PATH", default=None,
+                   help="trace every rank's kernels and calls into PATH, a Chrome trace that Perfetto opens")
     p.set_defaults(handler=demo)
     p = commands.add_parser("bench", help="run the benchmarks of a source checkout (2 GPUs, or CPU ranks with "
                                           "--cpu), write JSON and plots")
@@ -280,6 +326,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(handler=run)
+    p = commands.add_parser(
+        "tune", help="time the collectives' algorithms on N local ranks and save the fastest in the tuning cache",
+        description="Time every applying algorithm of the collectives (and, with --rmsnorm-hidden, the methods of "
+                    "all_reduce_rmsnorm) on N ranks of this machine, choose for each dtype and size bucket the "
+                    "fastest on the slowest rank, save the choices in the tuning cache ($IRIS_TUNING_CACHE, else "
+                    "~/.cache/iris/tuning), which iris.create() then uses, and print them (docs/tuning.md).")
+    p.add_argument("--nprocs", type=int, default=None, help="ranks (default: every GPU, else 2 CPU ranks)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="the ranks' device (default: cuda when a GPU is visible)")
+    p.add_argument("--collectives", default=None,
+                   help="comma-separated collectives (default: those with more than one algorithm installed)")
+    p.add_argument("--dtypes", default=None, help="comma-separated dtypes (default: bfloat16,float32 on GPUs)")
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated bytes per rank, e.g. 4KiB,1MiB, each rounded up to its power of two "
+                        "(default: every power of two from 1 KiB to 64 MiB on GPUs)")
+    p.add_argument("--rmsnorm-hidden", type=int, default=None,
+                   help="also tune all_reduce_rmsnorm's method for rows of this many elements")
+    p.add_argument("--rmsnorm-tokens", default=None,
+                   help="comma-separated token counts for --rmsnorm-hidden (default: powers of two to 16384 on GPUs)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls per candidate (default 25 on GPUs)")
+    p.set_defaults(handler=tune)
     return parser
 
 
@@ -293,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-    p.add_argument("--trace", metavar="PATH", default=None,
-                   help="trace every rank's kernels and calls into PATH, a Chrome trace that Perfetto opens")
 
 if __name__ == "__main__":
     sys.exit(main())

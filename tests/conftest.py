@@ -13,6 +13,10 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The automatic choices the tests expect are the built-in ones: a tuning cache of this machine
+# (docs/tuning.md) is not read. Tests of tuning name their own cache folders.
+os.environ["IRIS_TUNING_CACHE"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"iris-test-tuning-{os.getpid()}")
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``@pytest.mark.gpu`` are skipped when no CUDA GPU is visible."""

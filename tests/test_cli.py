@@ -31,7 +31,7 @@ def iris(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([executable, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["bench"], ["run"]])
+@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["bench"], ["run"], ["tune"]])
 def test_every_command_has_help(command):
     proc = iris(*command, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -156,6 +156,9 @@ def test_run_across_machines_goes_through_torchrun_at_the_endpoint():
     (["run", "-n", "2", "--nnodes", "2", __file__], "iris: error: --nnodes 2 needs --rdzv-endpoint HOST:PORT"),
     (["demo", "--nprocs", "0"], "iris: error: --nprocs must be at least 1, got 0"),
     (["bench", "--only", "nope"], "iris: error: unknown benchmark(s) nope; choose from"),
+    (["tune", "--device", "cpu", "--nprocs", "0"], "iris: error: --nprocs must be at least 1, got 0"),
+    (["tune", "--device", "cpu", "--collectives", "send"], "iris: error: cannot tune send; tunable collectives:"),
+    (["tune", "--device", "cpu", "--dtypes", "float64"], "iris: error: unknown dtype 'float64'"),
 ])
 def test_user_mistakes_are_one_line_errors(args, message):
     proc = iris(*args)

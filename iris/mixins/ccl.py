@@ -1,7 +1,8 @@
 """CCLMixin: the ``ctx.ccl`` namespace of collectives.
 
 ``ctx.ccl`` checks a call (devices, dtypes, sizes, contiguity), then dispatches it to a
-registered algorithm (:mod:`iris.collectives`): the one named, or the automatic choice. The
+registered algorithm (:mod:`iris.collectives`): the one named, or the automatic choice (the
+tuned one of :mod:`iris.tuning` where the tuning cache has one, else the built-in choice). The
 algorithms keep their buffers in the context's workspaces (:mod:`iris.workspaces`), so calls
 after the first of a given size and dtype allocate nothing and never wait on the host, and can
 be captured in a CUDA graph.
@@ -28,6 +29,8 @@ from iris.custom_ops import traceable
 from iris.errors import IrisError
 from iris.groups import namespace_for
 from iris.registry import PluginRegistry
+from iris.tuning import load as load_tuning
+from iris.tuning import tune_collectives
 from iris.uneven import SplitTensors, check_apart, check_counts, check_rows, same_on_every_rank, split_sizes
 
 __all__ = ["CCLMixin", "Collectives"]
@@ -105,6 +108,9 @@ class Collectives:
     nothing waits on the host (but the host exchange of an eager ``all_to_all_single``).
     """
 
+    #: Public methods without a custom operator (torch.ops.iris): they are not collectives.
+    EAGER_ONLY = ("tune",)
+
     def __init__(self, context):
         self._context = context
         #: Repeats of earlier launches, by everything the call's checks and launch depend on.
@@ -137,9 +143,20 @@ class Collectives:
                          world_size=ctx.world_size, dtype=input.dtype, device_type=ctx.device.type,
                          language=ctx.kernel_language, op=op if collective in REDUCING else None)
 
+    def tune(self, collectives=None, dtypes=None, sizes=None, *, repeats: int | None = None, save: bool = True,
+             timer=None):
+        """Time the algorithms of ``collectives`` on this machine, for each of ``dtypes`` and size
+        buckets, and make the automatic choice take the fastest on the slowest rank (saved in
+        the tuning cache if ``save``); returns the :class:`iris.tuning.TuningTable` of the
+        decisions. Collective: every rank calls it with the same arguments (docs/tuning.md)."""
+        return tune_collectives(self, collectives, dtypes, sizes, repeats=repeats, save=save, timer=timer)
+
     def _algorithm(self, collective: str, name: str | None, input: torch.Tensor, op: str) -> Algorithm:
         if name is None:
             ctx = self._context
+            tuned = ctx.tuning.algorithm(self._shape(collective, input, op)) if ctx.tuning.entries else None
+            if tuned is not None:
+                return tuned
             return choose(collective, input.numel() * input.element_size(), ctx.world_size, input.dtype,
                           ctx.device.type, ctx.kernel_language, op if collective in REDUCING else None)
         shape = self._shape(collective, input, op)
@@ -537,7 +554,8 @@ class CCLMixin:
     """Adds ``ccl``, the collectives bound to this context (:class:`Collectives`, or the namespace
     of upstream's conventions for contexts of that kind), and checks at
     set-up that every rank has the same collective algorithms installed (the automatic choice
-    must be the same everywhere). Requires ``barrier()``, ``comm``, ``config``, ``device``,
+    must be the same everywhere), then loads the tuned automatic choices (``tuning``,
+    :mod:`iris.tuning`). Requires ``barrier()``, ``comm``, ``config``, ``device``,
     ``rank``, ``world_size``, ``_call`` (FailStopMixin), ``workspaces`` (WorkspacesMixin) and
     ``kernel_language`` (the backend's DeviceOps)."""
 
@@ -549,6 +567,8 @@ class CCLMixin:
             listing = "; ".join(f"rank {rank}: {algorithms}" for rank, algorithms in enumerate(everyone))
             raise IrisError(f"the ranks have different collective algorithms installed ({listing}); install the "
                             f"same iris plugins on every rank: each rank must choose the same algorithm for a call")
+        #: The tuned automatic choices (iris.tuning), read by rank 0 and the same on every rank.
+        self.tuning = load_tuning(self)
         # Made now rather than on first use: the first use may be inside torch.compile, which
         # cannot trace the lock functools.cached_property takes then (Python 3.11).
         for namespace in ("_torch_ccl", "ccl", "ops"):

@@ -112,7 +112,7 @@ class FusedOps:
 
     #: Public methods without a custom operator (torch.ops.iris): their results are objects, not
     #: tensors, so torch.compile cannot record them; they run eagerly, outside compiled regions.
-    EAGER_ONLY = ("moe_dispatch", "moe_combine")
+    EAGER_ONLY = ("moe_dispatch", "moe_combine", "tune")
 
     def __init__(self, context):
         self._context = context
@@ -262,6 +262,23 @@ class FusedOps:
         from iris_triton.rmsnorm import all_reduce_rmsnorm
 
         return all_reduce_rmsnorm(self._context, out, x, residual, weight, eps, residual_out, method=method)
+
+    def tune(self, hidden: int, tokens=None, dtypes=None, *, repeats: int | None = None, save: bool = True,
+             timer=None):
+        """Time ``all_reduce_rmsnorm``'s methods on this machine for rows of ``hidden`` elements,
+        each of ``dtypes`` (default bfloat16) and token buckets, and make its automatic method
+        take the fastest on the slowest rank (saved in the tuning cache if ``save``); returns the
+        :class:`iris.tuning.TuningTable` of the decisions. Collective (docs/tuning.md)."""
+        from iris.tuning import parse_dtype, tune_all_reduce_rmsnorm
+        from iris_triton.rmsnorm import DTYPES as RMSNORM_DTYPES
+        from iris_triton.rmsnorm import METHODS as RMSNORM_METHODS
+
+        refused = [str(d) for d in map(parse_dtype, dtypes or ()) if d not in RMSNORM_DTYPES]
+        if refused:
+            raise IrisError(f"tune: all_reduce_rmsnorm takes torch.bfloat16, torch.float16 and torch.float32 "
+                            f"tensors, not {', '.join(refused)}")
+        return tune_all_reduce_rmsnorm(self, RMSNORM_METHODS, hidden, tokens, dtypes, repeats=repeats, save=save,
+                                       timer=timer)
 
     @_guarded
     def moe_dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,

@@ -233,8 +233,9 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
 
 
 def choose_method(world_size: int, nbytes: int) -> str:
-    """The method for ``nbytes`` of ``x`` per rank on ``world_size`` ranks
-    (:data:`iris_triton.tuning.ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO`)."""
+    """The built-in method for ``nbytes`` of ``x`` per rank on ``world_size`` ranks
+    (:data:`iris_triton.tuning.ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO`), where the context's tuning
+    (``ctx.tuning``, :mod:`iris.tuning`) has none for the call."""
     limits = ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO
     return "one_shot" if nbytes <= limits.get(world_size, limits[None]) else "two_shot"
 
@@ -292,7 +293,8 @@ def all_reduce_rmsnorm(ctx, out: torch.Tensor, x: torch.Tensor, residual: torch.
     _check(ctx, out, x, residual, weight, eps, residual_out, method)
     tokens, hidden = x.shape
     world, size = ctx.world_size, x.element_size()
-    method = method or choose_method(world, x.numel() * size)
+    method = method or ctx.tuning.method("all_reduce_rmsnorm", METHODS, world, x.dtype, hidden, tokens) or \
+        choose_method(world, x.numel() * size)
     if x.numel() == 0:
         return out
     two_shot = method == "two_shot"

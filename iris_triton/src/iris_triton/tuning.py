@@ -9,6 +9,10 @@ the result it came from (``benchmarks/NOTES.md`` says how they were run, ``NOTES
 the sweeps). The CPU values only keep Triton's interpreter fast (it runs programs one after
 another); they are not measurements. Other GPUs, world sizes and links have not been measured:
 there the GPU values are a starting point, not a tuning.
+
+The automatic choices of the collectives' algorithms and of ``all_reduce_rmsnorm``'s method take a
+machine's own tuning first (``iris tune``, :mod:`iris.tuning`, ``docs/tuning.md``): these tables
+are the fallback where it has no entry for a call. Launch shapes are always these.
 """
 
 from __future__ import annotations
