@@ -4,12 +4,12 @@ Chrome trace, and tracing compiled out.
 One spawn of 2 CPU ranks (GPUs where there are) traces a user kernel that records ``put``,
 ``store`` (upstream's ``record_event_start`` with a mask) and instant ``compute`` events
 (tests/tracing_kernels.py), all_reduce, all_gather, a tile all_reduce inside a kernel, the
-fused matmul_reduce_scatter and all_reduce_rmsnorm, every result checked against torch; each rank
-checks its own events (kinds, target ranks, bytes, call numbers, every device event of a call
-inside that call's host range where kernels run synchronously), then a full buffer (events counted as dropped, the kept ones
-intact) and tracing off again (the user kernel's events go nowhere: the context tensor and the
-data stay as they were). The parent checks the merged file: the Chrome trace format, every rank a
-process, events nested on every track.
+fused matmul_reduce_scatter and all_reduce_rmsnorm, every result checked against torch. Each
+rank checks its own events (kinds, target ranks, bytes, call numbers, and where kernels run
+synchronously every device event of a call inside that call's host range), then a full buffer
+(events counted as dropped, the kept ones intact), then tracing off again (the user kernel's
+events go nowhere: the context tensor and the data stay as they were). The parent checks the
+merged file: the Chrome trace format, every rank a process, events nested on every track.
 
 In-process: argument errors, torch.profiler names, and the lanes of overlapping kernels. A PTX
 check (tests/tracing_ptx.py) compiles iris's kernels with tracing off, on, and from their source
