@@ -8,7 +8,7 @@ import triton.language as tl
 from iris_triton.kernel_api import DeviceContext, TraceEvent
 
 #: The call number the kernel's events carry.
-OP = 7
+OP = tl.constexpr(7)
 
 
 @triton.jit
