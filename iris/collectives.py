@@ -102,6 +102,10 @@ class CollectiveCall:
     """The rows ``output`` receives from each rank (int64 [world_size], on the device): the host's
     split sizes, read (``all_to_all_single``), or where the counts received are written
     (``all_to_all_vdev``)."""
+    launch_shape: str | None = None
+    """The name of one of the algorithm's :attr:`Algorithm.launch_shapes` on this device to launch
+    with (named ``algorithm="name/shape"``, or tuned: :mod:`iris.tuning`); None: the algorithm's
+    own choice."""
 
     @functools.cached_property
     def signature(self) -> int:
@@ -160,6 +164,12 @@ def _frozen_limits(limits: Mapping) -> Mapping:
     return MappingProxyType(dict(limits))
 
 
+def _frozen_shapes(shapes: Mapping) -> Mapping:
+    return MappingProxyType({device: MappingProxyType({name: MappingProxyType(dict(shape))
+                                                       for name, shape in named.items()})
+                             for device, named in shapes.items()})
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class Algorithm:
     """An implementation of one collective, as registered under ``iris.ccl.<collective>``, with
@@ -199,6 +209,10 @@ class Algorithm:
     """For the automatic choice: the most bytes per rank it is worth choosing for, by world size;
     the key None holds the limit of the world sizes not listed. No limit where neither is given;
     0: never chosen automatically there."""
+    launch_shapes: Mapping[str, Mapping[str, Mapping]] = attrs.field(factory=dict, converter=_frozen_shapes)
+    """Launch shapes it can run with, by device type and name (``{"cuda": {"8192x2": {...}}}``):
+    what ``algorithm="name/shape"`` selects and the tuner times (:mod:`iris.tuning`). Without
+    one named, the algorithm picks its own (a call then has ``launch_shape`` None)."""
 
     def refusal(self, shape: CallShape) -> str | None:
         """Why this algorithm cannot run a call of ``shape``, or None when it can."""

@@ -146,17 +146,29 @@ class TuningTable:
     key: CacheKey
     entries: Mapping[tuple, Entry] = attrs.field(factory=dict)
 
-    def algorithm(self, shape: CallShape) -> Algorithm | None:
-        """The tuned algorithm of a call of ``shape``, if one is tuned for its bucket, installed
-        and applies to it; else None (the built-in choice)."""
+    def choice(self, shape: CallShape) -> tuple[Algorithm, str | None] | None:
+        """The tuned algorithm of a call of ``shape`` and the name of its tuned launch shape (None:
+        the algorithm's own), if one is tuned for its bucket, installed and applies to it (with
+        that launch shape); else None (the built-in choice)."""
         if not self.entries or shape.world_size != self.key.world_size:
             return None
         entry = self.entries.get(_entry_key(shape.collective, shape.dtype, (bucket(shape.nbytes),)))
-        registry = algorithm_registry(shape.collective)
-        if entry is None or not registry.is_available(entry.chosen):
+        if entry is None:
             return None
-        algorithm = registry.get(entry.chosen)
-        return algorithm if algorithm.refusal(shape) is None else None
+        name, _, launch_shape = entry.chosen.partition("/")
+        registry = algorithm_registry(shape.collective)
+        if not registry.is_available(name):
+            return None
+        algorithm = registry.get(name)
+        if algorithm.refusal(shape) is not None or (
+                launch_shape and launch_shape not in algorithm.launch_shapes.get(shape.device_type, {})):
+            return None
+        return algorithm, launch_shape or None
+
+    def algorithm(self, shape: CallShape) -> Algorithm | None:
+        """The algorithm of :meth:`choice`, or None."""
+        chosen = self.choice(shape)
+        return None if chosen is None else chosen[0]
 
     def method(self, operation: str, methods: Iterable[str], world_size: int, dtype: torch.dtype, hidden: int,
                tokens: int) -> str | None:
@@ -302,7 +314,7 @@ def _read(path: Path, key: CacheKey, warn: Callable[[str], None]) -> TuningTable
     kept = {}
     for entry_key, entry in table.entries.items():
         what = entry_key[0]
-        if what in TUNABLE and not algorithm_registry(what).is_available(entry.chosen):
+        if what in TUNABLE and not algorithm_registry(what).is_available(entry.chosen.partition("/")[0]):
             warn(f"the tuning cache {path} chooses {what} algorithm {entry.chosen!r} for {entry_key[1]} up to "
                  f"{entry_key[2]} bytes, which is not installed; that size falls back to the built-in choice")
             continue
@@ -539,7 +551,10 @@ def _collective_case(ccl, collective: str, dtype: torch.dtype, nbytes: int) -> _
         return expected is None or _matches(output, expected)
 
     probe = torch.empty(n, dtype=dtype, device="meta")
-    candidates = ccl.algorithms(collective, applying_to=probe, op="sum" if collective in REDUCING else None)
+    candidates = []
+    for name in ccl.algorithms(collective, applying_to=probe, op="sum" if collective in REDUCING else None):
+        shapes = algorithm_registry(collective).get(name).launch_shapes.get(device.type, {})
+        candidates += [f"{name}/{shape}" for shape in shapes] if len(shapes) > 1 else [name]  # each launch shape
     return _Case(collective, dtype, (nbytes,), tuple(candidates), run, reset, correct)
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -60,6 +61,45 @@ def _broken_run(call):
     _one_shot().run(call)
     if call.context.rank == 1:
         call.output.add_(1)
+
+
+#: The launch shapes the ``shaped`` test algorithm declares, and the shape each of its calls got.
+TEST_SHAPES = {device: {"narrow": {"BLOCK": 64}, "wide": {"BLOCK": 128}} for device in ("cpu", "cuda")}
+SHAPED_CALLS: list[str | None] = []
+
+
+def _shaped_run(call):
+    """one_shot, noting the launch shape the call was given (its own shapes are not these)."""
+    SHAPED_CALLS.append(call.launch_shape)
+    _one_shot().run(attrs.evolve(call, launch_shape=None))
+
+
+def _check_launch_shapes(ctx, report: RankReport) -> None:
+    """An algorithm with two launch shapes is timed once per shape; the tuned shape reaches its
+    calls, as a named one does; a shape it lacks is refused."""
+    with algorithm_registry("all_reduce").restored():
+        register_algorithm(Algorithm(name="shaped", collective="all_reduce", run=_shaped_run,
+                                     languages=_one_shot().languages, chosen_up_to={None: 0},
+                                     launch_shapes=TEST_SHAPES))
+        table = ctx.ccl.tune(["all_reduce"], [torch.float32], [SMALL], save=False,
+                             timer=lambda trial: 1.0 if trial.candidate == "shaped/wide" else DEFAULT_MS)
+        entry = table.entries[("all_reduce", "float32", SMALL)]
+        report.check("shapes/each shape a candidate", {"shaped/narrow", "shaped/wide"} <= set(entry.times))
+        report.check("shapes/the fastest shape chosen", entry.chosen == "shaped/wide")
+        parts = [torch.randn(ELEMENTS, generator=seeded_generator("shapes", r)) for r in range(ctx.world_size)]
+        expected = torch.stack(parts).sum(0)
+        for algorithm, shape in ((None, "wide"), ("shaped/narrow", "narrow"), ("shaped", None)):
+            result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True), algorithm=algorithm).cpu()
+            report.check(f"shapes/{algorithm} runs with {shape}", SHAPED_CALLS[-1] == shape)
+            report.check(f"shapes/{algorithm} right", torch.allclose(result, expected, atol=1e-5))
+        try:
+            ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True), algorithm="shaped/huge")
+            report.check("shapes/an unknown shape refused", False)
+        except IrisError as error:
+            report.check("shapes/an unknown shape refused", "no launch shape 'huge'" in str(error)
+                         and "['narrow', 'wide']" in str(error))
+    result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True)).cpu()  # "shaped" is gone again
+    report.check("shapes/a tuned algorithm that is gone falls back", torch.allclose(result, expected, atol=1e-5))
 
 
 def _register_test_algorithms() -> None:
@@ -260,6 +300,10 @@ def _two_rank_checks(rank: int, cache: str) -> bytes:
                 report.check(f"every collective/{collective} {dtype}: every candidate right against torch",
                              entry is not None and all(ms is not None for name, ms in entry.times.items()
                                                        if name != "broken"))
+        ctx.destroy()
+    with report.section("shapes"):
+        ctx = iris.create(**options)
+        _check_launch_shapes(ctx, report)
         ctx.destroy()
     with report.section("plans"):
         ctx = iris.create(**options)

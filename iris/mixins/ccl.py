@@ -151,14 +151,19 @@ class Collectives:
         decisions. Collective: every rank calls it with the same arguments (docs/tuning.md)."""
         return tune_collectives(self, collectives, dtypes, sizes, repeats=repeats, save=save, timer=timer)
 
-    def _algorithm(self, collective: str, name: str | None, input: torch.Tensor, op: str) -> Algorithm:
+    def _algorithm(self, collective: str, name: str | None, input: torch.Tensor,
+                   op: str) -> tuple[Algorithm, str | None]:
+        """The algorithm that runs a call, and the name of the launch shape it runs with (None:
+        its own choice): ``name`` (``"algorithm"`` or ``"algorithm/shape"``), else the tuned
+        choice, else the built-in one."""
+        ctx = self._context
         if name is None:
-            ctx = self._context
-            tuned = ctx.tuning.algorithm(self._shape(collective, input, op)) if ctx.tuning.entries else None
+            tuned = ctx.tuning.choice(self._shape(collective, input, op)) if ctx.tuning.entries else None
             if tuned is not None:
                 return tuned
             return choose(collective, input.numel() * input.element_size(), ctx.world_size, input.dtype,
-                          ctx.device.type, ctx.kernel_language, op if collective in REDUCING else None)
+                          ctx.device.type, ctx.kernel_language, op if collective in REDUCING else None), None
+        name, _, launch_shape = name.partition("/")
         shape = self._shape(collective, input, op)
         registry = algorithm_registry(collective)
         algorithm = registry.get(name)
@@ -167,7 +172,11 @@ class Collectives:
             runs = self.algorithms(collective, applying_to=input, op=shape.op)
             raise IrisError(f"{collective}: algorithm {name!r} cannot run this call: {refusal}; choose one of "
                             f"{runs} or None (the automatic choice)")
-        return algorithm
+        shapes = algorithm.launch_shapes.get(ctx.device.type, {})
+        if launch_shape and launch_shape not in shapes:
+            raise IrisError(f"{collective}: algorithm {name!r} has no launch shape {launch_shape!r} on "
+                            f"{ctx.device.type} ranks; its shapes: {sorted(shapes) or 'none to choose from'}")
+        return algorithm, launch_shape or None
 
     # -- checks ---------------------------------------------------------------------------------
 
@@ -267,11 +276,12 @@ class Collectives:
         if debug and collective not in POINT_TO_POINT:  # a pair's call: the other ranks make none to compare
             self._check_same_call_on_every_rank(collective, algorithm, op, src, *same)
         validate()
-        chosen = self._algorithm(collective, algorithm, same[1], op)
+        chosen, launch_shape = self._algorithm(collective, algorithm, same[1], op)
         if same[1].numel() == 0 and not splits:  # uneven: a rank may send nothing and still receive
             return
         repeat = chosen.run(CollectiveCall(context=self._context, collective=collective, output=output, input=input,
-                                           op=op, src=src, **dict(zip(("input_splits", "output_splits"), splits))))
+                                           op=op, src=src, launch_shape=launch_shape,
+                                           **dict(zip(("input_splits", "output_splits"), splits))))
         if repeat is not None:
             self._forget_outdated_repeats()  # the call may have grown a workspace
             if len(self._repeats) >= MAX_REPEATS:

@@ -45,7 +45,7 @@ from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tracing import OPERATION_EVENT, WAIT_EVENT
-from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, collective_shape
+from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, COLLECTIVE_LAUNCH_SHAPES, collective_shape
 from iris_triton.waits import peers_announced, poison_blocks, site_code, wait_or_record
 
 __all__ = [
@@ -405,7 +405,7 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
                         f"call (workspace offsets are 32-bit); split it into smaller calls")
     ws = workspace[: 2 * stride * element_size].view(inp.dtype)
     front = ctx.frontend
-    shape = collective_shape(ctx.device.type, call.nbytes)
+    shape = collective_shape(ctx.device.type, call.nbytes, call.launch_shape)
     grid = (max(1, min(ctx.programs, triton.cdiv(m, shape["BLOCK"]))),)
     return front.launch(
         collective_kernel, grid, context=ctx.get_device_context(), inp=inp, out=out, ws=ws,
@@ -463,29 +463,38 @@ def _scatter(call: CollectiveCall):
 
 ALL_GATHER_DIRECT = Algorithm(
     name="direct", collective="all_gather", run=_all_gather, languages=SHARED_SOURCE_LANGUAGES,
-    description="every rank pushes its input into every peer")
+    description="every rank pushes its input into every peer",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 ALL_TO_ALL_DIRECT = Algorithm(
     name="direct", collective="all_to_all", run=_all_to_all, languages=SHARED_SOURCE_LANGUAGES,
-    description="every rank pushes segment q of its input to rank q")
+    description="every rank pushes segment q of its input to rank q",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 REDUCE_SCATTER_DIRECT = Algorithm(
     name="direct", collective="reduce_scatter", run=_reduce_scatter, languages=SHARED_SOURCE_LANGUAGES,
-    description="every rank pushes segment q to rank q, which reduces")
+    description="every rank pushes segment q to rank q, which reduces",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 ALL_REDUCE_ONE_SHOT = Algorithm(
     name="one_shot", collective="all_reduce", run=_all_reduce_one_shot, languages=SHARED_SOURCE_LANGUAGES,
     description="every rank receives every input and reduces",
-    priority=10, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
+    priority=10, chosen_up_to=ALL_REDUCE_CHOSEN_UP_TO["one_shot"],
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 ALL_REDUCE_TWO_SHOT = Algorithm(
     name="two_shot", collective="all_reduce", run=_all_reduce_two_shot, languages=SHARED_SOURCE_LANGUAGES,
-    description="reduce-scatter then all-gather of the reduced segments, one round behind")
+    description="reduce-scatter then all-gather of the reduced segments, one round behind",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 BROADCAST_DIRECT = Algorithm(
     name="direct", collective="broadcast", run=_broadcast, languages=SHARED_SOURCE_LANGUAGES,
-    description="the source pushes into every peer")
+    description="the source pushes into every peer",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 REDUCE_DIRECT = Algorithm(
     name="direct", collective="reduce", run=_reduce_to_root, languages=SHARED_SOURCE_LANGUAGES,
-    description="every rank pushes its input into the root, which reduces")
+    description="every rank pushes its input into the root, which reduces",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 GATHER_DIRECT = Algorithm(
     name="direct", collective="gather", run=_gather, languages=SHARED_SOURCE_LANGUAGES,
-    description="every rank pushes its input into the root")
+    description="every rank pushes its input into the root",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)
 SCATTER_DIRECT = Algorithm(
     name="direct", collective="scatter", run=_scatter, languages=SHARED_SOURCE_LANGUAGES,
-    description="the root pushes segment q of its input to rank q")
+    description="the root pushes segment q of its input to rank q",
+    launch_shapes=COLLECTIVE_LAUNCH_SHAPES)

@@ -20,6 +20,7 @@ from __future__ import annotations
 __all__ = [
     "ALL_REDUCE_CHOSEN_UP_TO",
     "ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO",
+    "COLLECTIVE_LAUNCH_SHAPES",
     "COLLECTIVE_SHAPES",
     "COPY_ENGINE_MIN_SHARE",
     "CPU_PROGRAMS",
@@ -88,9 +89,25 @@ ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO = dict(ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
 RMSNORM_SHAPES = {"cuda": dict(MAX_BLOCK=8192, MAX_WARPS=16, ELEMENTS_PER_WARP=256), "cpu": dict(MAX_BLOCK=64)}
 
 
-def collective_shape(device_type: str, nbytes: int) -> dict:
-    """The launch shape (:data:`COLLECTIVE_SHAPES`) of a call moving ``nbytes`` per rank."""
+def collective_shape(device_type: str, nbytes: int, name: str | None = None) -> dict:
+    """The launch shape of a call moving ``nbytes`` per rank: the one named (of
+    :data:`COLLECTIVE_LAUNCH_SHAPES`, a tuned or requested shape), else :data:`COLLECTIVE_SHAPES`'s
+    for its size."""
+    if name is not None:
+        return dict(COLLECTIVE_LAUNCH_SHAPES[device_type][name])
     return next(shape for limit, shape in COLLECTIVE_SHAPES[device_type] if limit is None or nbytes <= limit)
+
+
+def _shape_name(shape: dict) -> str:
+    return f"{shape['BLOCK']}x{shape['ROUND']}x{shape['SYNCS']}" + (f"w{shape['num_warps']}" if "num_warps" in shape
+                                                                     else "")
+
+
+#: The launch shapes of :data:`COLLECTIVE_SHAPES` by name (``BLOCKxROUNDxSYNCS`` and warps), by
+#: device type: the candidates the tuner times for the algorithms of the collective kernel, and
+#: what ``algorithm="two_shot/8192x2x16w16"`` names.
+COLLECTIVE_LAUNCH_SHAPES = {device: {_shape_name(shape): shape for _, shape in shapes}
+                            for device, shapes in COLLECTIVE_SHAPES.items()}
 
 
 # -- fused operations (iris_triton.ops, iris_triton.fused) ------------------------------------------------
