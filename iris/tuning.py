@@ -170,13 +170,14 @@ class TuningTable:
         chosen = self.choice(shape)
         return None if chosen is None else chosen[0]
 
-    def method(self, operation: str, methods: Iterable[str], world_size: int, dtype: torch.dtype, hidden: int,
-               tokens: int) -> str | None:
-        """The tuned method of ``operation`` (one of ``methods``) for ``tokens x hidden`` of
-        ``dtype``, or None (the built-in choice)."""
+    def method(self, operation: str, methods: Iterable[str], world_size: int, dtype: torch.dtype,
+               fixed: tuple[int, ...], rows: int) -> str | None:
+        """The tuned method of ``operation`` (one of ``methods``) for ``rows`` rows of ``dtype`` at
+        the ``fixed`` extents (all_reduce_rmsnorm: ``(hidden,)``; the matrix products: ``(N,
+        K)``), or None (the built-in choice)."""
         if not self.entries or world_size != self.key.world_size:
             return None
-        entry = self.entries.get(_entry_key(operation, dtype, (hidden, bucket(tokens))))
+        entry = self.entries.get(_entry_key(operation, dtype, (*fixed, bucket(rows))))
         return entry.chosen if entry is not None and entry.chosen in methods else None
 
     def merged(self, entries: Mapping[tuple, Entry]) -> "TuningTable":
@@ -216,7 +217,12 @@ def format_table(table: TuningTable) -> str:
     lines = [f"{'tuned':20s} {'dtype':9s} {'bucket':>18s}   {'chosen':12s} candidates (slowest rank, median)"]
     for key, entry in sorted(table.entries.items()):
         what, dtype, *extent = key
-        where = f"{extent[1]} x {extent[0]}" if what == RMSNORM else _size(extent[0])  # tokens x hidden
+        if what == RMSNORM:
+            where = f"{extent[1]} x {extent[0]}"  # tokens x hidden
+        elif what in MATMULS:
+            where = f"{extent[2]} x {extent[1]} x {extent[0]}"  # rows of A x K x N
+        else:
+            where = _size(extent[0])
         times = ", ".join(f"{name} {'dropped' if ms is None else f'{ms:.4f} ms'}" for name, ms in entry.times.items())
         lines.append(f"{what:20s} {dtype:9s} {where:>18s}   {entry.chosen:12s} {times}")
     return "\n".join(lines)
@@ -631,6 +637,62 @@ def tune_all_reduce_rmsnorm(ops, methods: Iterable[str], hidden: int, tokens: It
         raise ValueError(f"tokens must be numbers of rows >= 1, got {tokens!r}")
     kinds = [parse_dtype(d) for d in ((torch.bfloat16,) if dtypes is None else dtypes)]
     cases = [_rmsnorm_case(ops, tuple(methods), d, hidden, t) for d in kinds for t in counts]
+    return _apply(ctx, _decide(ctx, cases, timer or _benchmark(ctx, repeats or DEFAULT_REPEATS[device])), save)
+
+
+#: The fused matrix products whose automatic method is tuned (ctx.ops.tune_matmul).
+MATMULS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+
+
+def _matmul_case(ops, operation: str, methods: tuple[str, ...], dtype: torch.dtype, n: int, k: int,
+                 rows_bucket: int, rows: int) -> _Case:
+    """The case of ``operation`` in bucket ``rows_bucket``, timed with ``rows`` rows of A on each
+    rank (all_gather_matmul: its shard; the others: a multiple of the world size) times a
+    ``k x n`` B, the same on every rank; the reference computed in float32 from every rank's A."""
+    ctx = ops._context
+    world, rank, device = ctx.world_size, ctx.rank, ctx.device
+    seed = (operation, _dtype_name(dtype), n, k, rows)
+    parts = [_data(dtype, rows * k, *seed, q).view(rows, k).to(device) for q in range(world)]
+    b = _data(dtype, k * n, *seed, "b").view(k, n).to(device)
+    if operation == "all_gather_matmul":
+        expected = torch.cat(parts).float() @ b.float()
+    else:
+        expected = torch.stack([p.float() @ b.float() for p in parts]).sum(0)
+        if operation == "matmul_reduce_scatter":
+            share = rows // world
+            expected = expected[rank * share:(rank + 1) * share]
+    out = torch.empty(expected.shape, dtype=dtype, device=device)
+    call = getattr(ops, operation)
+
+    def correct() -> bool:  # a product of k terms: its error relative to the whole result
+        return bool((out.float() - expected).norm() <= 2e-2 * expected.norm())
+
+    return _Case(operation, dtype, (n, k, rows_bucket), methods,
+                 lambda method: call(out, parts[rank], b, method=method),
+                 lambda: out.fill_(float("nan")), correct)
+
+
+def tune_matmul(ops, operation: str, methods: Iterable[str], n: int, k: int, rows: Iterable[int] | None = None,
+                dtypes: Iterable | None = None, *, repeats: int | None = None, save: bool = True,
+                timer: Callable[[Trial], float] | None = None) -> TuningTable:
+    """``ctx.ops.tune_matmul``: time each of ``methods`` of the fused product ``operation`` for a
+    ``k x n`` B, each of ``dtypes`` (default bfloat16) and buckets of the rows of A on each rank
+    (``rows``, each rounded up to its power of two and timed at the largest multiple of the world
+    size in it), as :func:`tune_collectives` does for the collectives. Collective."""
+    ctx = ops._context
+    device, world = ctx.device.type, ctx.world_size
+    if operation not in MATMULS:
+        raise ValueError(f"tune_matmul: operation must be one of {', '.join(MATMULS)}, got {operation!r}")
+    for name, extent in (("n", n), ("k", k)):
+        if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
+            raise ValueError(f"tune_matmul: {name} must be an int >= 1, got {extent!r}")
+    counts = sorted({bucket(r) for r in (DEFAULT_TOKENS[device] if rows is None else rows)})
+    if not counts or counts[0] < 1:
+        raise ValueError(f"tune_matmul: rows must be numbers of rows >= 1, got {rows!r}")
+    divisor = 1 if operation == "all_gather_matmul" else world
+    timed = [(c, c - c % divisor) for c in counts if c - c % divisor > c // 2]  # a multiple of the world in it
+    kinds = [parse_dtype(d) for d in ((torch.bfloat16,) if dtypes is None else dtypes)]
+    cases = [_matmul_case(ops, operation, tuple(methods), d, n, k, c, r) for d in kinds for c, r in timed]
     return _apply(ctx, _decide(ctx, cases, timer or _benchmark(ctx, repeats or DEFAULT_REPEATS[device])), save)
 
 

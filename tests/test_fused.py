@@ -252,9 +252,10 @@ def test_automatic_choice_overlaps_where_there_is_communication_to_hide(layer, m
     from iris_triton.ops import FusedOps
 
     flops, sent = 2 * 2 * m * N * K, m * K * 2
-    gpu_context = SimpleNamespace(device=torch.device("cuda", 0), debug=lambda message: None)
+    gpu_context = SimpleNamespace(device=torch.device("cuda", 0), debug=lambda message: None,
+                                  tuning=SimpleNamespace(entries={}), world_size=2)  # nothing tuned
     chosen = FusedOps._method(SimpleNamespace(_context=gpu_context), "all_gather_matmul", None, flops, sent,
-                              torch.bfloat16)
+                              torch.bfloat16, (N, K, m))
     assert chosen == ("copy_engine" if overlap else "sequential"), communication_share(flops, sent)
     assert (communication_share(flops, sent) >= COPY_ENGINE_MIN_SHARE) == overlap
 

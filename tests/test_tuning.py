@@ -102,6 +102,37 @@ def _check_launch_shapes(ctx, report: RankReport) -> None:
     report.check("shapes/a tuned algorithm that is gone falls back", torch.allclose(result, expected, atol=1e-5))
 
 
+def _fused_ran(ctx, run) -> bool:
+    """Whether ``run()`` ran the fused matmul_reduce_scatter kernel (its trace events say so)."""
+    ctx.tracing.enable(max_events=4096)
+    run()
+    names = ctx._trace_event_names()
+    ran = any(names.get(e["kind"]) == "matmul_reduce_scatter" for e in ctx.tracing.events()["device"])
+    ctx.tracing.disable()
+    return ran
+
+
+def _check_matmul_methods(ctx, report: RankReport) -> None:
+    """matmul_reduce_scatter's methods timed (each checked against torch first), the favoured one
+    chosen, and the automatic method then the tuned one for that bucket only."""
+    world, rank = ctx.world_size, ctx.rank
+    rows, k, n = 16 * world, 16, 16
+    table = ctx.ops.tune_matmul("matmul_reduce_scatter", n, k, [rows], save=False, timer=_favouring("sequential"))
+    entry = table.entries[("matmul_reduce_scatter", "bfloat16", n, k, rows)]
+    report.check("matmul/every method right against torch", all(t is not None for t in entry.times.values())
+                 and set(entry.times) == {"copy_engine", "fused", "sequential"})
+    report.check("matmul/the favoured method chosen", entry.chosen == "sequential")
+    a = torch.randn(rows, k, generator=seeded_generator("mm", rank)).bfloat16().to(ctx.device)
+    b = torch.randn(k, n, generator=seeded_generator("mm-b")).bfloat16().to(ctx.device)
+    out = torch.empty(rows // world, n, dtype=torch.bfloat16, device=ctx.device)
+    report.check("matmul/tuned bucket runs the tuned method",
+                 not _fused_ran(ctx, lambda: ctx.ops.matmul_reduce_scatter(out, a, b)))
+    wide = torch.empty(rows, n, dtype=torch.bfloat16, device=ctx.device)
+    report.check("matmul/another bucket keeps the built-in method (fused on CPU ranks)",
+                 _fused_ran(ctx, lambda: ctx.ops.matmul_reduce_scatter(
+                     wide, torch.cat([a] * world), b)) == (ctx.device.type == "cpu"))
+
+
 def _register_test_algorithms() -> None:
     """A probe and a broken all_reduce, never taken by the built-in choice."""
     for name, run in (("probe", _probe_run), ("broken", _broken_run)):
@@ -301,6 +332,10 @@ def _two_rank_checks(rank: int, cache: str) -> bytes:
                              entry is not None and all(ms is not None for name, ms in entry.times.items()
                                                        if name != "broken"))
         ctx.destroy()
+    with report.section("matmul"):
+        ctx = iris.create(**options)
+        _check_matmul_methods(ctx, report)
+        ctx.destroy()
     with report.section("shapes"):
         ctx = iris.create(**options)
         _check_launch_shapes(ctx, report)
@@ -409,9 +444,9 @@ def test_lookups_fall_back_where_the_entry_does_not_apply():
     assert table.algorithm(shape(dtype=torch.bfloat16)) is None
     assert table.algorithm(shape(language="no such language")) is None  # the algorithm does not apply
     methods = ("one_shot", "two_shot")
-    assert table.method("all_reduce_rmsnorm", methods, 2, torch.bfloat16, 4096, 9) == "two_shot"
-    assert table.method("all_reduce_rmsnorm", methods, 2, torch.bfloat16, 4096, 17) is None
-    assert table.method("all_reduce_rmsnorm", ("one_shot",), 2, torch.bfloat16, 4096, 16) is None
+    assert table.method("all_reduce_rmsnorm", methods, 2, torch.bfloat16, (4096,), 9) == "two_shot"
+    assert table.method("all_reduce_rmsnorm", methods, 2, torch.bfloat16, (4096,), 17) is None
+    assert table.method("all_reduce_rmsnorm", ("one_shot",), 2, torch.bfloat16, (4096,), 16) is None
 
 
 def test_the_cache_directory_and_switch(monkeypatch, tmp_path):

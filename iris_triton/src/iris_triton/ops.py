@@ -112,7 +112,7 @@ class FusedOps:
 
     #: Public methods without a custom operator (torch.ops.iris): their results are objects, not
     #: tensors, so torch.compile cannot record them; they run eagerly, outside compiled regions.
-    EAGER_ONLY = ("moe_dispatch", "moe_combine", "tune")
+    EAGER_ONLY = ("moe_dispatch", "moe_combine", "tune", "tune_matmul")
 
     def __init__(self, context):
         self._context = context
@@ -142,7 +142,7 @@ class FusedOps:
         self._check_shape("all_gather_matmul", "out", out, (ctx.world_size * m, N))
         method = self._method("all_gather_matmul", method, flops=2 * ctx.world_size * m * N * K,
                               sent=(ctx.world_size - 1) * a_shard.numel() * a_shard.element_size(),
-                              dtype=a_shard.dtype)
+                              dtype=a_shard.dtype, extents=(N, K, m))
         if method == "copy_engine":
             return self._copy_engine.all_gather_matmul(out, a_shard, b)
         if method == "sequential":
@@ -187,7 +187,8 @@ class FusedOps:
         self._check_shape("matmul_reduce_scatter", "b", b, (K, N))
         self._check_shape("matmul_reduce_scatter", "out", out, (m, N))
         method = self._method("matmul_reduce_scatter", method, flops=2 * M * N * K,
-                              sent=(ctx.world_size - 1) * m * N * out.element_size(), dtype=out.dtype)
+                              sent=(ctx.world_size - 1) * m * N * out.element_size(), dtype=out.dtype,
+                              extents=(N, K, M))
         if method == "copy_engine":
             return self._copy_engine.matmul_reduce_scatter(out, a, b)
         if method == "sequential":
@@ -223,7 +224,7 @@ class FusedOps:
                             f"{ctx.world_size}, got M={M}; pass method=None to run it sequentially")
         sent = 2 * (ctx.world_size - 1) * (M // ctx.world_size) * N * out.element_size()
         method = self._method("matmul_all_reduce", method if divisible else "sequential", flops=2 * M * N * K,
-                              sent=sent, dtype=out.dtype)
+                              sent=sent, dtype=out.dtype, extents=(N, K, M))
         if method == "sequential":
             return ctx._torch_ccl.all_reduce(torch.matmul(a, b, out=out))
         mine = torch.empty(M // ctx.world_size, N, dtype=out.dtype, device=ctx.device)
@@ -279,6 +280,22 @@ class FusedOps:
                             f"tensors, not {', '.join(refused)}")
         return tune_all_reduce_rmsnorm(self, RMSNORM_METHODS, hidden, tokens, dtypes, repeats=repeats, save=save,
                                        timer=timer)
+
+    def tune_matmul(self, operation: str, n: int, k: int, rows=None, dtypes=None, *, repeats: int | None = None,
+                    save: bool = True, timer=None):
+        """Time the methods of the fused product ``operation`` (``"all_gather_matmul"``,
+        ``"matmul_reduce_scatter"`` or ``"matmul_all_reduce"``) on this machine for a ``k x n`` B,
+        each of ``dtypes`` (default bfloat16) and buckets of the rows of A on each rank, and make
+        its automatic method take the fastest on the slowest rank (saved in the tuning cache if
+        ``save``); returns the :class:`iris.tuning.TuningTable` of the decisions. Collective
+        (docs/tuning.md)."""
+        from iris.tuning import parse_dtype, tune_matmul
+
+        refused = [str(d) for d in map(parse_dtype, dtypes or ()) if d not in DTYPES]
+        if refused:
+            raise IrisError(f"tune_matmul: the fused methods take torch.bfloat16 or torch.float16 tensors, not "
+                            f"{', '.join(refused)}")
+        return tune_matmul(self, operation, METHODS, n, k, rows, dtypes, repeats=repeats, save=save, timer=timer)
 
     @_guarded
     def moe_dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -344,8 +361,10 @@ class FusedOps:
             raise IrisError(f"{name}: method={method!r} is not one of {', '.join(METHODS)} (or None to choose "
                             f"automatically)")
 
-    def _method(self, name: str, method: str | None, flops: int, sent: int, dtype: torch.dtype) -> str:
-        """The method to run ``name`` by: as asked, else by the estimate (CPU ranks: fused);
+    def _method(self, name: str, method: str | None, flops: int, sent: int, dtype: torch.dtype,
+                extents: tuple[int, int, int]) -> str:
+        """The method to run ``name`` by: as asked, else the tuned one for its ``extents`` (N, K and
+        the rows of A on this rank; :mod:`iris.tuning`), else by the estimate (CPU ranks: fused);
         float32 runs sequentially."""
         if method is not None:
             self._check_method(name, method)
@@ -356,6 +375,10 @@ class FusedOps:
         if dtype not in DTYPES:
             return "sequential"
         ctx = self._context
+        tuned = ctx.tuning.method(name, METHODS, ctx.world_size, dtype, extents[:2], extents[2]) \
+            if ctx.tuning.entries else None
+        if tuned is not None:
+            return tuned
         if ctx.device.type != "cuda":
             return "fused"
         share = communication_share(flops, sent)

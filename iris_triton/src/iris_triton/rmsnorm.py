@@ -293,7 +293,7 @@ def all_reduce_rmsnorm(ctx, out: torch.Tensor, x: torch.Tensor, residual: torch.
     _check(ctx, out, x, residual, weight, eps, residual_out, method)
     tokens, hidden = x.shape
     world, size = ctx.world_size, x.element_size()
-    method = method or ctx.tuning.method("all_reduce_rmsnorm", METHODS, world, x.dtype, hidden, tokens) or \
+    method = method or ctx.tuning.method("all_reduce_rmsnorm", METHODS, world, x.dtype, (hidden,), tokens) or \
         choose_method(world, x.numel() * size)
     if x.numel() == 0:
         return out
