@@ -26,12 +26,14 @@ import pytest
 import torch
 
 import iris
+from iris.tracing import EVENT_IDS
 import iris.tuning as tuning
 from iris.collectives import (MOVED_ONLY_DTYPES, REDUCING, Algorithm, CallShape, algorithm_registry,
                               register_algorithm)
 from iris.errors import IrisError
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
+COMPUTE = EVENT_IDS["compute"]  # the fused GEMM's event of one tile
 SMALL = 256  # bytes per rank of the tuned bucket: 64 float32
 OTHER = 1024  # a second bucket
 ELEMENTS = SMALL // 4
@@ -102,35 +104,46 @@ def _check_launch_shapes(ctx, report: RankReport) -> None:
     report.check("shapes/a tuned algorithm that is gone falls back", torch.allclose(result, expected, atol=1e-5))
 
 
-def _fused_ran(ctx, run) -> bool:
-    """Whether ``run()`` ran the fused matmul_reduce_scatter kernel (its trace events say so)."""
+def _fused_columns(ctx, run) -> int | None:
+    """How many tile columns ``run()``'s fused matmul_reduce_scatter computed (its trace events
+    say so), or None when it ran no fused kernel."""
     ctx.tracing.enable(max_events=4096)
     run()
     names = ctx._trace_event_names()
-    ran = any(names.get(e["kind"]) == "matmul_reduce_scatter" for e in ctx.tracing.events()["device"])
+    events = ctx.tracing.events()["device"]
     ctx.tracing.disable()
-    return ran
+    if not any(names.get(e["kind"]) == "matmul_reduce_scatter" for e in events):
+        return None
+    return 1 + max(e["tile_n"] for e in events if names.get(e["kind"]) is None and e["kind"] == COMPUTE)
 
 
 def _check_matmul_methods(ctx, report: RankReport) -> None:
-    """matmul_reduce_scatter's methods timed (each checked against torch first), the favoured one
-    chosen, and the automatic method then the tuned one for that bucket only."""
+    """matmul_reduce_scatter's methods and the fused method's tiles timed (each checked against
+    torch first), the favoured one chosen, and the automatic method then the tuned one, with its
+    tile, for that bucket only."""
     world, rank = ctx.world_size, ctx.rank
-    rows, k, n = 16 * world, 16, 16
-    table = ctx.ops.tune_matmul("matmul_reduce_scatter", n, k, [rows], save=False, timer=_favouring("sequential"))
+    rows, k, n = 16 * world, 16, 64
+    table = ctx.ops.tune_matmul("matmul_reduce_scatter", n, k, [rows], save=False,
+                                timer=_favouring("fused/32x32x16"))
     entry = table.entries[("matmul_reduce_scatter", "bfloat16", n, k, rows)]
-    report.check("matmul/every method right against torch", all(t is not None for t in entry.times.values())
-                 and set(entry.times) == {"copy_engine", "fused", "sequential"})
-    report.check("matmul/the favoured method chosen", entry.chosen == "sequential")
+    report.check("matmul/every method and tile right against torch", all(t is not None for t in entry.times.values())
+                 and set(entry.times) == {"copy_engine", "sequential", "fused/16x16x16", "fused/32x32x16"})
+    report.check("matmul/the favoured tile chosen", entry.chosen == "fused/32x32x16")
     a = torch.randn(rows, k, generator=seeded_generator("mm", rank)).bfloat16().to(ctx.device)
     b = torch.randn(k, n, generator=seeded_generator("mm-b")).bfloat16().to(ctx.device)
     out = torch.empty(rows // world, n, dtype=torch.bfloat16, device=ctx.device)
-    report.check("matmul/tuned bucket runs the tuned method",
-                 not _fused_ran(ctx, lambda: ctx.ops.matmul_reduce_scatter(out, a, b)))
+    report.check("matmul/tuned bucket runs the tuned tile",
+                 _fused_columns(ctx, lambda: ctx.ops.matmul_reduce_scatter(out, a, b)) == n // 32)
     wide = torch.empty(rows, n, dtype=torch.bfloat16, device=ctx.device)
-    report.check("matmul/another bucket keeps the built-in method (fused on CPU ranks)",
-                 _fused_ran(ctx, lambda: ctx.ops.matmul_reduce_scatter(
-                     wide, torch.cat([a] * world), b)) == (ctx.device.type == "cpu"))
+    columns = _fused_columns(ctx, lambda: ctx.ops.matmul_reduce_scatter(wide, torch.cat([a] * world), b))
+    # CPU ranks' built-in method is fused with the 16 x 16 tile; GPUs' is the estimate's, never the tuned tile
+    report.check("matmul/another bucket keeps the built-in method",
+                 columns == n // 16 if ctx.device.type == "cpu" else columns != n // 32)
+    try:
+        ctx.ops.matmul_reduce_scatter(out, a, b, method="fused/1x1x1")
+        report.check("matmul/an unknown tile refused", False)
+    except IrisError as error:
+        report.check("matmul/an unknown tile refused", "fused/32x32x16" in str(error))
 
 
 def _register_test_algorithms() -> None:

@@ -36,7 +36,7 @@ from iris.errors import IrisError
 from iris.groups import namespace_for
 from iris_triton.copy_engine import CopyEngineOps
 from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
-from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_SHAPES, LINK_BYTES_PER_SECOND,
+from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_TILES, LINK_BYTES_PER_SECOND,
                                 PUSH_BLOCK_K, PUSH_PROGRAMS)
 
 __all__ = ["FusedOps", "METHODS", "communication_share"]
@@ -112,7 +112,7 @@ class FusedOps:
 
     #: Public methods without a custom operator (torch.ops.iris): their results are objects, not
     #: tensors, so torch.compile cannot record them; they run eagerly, outside compiled regions.
-    EAGER_ONLY = ("moe_dispatch", "moe_combine", "tune", "tune_matmul")
+    EAGER_ONLY = ("moe_dispatch", "moe_combine", "tune", "tune_matmul", "method_names")
 
     def __init__(self, context):
         self._context = context
@@ -133,7 +133,8 @@ class FusedOps:
                           method: str | None = None) -> torch.Tensor:
         """``out`` (``world_size * m x N``) := ``all_gather(a_shard) @ b``: ``a_shard`` (``m x K``)
         is this rank's block of rows of ``A``, in rank order; ``b`` is ``K x N``. ``method``: one
-        of :data:`METHODS`, or None to choose by an estimate."""
+        of :meth:`method_names` (:data:`METHODS`, ``"fused/<tile>"``), or None to choose (tuned,
+        else by an estimate)."""
         ctx = self._context
         self._check("all_gather_matmul", out=out, a_shard=a_shard, b=b)
         m, K = a_shard.shape
@@ -149,7 +150,7 @@ class FusedOps:
             gathered = torch.empty(ctx.world_size * m, K, dtype=a_shard.dtype, device=ctx.device)
             ctx._torch_ccl.all_gather(gathered, a_shard.contiguous())
             return torch.matmul(gathered, b, out=out)
-        config = GEMM_SHAPES[ctx.device.type]
+        config = self._tile(method)
         block_m = config["BLOCK_M"]
         buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype, triton.cdiv(m, block_m))
         push_programs = min(PUSH_PROGRAMS[ctx.device.type], triton.cdiv(m, block_m))
@@ -193,7 +194,7 @@ class FusedOps:
             return self._copy_engine.matmul_reduce_scatter(out, a, b)
         if method == "sequential":
             return ctx._torch_ccl.reduce_scatter(out, torch.matmul(a, b))
-        config = GEMM_SHAPES[ctx.device.type]
+        config = self._tile(method)
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
         buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
         matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
@@ -295,7 +296,8 @@ class FusedOps:
         if refused:
             raise IrisError(f"tune_matmul: the fused methods take torch.bfloat16 or torch.float16 tensors, not "
                             f"{', '.join(refused)}")
-        return tune_matmul(self, operation, METHODS, n, k, rows, dtypes, repeats=repeats, save=save, timer=timer)
+        methods = tuple(m for m in self.method_names() if m != "fused")  # each tile of fused by its name
+        return tune_matmul(self, operation, methods, n, k, rows, dtypes, repeats=repeats, save=save, timer=timer)
 
     @_guarded
     def moe_dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -355,11 +357,20 @@ class FusedOps:
         if tuple(tensor.shape) != shape:
             raise IrisError(f"{name}: {what} has shape {tuple(tensor.shape)}; expected {shape}")
 
-    @staticmethod
-    def _check_method(name: str, method: str | None) -> None:
-        if method is not None and method not in METHODS:
-            raise IrisError(f"{name}: method={method!r} is not one of {', '.join(METHODS)} (or None to choose "
-                            f"automatically)")
+    def method_names(self) -> tuple[str, ...]:
+        """What ``method=`` of the matrix products takes on this context's device: :data:`METHODS`,
+        and ``"fused/<tile>"`` for each tile of ``GEMM_TILES`` (``"fused"``: the built-in tile)."""
+        return METHODS + tuple(f"fused/{tile}" for tile in GEMM_TILES[self._context.device.type])
+
+    def _check_method(self, name: str, method: str | None) -> None:
+        if method is not None and method not in self.method_names():
+            raise IrisError(f"{name}: method={method!r} is not one of {', '.join(self.method_names())} (or None to "
+                            f"choose automatically)")
+
+    def _tile(self, method: str) -> dict:
+        """The GEMM tile of a fused ``method`` (``"fused"`` or ``"fused/<tile>"``)."""
+        tiles = GEMM_TILES[self._context.device.type]
+        return tiles[method.partition("/")[2] or next(iter(tiles))]  # the first is the built-in one
 
     def _method(self, name: str, method: str | None, flops: int, sent: int, dtype: torch.dtype,
                 extents: tuple[int, int, int]) -> str:
@@ -375,7 +386,7 @@ class FusedOps:
         if dtype not in DTYPES:
             return "sequential"
         ctx = self._context
-        tuned = ctx.tuning.method(name, METHODS, ctx.world_size, dtype, extents[:2], extents[2]) \
+        tuned = ctx.tuning.method(name, self.method_names(), ctx.world_size, dtype, extents[:2], extents[2]) \
             if ctx.tuning.entries else None
         if tuned is not None:
             return tuned

@@ -26,6 +26,7 @@ __all__ = [
     "CPU_PROGRAMS",
     "GEMM_FLOPS_PER_SECOND",
     "GEMM_SHAPES",
+    "GEMM_TILES",
     "LINK_BYTES_PER_SECOND",
     "LOW_LATENCY_SHAPES",
     "PUSH_BLOCK_K",
@@ -119,6 +120,20 @@ GEMM_SHAPES = {
     "cuda": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
     "cpu": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2),
 }
+
+
+def _tile_name(shape: dict) -> str:
+    return f"{shape['BLOCK_M']}x{shape['BLOCK_N']}x{shape['BLOCK_K']}"
+
+
+#: The fused kernels' tiles by name (``BLOCK_MxBLOCK_NxBLOCK_K``), by device type: the built-in
+#: one and the alternatives the tuner times as ``method="fused/<tile>"`` (:mod:`iris.tuning`);
+#: common Triton matmul tiles, not measured here. The CPU ones only give the interpreter a choice.
+GEMM_TILES = {device: {_tile_name(shape): shape for shape in shapes} for device, shapes in {
+    "cuda": (GEMM_SHAPES["cuda"], dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+             dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)),
+    "cpu": (GEMM_SHAPES["cpu"], dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)),
+}.items()}
 
 #: Programs of the kernel that pushes rows of A to the peers (fused all_gather_matmul; the GEMM
 #: gets the remaining multiprocessors, so both kernels always run at once), and its K step.
