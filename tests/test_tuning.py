@@ -102,6 +102,11 @@ def _check_launch_shapes(ctx, report: RankReport) -> None:
                          and "['narrow', 'wide']" in str(error))
     result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True)).cpu()  # "shaped" is gone again
     report.check("shapes/a tuned algorithm that is gone falls back", torch.allclose(result, expected, atol=1e-5))
+    from iris_triton.ccl import ALL_REDUCE_TWO_SHOT
+
+    for name in ALL_REDUCE_TWO_SHOT.launch_shapes[ctx.device.type]:  # the collective kernel's own, by name
+        result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True), algorithm=f"two_shot/{name}").cpu()
+        report.check(f"shapes/two_shot/{name} right", torch.allclose(result, expected, atol=1e-5))
 
 
 def _fused_columns(ctx, run) -> int | None:
