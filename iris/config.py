@@ -124,6 +124,10 @@ class ContextConfig:
     timeout: float = attrs.field(default=300.0, converter=_timeout)
     """Seconds of wall-clock time any wait on peers, device-side or host-side, may take before it
     gives up (``IRIS_TIMEOUT``)."""
+    node_size: int | None = None
+    """Ranks per node (machine) when the world spans several: the heap is shared within a node and
+    world collectives run hierarchically (:mod:`iris.mixins.nodes`). None: from
+    ``IRIS_LOCAL_WORLD_SIZE``, torchrun's ``LOCAL_WORLD_SIZE`` or the host names."""
     on_timeout: str = attrs.field(default="raise", converter=_on_timeout)
     """``"raise"``: a device-side wait that gives up fails the call (``IrisTimeoutError``, outputs
     filled with NaN); ``"trap"``: the kernel also traps, ending the process (``IRIS_ON_TIMEOUT``)."""

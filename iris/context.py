@@ -5,7 +5,7 @@ The class of a context of backend ``b`` puts the backend's DeviceOps in front of
 right (most specific first)::
 
     b.device_ops, LoggingMixin, FailStopMixin, WorkspacesMixin, GroupsMixin, TracingMixin, HeapMixin,
-    TensorMixin, CCLMixin, ContextBase, DeviceOps
+    NodesMixin, TensorMixin, CCLMixin, ContextBase, DeviceOps
 
 Built-in backends declare that class in source (``class TritonContext(TritonDeviceOps, Context)``);
 for a backend that declares only its DeviceOps, the same class is composed once and cached.
@@ -26,8 +26,8 @@ from iris.backend import Backend, DeviceOps
 from iris.bootstrap import Communicator, default_device_type, ensure_process_group, local_rank
 from iris.config import ContextConfig
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import (CCLMixin, FailStopMixin, GroupsMixin, HeapMixin, LoggingMixin, TensorMixin, TracingMixin,
-                         WorkspacesMixin)
+from iris.mixins import (CCLMixin, FailStopMixin, GroupsMixin, HeapMixin, LoggingMixin, NodesMixin, TensorMixin,
+                         TracingMixin, WorkspacesMixin)
 from iris.registry import get_backend
 
 __all__ = ["Context", "ContextBase", "context_class", "create", "iris"]
@@ -182,8 +182,8 @@ def _destroyed_class(cls: type) -> type:
     return type(cls.__name__, (_Destroyed, cls), {"__module__": cls.__module__})
 
 
-class Context(LoggingMixin, FailStopMixin, WorkspacesMixin, GroupsMixin, TracingMixin, HeapMixin, TensorMixin, CCLMixin,
-              ContextBase, DeviceOps):
+class Context(LoggingMixin, FailStopMixin, WorkspacesMixin, GroupsMixin, TracingMixin, HeapMixin, NodesMixin,
+              TensorMixin, CCLMixin, ContextBase, DeviceOps):
     """An iris context: the core's mixins and state, with a backend's DeviceOps put in front of it
     (:func:`context_class`). What every context offers, whatever its backend; abstract alone."""
 
@@ -264,6 +264,7 @@ def _create(backend: str | None, heap_size, device, options: dict, conventions) 
     cls = context_class(spec)
     context = (cls if conventions is None else conventions(cls))(config, spec, resolved_device, group)
     context.heap.check_symmetric("iris.create()")  # set-up allocated alike on every rank
+    context._join_nodes()
     return context
 
 

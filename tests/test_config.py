@@ -225,7 +225,8 @@ def test_bad_on_timeout_from_env_names_the_variable_and_the_choices(monkeypatch)
 
 def test_a_misspelt_option_names_the_options():
     with pytest.raises(TypeError, match=r"unknown option 'heap_sise' \(did you mean 'heap_size'\?\); the options are "
-                                        r"backend, debug, device, heap_provider, heap_size, log_level, on_timeout"):
+                                        r"backend, debug, device, heap_provider, heap_size, log_level, node_size, "
+                                        r"on_timeout"):
         ContextConfig.from_env(heap_sise="8MiB")
     with pytest.raises(TypeError, match=r"unknown option 'colour'; the options"):
         ContextConfig.from_env(colour="red")

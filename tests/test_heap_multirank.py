@@ -216,7 +216,7 @@ def test_symmetric_heap_across_ranks(world_size, short_timeout):
         assert r["bases"] == r["peer_ptrs"] and r["bases"][rank] == r["local_ptr"]
         assert len(set(r["bases"])) == world_size
         assert r["bases_meta"] == ("torch.int64", "cpu", (world_size,))
-        assert r["device_context"] == [rank, world_size, *r["bases"], r["heap_size"]]
+        assert r["device_context"] == [rank, world_size, *r["bases"], r["heap_size"], 0, 0]  # no trace buffer
         # Offsets of the allocation sequence agree on every rank, and are distinct blocks.
         gathered = r["sequence_offsets"]
         assert len(gathered) == world_size and all(g == gathered[0] for g in gathered), gathered

@@ -35,6 +35,16 @@ from iris.uneven import SplitTensors, check_apart, check_counts, check_rows, sam
 
 __all__ = ["CCLMixin", "Collectives"]
 
+#: The world collectives a world of several nodes runs hierarchically (iris.hierarchical), as
+#: ``(hierarchy, output, input, op, src) -> output``.
+HIERARCHICAL = {
+    "all_reduce": lambda h, output, input, op, src: h.all_reduce(output, op),
+    "all_gather": lambda h, output, input, op, src: h.all_gather(output, input),
+    "reduce_scatter": lambda h, output, input, op, src: h.reduce_scatter(output, input, op),
+    "broadcast": lambda h, output, input, op, src: h.broadcast(output, src),
+    "all_to_all": lambda h, output, input, op, src: h.all_to_all(output, input),
+}
+
 #: Most repeats kept (the oldest is dropped first); each is a few addresses and a callable.
 MAX_REPEATS = 256
 
@@ -253,6 +263,12 @@ class Collectives:
         collectives' (input_splits, output_splits) device tensors (:mod:`iris.uneven`)."""
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
+        ctx = self._context
+        if ctx.hierarchy is not None and getattr(ctx, "_world", None) is None:  # the world spans nodes
+            if algorithm is None and collective in HIERARCHICAL:
+                validate()
+                return HIERARCHICAL[collective](ctx.hierarchy, output, input, op, src)
+            ctx._refuse_across_nodes(f"ccl.{collective}" + ("" if algorithm is None else f"(algorithm={algorithm!r})"))
         with self._context._call(f"ccl.{collective}", (output,) if isinstance(output, torch.Tensor) else ()):
             self._dispatch(collective, algorithm, output, input, validate, op, src, splits)
 

@@ -80,6 +80,12 @@ class GroupsMixin:
             listing = "; ".join(f"rank {r}: {p}, workspace_size={w}" for r, (p, w) in enumerate(everyone))
             raise IrisError(f"{what}: the ranks asked for different groups ({listing}); every rank of the world "
                             f"must make the same groups in the same order")
+        layout = self.node_layout
+        across = [ranks for ranks in ranks_per_group if len({layout.node_of(r) for r in ranks}) > 1]
+        if across:
+            raise IrisError(f"{what}: group {across[0]} spans nodes ({layout.nodes} nodes of {layout.node_size} "
+                            f"ranks), and a rank reaches only its own node's heaps; make groups inside a node, and "
+                            f"go across nodes with torch.distributed (ctx.cross_group) or the world collectives")
         size = workspace_size if workspace_size is not None else self.heap_size // DEFAULT_ARENA_FRACTION
         if not isinstance(size, int) or size <= 0:
             raise IrisError(f"{what}: workspace_size must be a positive number of bytes, got {workspace_size!r}")

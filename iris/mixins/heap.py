@@ -39,7 +39,8 @@ class HeapMixin:
                 f"runs on {self.device}; use heap_provider={DEFAULT_HEAP_PROVIDERS[self.device.type]!r}"
             )
         start = time.perf_counter()
-        mapping = provider.create(self.config.heap_size, self.comm, self.device)
+        # Shared with this rank's node only (a world of one node: with every rank).
+        mapping = self._node_local_mapping(provider.create(self.config.heap_size, self.node_comm, self.device))
         # The allocation map also when IRIS_DEBUG=1 asks kernels to check writes against it.
         self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug,
                                   allocation_map=self.config.debug or debug_from_environment())

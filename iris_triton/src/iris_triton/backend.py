@@ -112,6 +112,7 @@ class TritonDeviceOps(DeviceOps):
         the same time need one each. Collective (it allocates on the heap)."""
         from iris_triton.tile_collectives import allocate_tile_sync
 
+        self._refuse_across_nodes("tile_sync")
         with self._call("tile_sync"):
             return allocate_tile_sync(self, num_tiles)
 
@@ -192,6 +193,7 @@ class TritonDeviceOps(DeviceOps):
         it. Collective."""
         from iris_triton.barrier import device_barrier_kernel
 
+        self._refuse_across_nodes("device_barrier")
         with self._call("device_barrier"):
             device_barrier_kernel[(1,)](self._barrier_state, self.get_heap_bases(), self.faults, self.host_faults,
                                         self.rank, self.world_size, self.timeout_ns, TRACING=self.tracing.enabled,

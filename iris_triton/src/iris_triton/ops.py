@@ -100,6 +100,7 @@ def _guarded(operation):
     @functools.wraps(operation)
     def call(self, out, *args, **kwargs):
         outputs = (out,) if writes_first and isinstance(out, torch.Tensor) else ()
+        self._context._refuse_across_nodes(f"ops.{operation.__name__}")
         with self._context._call(f"ops.{operation.__name__}", outputs):
             return operation(self, out, *args, **kwargs)
 

@@ -1,0 +1,149 @@
+"""A world that spans nodes, simulated on one machine: ``iris.create(node_size=2)`` on 4 CPU ranks
+(and ``IRIS_LOCAL_WORLD_SIZE=2``) is 2 nodes of 2 ranks.
+
+Each rank checks: its heap is shared with its node only (the other node's heap bases are 0), the
+world collectives of ``ctx.ccl`` (all_reduce with every reduction, all_gather, reduce_scatter,
+broadcast, all_to_all) against torch.distributed's on gloo, with random data; collectives and
+fused operations on ``ctx.node_group``; and that whatever would reach another node's heap from the
+world's context is refused with an error that names the node group (a named algorithm, the
+rooted collectives, ``ctx.ops``, the device barrier, a group across nodes). A small training step
+of a layer split over each node's ranks, with its gradients averaged across nodes over
+``ctx.cross_group``, matches a single-process torch reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+import iris
+from iris.errors import IrisError
+from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
+
+NODE_SIZE = 2
+N = 24
+
+
+def _close(a, b) -> bool:
+    return torch.allclose(a.float().cpu(), b.float().cpu(), rtol=1e-4, atol=1e-4)
+
+
+def _world_collectives(ctx, report: RankReport) -> None:
+    rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    parts = [torch.randn(N, generator=seeded_generator("nodes", q)) for q in range(world)]
+    mine = parts[rank].to(device)
+    for op, expected in (("sum", torch.stack(parts).sum(0)), ("max", torch.stack(parts).max(0).values),
+                         ("avg", torch.stack(parts).mean(0))):
+        report.check(f"world/all_reduce {op}", _close(ctx.ccl.all_reduce(mine.clone(), op), expected))
+    report.check("world/all_gather", _close(ctx.ccl.all_gather(torch.empty(world * N, device=device), mine),
+                                            torch.cat(parts)))
+    share = N // world
+    report.check("world/reduce_scatter", _close(ctx.ccl.reduce_scatter(torch.empty(share, device=device), mine),
+                                                torch.stack(parts).sum(0)[rank * share:(rank + 1) * share]))
+    report.check("world/broadcast from rank 3", _close(ctx.ccl.broadcast(mine.clone(), src=3), parts[3]))
+    expected = torch.stack(parts).view(world, world, share)[:, rank].reshape(-1)
+    report.check("world/all_to_all", _close(ctx.ccl.all_to_all(torch.empty(N, device=device), mine), expected))
+    reference = mine.clone()
+    dist.all_reduce(reference)
+    report.check("world/all_reduce matches torch.distributed's", _close(ctx.ccl.all_reduce(mine.clone()), reference))
+
+
+def _node_calls(ctx, report: RankReport) -> None:
+    layout, node = ctx.node_layout, ctx.node_layout.node_of(ctx.rank)
+    members = layout.node_ranks(node)
+    parts = [torch.randn(N, generator=seeded_generator("node", q)) for q in range(ctx.world_size)]
+    result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True), group=ctx.node_group)
+    report.check("node/all_reduce over the node", _close(result, sum(parts[q] for q in members)))
+    a = [torch.randn(4 * NODE_SIZE, 16, generator=seeded_generator("a", q)).bfloat16() for q in range(ctx.world_size)]
+    b = torch.randn(16, 16, generator=seeded_generator("b", node)).bfloat16()
+    out = torch.empty(4, 16, dtype=torch.bfloat16, device=ctx.device)
+    ctx.ops.matmul_reduce_scatter(out, a[ctx.rank].to(ctx.device), b.to(ctx.device), group=ctx.node_group)
+    local = members.index(ctx.rank)
+    expected = sum(a[q].float() @ b.float() for q in members)[4 * local:4 * (local + 1)]
+    report.check("node/fused matmul_reduce_scatter over the node",
+                 torch.allclose(out.float().cpu(), expected, rtol=3e-2, atol=5e-2))
+
+
+def _refusals(ctx, report: RankReport) -> None:
+    x = ctx.zeros(N)
+    attempts = {
+        "named algorithm": lambda: ctx.ccl.all_reduce(x, algorithm="one_shot"),
+        "reduce": lambda: ctx.ccl.reduce(x, dst=0),
+        "ops": lambda: ctx.ops.matmul_all_reduce(torch.empty(4, 4), torch.ones(4, 4), torch.ones(4, 4)),
+        "device_barrier": ctx.device_barrier,
+        "group across nodes": lambda: ctx.new_group([0, 2]),
+    }
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            report.check(f"refused/{name}", False)
+        except IrisError as error:
+            report.check(f"refused/{name}", "spans" in str(error) and ("node" in str(error)))
+
+
+def _training_step(ctx, report: RankReport) -> None:
+    """y = x @ W (W split by columns over the node's ranks: each holds its columns), loss =
+    sum(y^2) / rows; each node trains on its own batch, gradients averaged across nodes (data
+    parallel). The updated weights against one process doing the same on every batch."""
+    layout = ctx.node_layout
+    node, local = layout.node_of(ctx.rank), layout.local_rank(ctx.rank)
+    rows, k, n, lr = 6, 8, 4 * NODE_SIZE, 0.1
+    weight = torch.randn(k, n, generator=seeded_generator("w"))
+    batches = [torch.randn(rows, k, generator=seeded_generator("batch", q)) for q in range(layout.nodes)]
+    columns = slice(local * n // NODE_SIZE, (local + 1) * n // NODE_SIZE)
+    w = weight[:, columns].clone().to(ctx.device).requires_grad_()
+    y = batches[node].to(ctx.device) @ w
+    gathered = ctx.ccl.all_gather(torch.empty(NODE_SIZE * rows, n // NODE_SIZE, device=ctx.device), y.detach(),
+                                  group=ctx.node_group)
+    full = torch.cat(gathered.view(NODE_SIZE, rows, n // NODE_SIZE).unbind(0), dim=1)
+    loss = (full ** 2).sum() / rows
+    (y ** 2).sum().div(rows).backward()  # this rank's columns' part of the loss
+    grad = w.grad
+    dist.all_reduce(grad, group=ctx.cross_group)
+    grad /= layout.nodes
+    updated = w.detach() - lr * grad
+    reference = weight.clone().requires_grad_()
+    sum(((batch @ reference) ** 2).sum() / rows for batch in batches).div(layout.nodes).backward()
+    expected = (weight - lr * reference.grad)[:, columns]
+    report.check("train/the node's output", torch.allclose(full.cpu(), batches[node] @ weight, atol=1e-5))
+    report.check("train/loss", abs(float(loss) - float(((batches[node] @ weight) ** 2).sum() / rows)) < 1e-3)
+    report.check("train/updated weights", torch.allclose(updated.cpu(), expected, atol=1e-5))
+
+
+def _worker(rank: int, how: str) -> bytes:
+    report = RankReport(rank)
+    if how == "environment":
+        os.environ["IRIS_LOCAL_WORLD_SIZE"] = str(NODE_SIZE)
+    ctx = iris.create(heap_size="16MiB", node_size=NODE_SIZE if how == "argument" else None)
+    with report.section("layout"):
+        layout = ctx.node_layout
+        report.check("layout/nodes", (layout.nodes, layout.node_size) == (ctx.world_size // NODE_SIZE, NODE_SIZE))
+        bases = ctx.get_heap_bases().tolist()
+        same = [r for r in range(ctx.world_size) if layout.node_of(r) == layout.node_of(rank)]
+        report.check("layout/only the node's heaps are mapped",
+                     all((bases[r] != 0) == (r in same) for r in range(ctx.world_size)))
+        report.check("layout/groups", ctx.node_group is not None and ctx.cross_group is not None)
+    with report.section("world"):
+        _world_collectives(ctx, report)
+    if how == "argument":
+        with report.section("node"):
+            _node_calls(ctx, report)
+        with report.section("refused"):
+            _refusals(ctx, report)
+        with report.section("train"):
+            _training_step(ctx, report)
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_four_ranks_as_two_nodes_of_two():
+    reports = reports_on_available_ranks(_worker, 4, "argument", timeout=120)
+    assert_rank_checks(reports, "", 4 * 20)
+
+
+def test_the_node_size_from_the_environment():
+    reports = reports_on_available_ranks(_worker, 4, "environment", timeout=120)
+    assert_rank_checks(reports, "world/", 4 * 9)
