@@ -159,6 +159,22 @@ def _create_check(report: RankReport, rank: int) -> None:
     report["create/asymmetric_set_up_caught"] = ("iris.create()" in error and FIX in error) or error or "not caught"
 
 
+def _off_node_check(report: RankReport, rank: int, world: int) -> None:
+    """IRIS_DEBUG=1, every rank a node of its own: a write into another node's heap stops the
+    kernel, saying the peer is on another node; a write into this rank's own heap lands."""
+    ctx = iris.create(heap_size=HEAP, device="cpu", node_size=1)
+    x = ctx.zeros(64)
+    ctx.barrier()
+    for how in ("store", "put", "load"):
+        message = _write(ctx, x, 0, 64, (rank + 1) % world, how)
+        report[f"nodes/{how}_to_another_node_caught"] = (
+            f"rank {rank} addressed rank {(rank + 1) % world}'s heap, which is on another node" in message) or message
+    report["nodes/own_heap_lands"] = _write(ctx, x, 0, 64, rank) == ""
+    report.check("nodes/own_heap_landed", torch.equal(x, torch.full((64,), 7.0)))
+    ctx.barrier()
+    ctx.destroy()
+
+
 def _write_checks(report: RankReport, rank: int, world: int) -> None:
     """IRIS_DEBUG=1: writes into blocks the target has not allocated stop the kernel first."""
     ctx = iris.create(heap_size=HEAP, device="cpu")
@@ -234,6 +250,8 @@ def _worker(rank: int) -> bytes:
         _create_check(report, rank)
     with report.section("write"):
         _write_checks(report, rank, world)
+    with report.section("nodes"):
+        _off_node_check(report, rank, world)
     return report.packed()
 
 
@@ -246,6 +264,7 @@ def test_misuse_of_the_heap_is_caught_on_every_rank(world, monkeypatch):
     assert_rank_checks(reports, "create/", minimum=world)
     assert_rank_checks(reports, "write/", minimum=world * 9)
     assert_rank_checks(reports, "bounds/", minimum=world * 6)
+    assert_rank_checks(reports, "nodes/", minimum=world * 5)
 
 
 # -- contains at the heap's edges (no ranks needed) -------------------------------------------------------

@@ -1,5 +1,5 @@
 """A world that spans nodes, simulated on one machine: ``iris.create(node_size=2)`` on 4 CPU ranks
-(and ``IRIS_LOCAL_WORLD_SIZE=2``) is 2 nodes of 2 ranks.
+(and ``IRIS_LOCAL_WORLD_SIZE=2``) is 2 nodes of 2 ranks; 6 ranks are 3 nodes of 2.
 
 Each rank checks: its heap is shared with its node only (the other node's heap bases are 0), the
 world collectives of ``ctx.ccl`` (all_reduce with every reduction, all_gather, reduce_scatter,
@@ -43,6 +43,8 @@ def _world_collectives(ctx, report: RankReport) -> None:
     report.check("world/reduce_scatter", _close(ctx.ccl.reduce_scatter(torch.empty(share, device=device), mine),
                                                 torch.stack(parts).sum(0)[rank * share:(rank + 1) * share]))
     report.check("world/broadcast from rank 3", _close(ctx.ccl.broadcast(mine.clone(), src=3), parts[3]))
+    report.check("world/broadcast from the last rank", _close(ctx.ccl.broadcast(mine.clone(), src=world - 1),
+                                                              parts[world - 1]))
     expected = torch.stack(parts).view(world, world, share)[:, rank].reshape(-1)
     report.check("world/all_to_all", _close(ctx.ccl.all_to_all(torch.empty(N, device=device), mine), expected))
     reference = mine.clone()
@@ -147,3 +149,8 @@ def test_four_ranks_as_two_nodes_of_two():
 def test_the_node_size_from_the_environment():
     reports = reports_on_available_ranks(_worker, 4, "environment", timeout=120)
     assert_rank_checks(reports, "world/", 4 * 9)
+
+
+def test_six_ranks_as_three_nodes_of_two():
+    reports = reports_on_available_ranks(_worker, 6, "environment", timeout=120)
+    assert_rank_checks(reports, "world/", 6 * 9)

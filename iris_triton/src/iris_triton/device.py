@@ -106,6 +106,12 @@ def _outside_message(rank, peer, offset, lanes, heap_size) -> str:
             f"tensors on the symmetric heap (ctx.empty/zeros/...) and mask off the lanes past their end")
 
 
+def _off_node_message(rank, peer) -> str:
+    return (f"iris (IRIS_DEBUG): rank {rank} addressed rank {peer}'s heap, which is on another node and not mapped "
+            f"here (heap base 0); a rank reaches only its node's heaps: use the node group's device context "
+            f"(ctx.node_group) in kernels, and the world collectives or torch.distributed across nodes")
+
+
 def _unallocated_message(rank, peer, offset, lanes) -> str:
     return (f"iris (IRIS_DEBUG): rank {rank} wrote to rank {peer}'s heap at byte offset {offset}, which rank "
             f"{peer} has not allocated ({lanes} address(es), the lowest shown); allocate on every rank and "
@@ -123,6 +129,10 @@ if INTERPRETING:
         """As :func:`_stop_outside`, for a write into a block the target has not allocated."""
         raise IrisError(_unallocated_message(int(rank), int(peer), int(offset), int(lanes)))
 
+    def _stop_off_node(rank, peer):
+        """As :func:`_stop_outside`, for a peer whose heap is not mapped (another node's)."""
+        raise IrisError(_off_node_message(int(rank), int(peer)))
+
 else:
 
     @triton.jit
@@ -136,6 +146,12 @@ else:
         """Print the finding; the device assertion that follows stops the kernel."""
         tl.device_print("iris (IRIS_DEBUG): write into a block the peer has not allocated; rank, peer, lowest byte "
                         "offset, lanes", rank, peer, offset, lanes)
+
+    @triton.jit
+    def _stop_off_node(rank, peer):
+        """Print the finding; the device assertion that follows stops the kernel."""
+        tl.device_print("iris (IRIS_DEBUG): a peer on another node, whose heap is not mapped here; rank, peer", rank,
+                        peer)
 
 
 @triton.jit
@@ -153,8 +169,13 @@ def _lanes(bad, offset):
 @triton.jit
 def _check_inside_heap(ptr, from_rank, to_rank, heap_bases, mask):
     """Debug mode: every (unmasked) address of ``ptr`` lies in ``from_rank``'s heap, from its base
-    up to its last byte; otherwise report the rank, the peer and the offset, and stop the kernel
-    before any access (an exception in the interpreter, a device assertion on GPUs)."""
+    up to its last byte, and ``to_rank``'s heap is mapped (a base of 0: a rank on another node);
+    otherwise report the rank, the peer and the offset, and stop the kernel before any access (an
+    exception in the interpreter, a device assertion on GPUs)."""
+    to_base = tl.load(heap_bases + to_rank)
+    if to_base == 0:
+        _stop_off_node(from_rank, to_rank)
+    tl.device_assert(to_base != 0, "iris (IRIS_DEBUG): a peer on another node: its heap is not mapped here")
     from_base = tl.load(heap_bases + from_rank)
     offset = ptr.to(tl.int64) - from_base
     heap_size = tl.load(from_base.to(tl.pointer_type(tl.int64)))  # the debug header at the heap's start
