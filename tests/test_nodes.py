@@ -6,9 +6,9 @@ world collectives of ``ctx.ccl`` (all_reduce with every reduction, all_gather, r
 broadcast, all_to_all) against torch.distributed's on gloo, with random data; collectives and
 fused operations on ``ctx.node_group``; and that whatever would reach another node's heap from the
 world's context is refused with an error that names the node group (a named algorithm, the
-rooted collectives, ``ctx.ops``, the device barrier, a group across nodes). A small training step
-of a layer split over each node's ranks, with its gradients averaged across nodes over
-``ctx.cross_group``, matches a single-process torch reference.
+rooted collectives, ``ctx.ops``, the device barrier, a group across nodes). A training step of a
+row-parallel layer (the fused ``matmul_all_reduce`` over each node's ranks), its gradients averaged
+across nodes over ``ctx.cross_group``, matches a single-process torch reference.
 """
 
 from __future__ import annotations
@@ -86,32 +86,34 @@ def _refusals(ctx, report: RankReport) -> None:
 
 
 def _training_step(ctx, report: RankReport) -> None:
-    """y = x @ W (W split by columns over the node's ranks: each holds its columns), loss =
-    sum(y^2) / rows; each node trains on its own batch, gradients averaged across nodes (data
-    parallel). The updated weights against one process doing the same on every batch."""
+    """One step of y = x @ W with W split by rows over the node's ranks (a row-parallel layer: each
+    rank multiplies its columns of x by its rows of W, and the fused matmul_all_reduce over the
+    node sums them), loss = sum(y^2) / rows; each node trains on its own batch and the gradients
+    are averaged across nodes over ctx.cross_group (data parallel). The loss and the updated
+    weights against one process doing the same on every batch in float32."""
     layout = ctx.node_layout
     node, local = layout.node_of(ctx.rank), layout.local_rank(ctx.rank)
-    rows, k, n, lr = 6, 8, 4 * NODE_SIZE, 0.1
-    weight = torch.randn(k, n, generator=seeded_generator("w"))
-    batches = [torch.randn(rows, k, generator=seeded_generator("batch", q)) for q in range(layout.nodes)]
-    columns = slice(local * n // NODE_SIZE, (local + 1) * n // NODE_SIZE)
-    w = weight[:, columns].clone().to(ctx.device).requires_grad_()
-    y = batches[node].to(ctx.device) @ w
-    gathered = ctx.ccl.all_gather(torch.empty(NODE_SIZE * rows, n // NODE_SIZE, device=ctx.device), y.detach(),
-                                  group=ctx.node_group)
-    full = torch.cat(gathered.view(NODE_SIZE, rows, n // NODE_SIZE).unbind(0), dim=1)
-    loss = (full ** 2).sum() / rows
-    (y ** 2).sum().div(rows).backward()  # this rank's columns' part of the loss
-    grad = w.grad
+    rows, k, n, lr = 4 * NODE_SIZE, 8 * NODE_SIZE, 16, 0.05
+    weight = torch.randn(k, n, generator=seeded_generator("w")).bfloat16().float()
+    batches = [torch.randn(rows, k, generator=seeded_generator("batch", q)).bfloat16().float()
+               for q in range(layout.nodes)]
+    mine = slice(local * k // NODE_SIZE, (local + 1) * k // NODE_SIZE)
+    x, w = batches[node][:, mine], weight[mine]
+    y = torch.empty(rows, n, dtype=torch.bfloat16, device=ctx.device)
+    ctx.ops.matmul_all_reduce(y, x.bfloat16().to(ctx.device), w.bfloat16().to(ctx.device), method="fused",
+                              group=ctx.node_group)
+    y = y.float().cpu()
+    loss = float((y ** 2).sum() / rows)
+    grad = (x.t() @ (2 * y / rows)).to(ctx.device)  # d loss / d (this rank's rows of W)
     dist.all_reduce(grad, group=ctx.cross_group)
-    grad /= layout.nodes
-    updated = w.detach() - lr * grad
+    updated = w - lr * grad.cpu() / layout.nodes
     reference = weight.clone().requires_grad_()
-    sum(((batch @ reference) ** 2).sum() / rows for batch in batches).div(layout.nodes).backward()
-    expected = (weight - lr * reference.grad)[:, columns]
-    report.check("train/the node's output", torch.allclose(full.cpu(), batches[node] @ weight, atol=1e-5))
-    report.check("train/loss", abs(float(loss) - float(((batches[node] @ weight) ** 2).sum() / rows)) < 1e-3)
-    report.check("train/updated weights", torch.allclose(updated.cpu(), expected, atol=1e-5))
+    losses = [((batch @ reference) ** 2).sum() / rows for batch in batches]
+    (sum(losses) / layout.nodes).backward()
+    expected = (weight - lr * reference.grad)[mine]
+    report.check("train/the node's fused layer", torch.allclose(y, batches[node] @ weight, rtol=2e-2, atol=5e-2))
+    report.check("train/loss", abs(loss - float(losses[node])) <= 2e-2 * float(losses[node]))
+    report.check("train/updated weights", torch.allclose(updated, expected, rtol=2e-2, atol=2e-2))
 
 
 def _worker(rank: int, how: str) -> bytes:
