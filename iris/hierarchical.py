@@ -35,11 +35,11 @@ torch.distributed's own calls do. The costs below are per rank, for a tensor of 
 - ``broadcast(tensor, src)``: broadcast over the cross group of ``src``'s local rank from
   ``src``'s node (``B`` to each of the other ``N-1`` nodes; the other local ranks take no part),
   then broadcast inside every node from that local rank (``B`` to each of ``L-1`` peers).
-- ``all_to_all(output, input)``: torch.distributed's ``all_to_all_single`` over the world, in one
-  step: ``(W-1)/W B`` leaves each rank, ``(W-L)/W B`` of it to other nodes. An all-to-all
-  reduces nothing, so a two-level composition would move the same bytes between nodes and add a
-  pass inside the node and two reordering copies; it only pays off where many small messages
-  between nodes cost more than the extra pass, which is not assumed here.
+- ``all_to_all(output, input)``: the ``L`` segments for this node's ranks go on iris's all_to_all
+  over the node (``(L-1)/W B`` sent inside the node, straight into the peers' outputs); the
+  ``W - L`` for other nodes (``(W-L)/W B``) through torch.distributed's ``all_to_all_single``
+  with this node's splits 0, gathered into one buffer and spread back out (a copy of that part
+  each way).
 
 Reductions are those of both sides: ``sum``, ``avg`` (floating point only), ``max``, ``min`` and
 ``prod``; element types those that iris's collectives and the torch backend both take.
@@ -303,7 +303,17 @@ class Hierarchy:
         if input.numel() % world:
             raise IrisError(f"all_to_all: input has {input.numel()} elements, not divisible by the world size "
                             f"{world}; pad it to a multiple of {world}")
-        dist.all_to_all_single(output.view(-1), input.view(-1))
+        layout, m = self.layout, input.numel() // world
+        inp, out = input.view(world, m), output.view(world, m)
+        mine = slice(layout.node_ranks(self.node)[0], layout.node_ranks(self.node)[-1] + 1)
+        # This node's segments move on iris, each rank's straight into its peers' outputs.
+        self.context.ccl.all_to_all(out[mine], inp[mine].contiguous(), group=self.node_group)
+        if layout.nodes > 1:  # the other nodes' segments through torch.distributed, node segments left out
+            away = [r for r in range(world) if layout.node_of(r) != self.node]
+            splits = [0 if layout.node_of(r) == self.node else m for r in range(world)]
+            received = torch.empty(len(away), m, dtype=output.dtype, device=output.device)
+            dist.all_to_all_single(received.view(-1), inp[away].reshape(-1), splits, splits)
+            out[away] = received
         return output
 
     # -- checks ---------------------------------------------------------------------------------

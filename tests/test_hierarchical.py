@@ -5,7 +5,7 @@ Nodes are simulated on one machine: 4 ranks as 2 nodes of 2 and 6 ranks as 3 nod
 spawn each, every check in it). Sizes both divisible and not divisible by the node size; float32
 for every reduction, bfloat16 for the all_reduce sum; every rank as broadcast's source; the
 results against torch's world all_reduce, all_gather and broadcast (all_to_all: against the
-gathered inputs, since the module's all_to_all is torch's). The 4-rank spawn also runs the degenerate
+gathered inputs). The 4-rank spawn also runs the degenerate
 layouts (one rank per node, one node), the layout of a context (``layout_for``) and the refusals.
 :class:`NodeLayout` and :func:`node_size_from` are tested on their own, without ranks.
 """
