@@ -10,6 +10,6 @@ if [ $# -gt 0 ]; then
 fi
 status=0
 .venv/bin/ruff check . || status=$?
-.venv/bin/python -m pytest -q || status=$?
+.venv/bin/python -m pytest -q --durations=20 || status=$?  # the slowest tests: what to trim first
 scripts/test_latest.sh || status=$?
 exit $status
