@@ -336,7 +336,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="the ranks' device (default: cuda when a GPU is visible)")
     p.add_argument("--collectives", default=None,
-                   help="comma-separated collectives (default: those with more than one algorithm installed)")
+                   help="comma-separated collectives (default: those with more than one candidate: algorithms, "
+                        "launch shapes)")
     p.add_argument("--dtypes", default=None, help="comma-separated dtypes (default: bfloat16,float32 on GPUs)")
     p.add_argument("--sizes", default=None,
                    help="comma-separated bytes per rank, e.g. 4KiB,1MiB, each rounded up to its power of two "

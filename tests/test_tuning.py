@@ -28,6 +28,7 @@ import torch
 import iris
 from iris.tracing import EVENT_IDS
 import iris.tuning as tuning
+import iris.tuning.cache as tuning_cache
 from iris.collectives import (MOVED_ONLY_DTYPES, REDUCING, Algorithm, CallShape, algorithm_registry,
                               register_algorithm)
 from iris.errors import IrisError
@@ -503,8 +504,8 @@ TOPO = ("\t\x1b[4mGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA 
 
 
 def test_the_link_types_are_read_from_nvidia_smi(monkeypatch):
-    monkeypatch.setattr(tuning.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(tuning.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, TOPO, ""))
-    assert tuning._nvidia_smi_links() == "NV18,PIX"
-    monkeypatch.setattr(tuning.shutil, "which", lambda name: None)
-    assert tuning._nvidia_smi_links() == "unknown"
+    monkeypatch.setattr(tuning_cache.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(tuning_cache.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, TOPO, ""))
+    assert tuning_cache._nvidia_smi_links() == "NV18,PIX"
+    monkeypatch.setattr(tuning_cache.shutil, "which", lambda name: None)
+    assert tuning_cache._nvidia_smi_links() == "unknown"
