@@ -22,7 +22,8 @@ class HeapMapping:
     peers: tuple[torch.Tensor, ...]
     """One flat ``uint8`` tensor per rank over that rank's heap, in rank order; this rank's
     entry is its own heap. Host code can read and write peers' heaps through them. The memory
-    lives as long as any tensor viewing it: dropping the mapping never invalidates a tensor."""
+    lives as long as any tensor viewing it: dropping the mapping never invalidates a tensor. A
+    rank on another node has an empty tensor (base 0): its heap is not mapped here."""
 
     @property
     def bases(self) -> tuple[int, ...]:
