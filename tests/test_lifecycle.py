@@ -60,6 +60,8 @@ LAUNCH_SCRIPT = textwrap.dedent('''
                 time.sleep(0.05)
 
     if __name__ == "__main__":
+        import faulthandler
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should it hang
         print(f"PARENT {os.getpid()}", flush=True)
         iris.spawn(work, 2, sys.argv[1], sys.argv[2] == "1", device="cpu")
 ''')
@@ -157,8 +159,11 @@ class Launch:
         try:
             self.proc.wait(timeout=GONE_TIMEOUT)
         except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # its threads' stacks to its stderr
+            time.sleep(1)
             self.proc.kill()
-            raise AssertionError("the launch did not end after the kill") from None
+            raise AssertionError("the launch did not end after the kill; where it was:\n"
+                                 + self.stderr_path.read_text()[-6000:]) from None
         finally:
             self.stderr = self.stderr_path.read_text()
         return self.proc.returncode
