@@ -62,6 +62,10 @@ LAUNCH_SCRIPT = textwrap.dedent('''
     if __name__ == "__main__":
         import faulthandler
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should it hang
+        # As a shell starts a launcher: a process inherits an ignored SIGINT from its parent (the
+        # test runner's may be, after other tests), and Python then leaves it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         print(f"PARENT {os.getpid()}", flush=True)
         iris.spawn(work, 2, sys.argv[1], sys.argv[2] == "1", device="cpu")
 ''')
