@@ -123,9 +123,8 @@ class Tracing:
     def _measure_clock_offset(self) -> int:
         """The device clock's lead over the host's monotonic clock, in nanoseconds (0 where the
         device's clock is the host's)."""
-        read = getattr(self._context, "_device_clock_ns", None)
         before = time.monotonic_ns()
-        device_now = read() if read is not None else None
+        device_now = self._context._device_clock_ns()
         after = time.monotonic_ns()
         return 0 if device_now is None else device_now - (before + after) // 2
 
@@ -143,6 +142,10 @@ class Tracing:
         return _HostRange(self, f"iris.{name}")
 
     # -- reading and export ------------------------------------------------------------------------
+
+    def event_names(self) -> dict[int, str]:
+        """Every event kind's name by id: :data:`EVENT_IDS`' and the backend's operations'."""
+        return {**{v: k for k, v in EVENT_IDS.items()}, **self._context._trace_event_names()}
 
     def events(self) -> dict[str, Any]:
         """This rank's record: ``{"rank", "device": [event dicts], "host": [(name, start_ns,
@@ -172,7 +175,7 @@ class Tracing:
         ``path`` with ``_rank<r>`` before the suffix."""
         record = self.events()
         context = self._context
-        names = {**{v: k for k, v in EVENT_IDS.items()}, **context._trace_event_names()}
+        names = self.event_names()
         if merge:
             records = context.comm.all_gather_object(record)
             if context.rank != 0:

@@ -29,7 +29,7 @@ import torch
 
 import iris
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
-from iris.tracing import EVENT_IDS, chrome_trace
+from iris.tracing import chrome_trace
 from trace_checks import check_chrome_trace
 
 HERE = Path(__file__).parent
@@ -88,7 +88,7 @@ def _collectives(ctx, report: RankReport) -> None:
 
 def _check_events(ctx, report: RankReport, record: dict) -> None:
     """This rank's events of the traced section."""
-    names = {**{v: k for k, v in EVENT_IDS.items()}, **ctx._trace_event_names()}
+    names = ctx.tracing.event_names()
     device = [dict(e, name=names.get(e["kind"])) for e in record["device"]]
     by_name: dict[str, list[dict]] = {}
     for e in device:

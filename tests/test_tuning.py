@@ -26,7 +26,6 @@ import pytest
 import torch
 
 import iris
-from iris.tracing import EVENT_IDS
 import iris.tuning as tuning
 import iris.tuning.cache as tuning_cache
 from iris.collectives import (MOVED_ONLY_DTYPES, REDUCING, Algorithm, CallShape, algorithm_registry,
@@ -34,7 +33,6 @@ from iris.collectives import (MOVED_ONLY_DTYPES, REDUCING, Algorithm, CallShape,
 from iris.errors import IrisError
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
-COMPUTE = EVENT_IDS["compute"]  # the fused GEMM's event of one tile
 SMALL = 256  # bytes per rank of the tuned bucket: 64 float32
 OTHER = 1024  # a second bucket
 ELEMENTS = SMALL // 4
@@ -115,12 +113,12 @@ def _fused_columns(ctx, run) -> int | None:
     say so), or None when it ran no fused kernel."""
     ctx.tracing.enable(max_events=4096)
     run()
-    names = ctx._trace_event_names()
+    names = ctx.tracing.event_names()
     events = ctx.tracing.events()["device"]
     ctx.tracing.disable()
-    if not any(names.get(e["kind"]) == "matmul_reduce_scatter" for e in events):
+    if not any(names[e["kind"]] == "matmul_reduce_scatter" for e in events):
         return None
-    return 1 + max(e["tile_n"] for e in events if names.get(e["kind"]) is None and e["kind"] == COMPUTE)
+    return 1 + max(e["tile_n"] for e in events if names[e["kind"]] == "compute")
 
 
 def _check_matmul_methods(ctx, report: RankReport) -> None:

@@ -264,7 +264,7 @@ class Collectives:
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
         ctx = self._context
-        if ctx.hierarchy is not None and getattr(ctx, "_world", None) is None:  # the world spans nodes
+        if ctx._spans_nodes():
             if algorithm is None and collective in HIERARCHICAL:
                 validate()
                 return HIERARCHICAL[collective](ctx.hierarchy, output, input, op, src)

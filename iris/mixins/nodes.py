@@ -36,10 +36,10 @@ class NodesMixin:
         super()._setup()
         self.node_layout = layout_for(self, self.config.node_size)
         self.node_comm = self.comm
-        if self.node_layout.nodes > 1:
-            groups = [dist.new_group(list(self.node_layout.node_ranks(n)), use_local_synchronization=True)
-                      if self.node_layout.node_of(self.rank) == n else None for n in range(self.node_layout.nodes)]
-            self.node_comm = Communicator(groups[self.node_layout.node_of(self.rank)], timeout=self.config.timeout)
+        if self.node_layout.nodes > 1:  # made by its members only
+            node = dist.new_group(list(self.node_layout.node_ranks(self.node_layout.node_of(self.rank))),
+                                  use_local_synchronization=True)
+            self.node_comm = Communicator(node, timeout=self.config.timeout)
 
     def _node_local_mapping(self, mapping: HeapMapping) -> HeapMapping:
         """The world's mapping of a heap made over ``node_comm``: this node's ranks' heaps in
@@ -68,10 +68,14 @@ class NodesMixin:
         data-parallel group of a layer parallel inside each node), or None on one node."""
         return None if self.hierarchy is None else self.hierarchy.cross_group
 
+    def _spans_nodes(self) -> bool:
+        """Whether this is the context of a world that spans nodes (not a group view in it)."""
+        return self.node_layout.nodes > 1 and getattr(self, "_world", None) is None
+
     def _refuse_across_nodes(self, what: str) -> None:
         """Raise if ``what`` would reach another node's heap: a call of the world's context (not
         of a group view) when the world spans nodes."""
-        if self.node_layout.nodes > 1 and getattr(self, "_world", None) is None:
+        if self._spans_nodes():
             layout = self.node_layout
             raise IrisError(f"{what}: this context's world spans {layout.nodes} nodes of {layout.node_size} ranks, "
                             f"and a rank reaches only its own node's heaps; call it on the node "

@@ -12,7 +12,8 @@ there the GPU values are a starting point, not a tuning.
 
 The automatic choices of the collectives' algorithms and of ``all_reduce_rmsnorm``'s method take a
 machine's own tuning first (``iris tune``, :mod:`iris.tuning`, ``docs/tuning.md``): these tables
-are the fallback where it has no entry for a call. Launch shapes are always these.
+are the fallback where it has no entry for a call. So are the launch shapes and the fused GEMM's
+tile, which the tuner times by name (``COLLECTIVE_LAUNCH_SHAPES``, ``GEMM_TILES``).
 """
 
 from __future__ import annotations
