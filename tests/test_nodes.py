@@ -8,7 +8,9 @@ fused operations on ``ctx.node_group``; and that whatever would reach another no
 world's context is refused with an error that names the node group (a named algorithm, the
 rooted collectives, ``ctx.ops``, the device barrier, a group across nodes). A training step of a
 row-parallel layer (the fused ``matmul_all_reduce`` over each node's ranks), its gradients averaged
-across nodes over ``ctx.cross_group``, matches a single-process torch reference.
+across nodes over ``ctx.cross_group``, matches a single-process torch reference. A world of one
+rank is one node of one: its own heap mapped, and a hierarchy over it runs every step (replayed
+from a CUDA graph on a GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.distributed as dist
 
 import iris
 from iris.errors import IrisError
+from iris.hierarchical import Hierarchy, NodeLayout
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
 NODE_SIZE = 2
@@ -141,6 +144,63 @@ def _worker(rank: int, how: str) -> bytes:
     ctx.barrier()
     ctx.destroy()
     return report.packed()
+
+
+def _hierarchy_of_one(h: Hierarchy, report: RankReport) -> None:
+    """Every collective of a Hierarchy over a world of one rank (one node of one: each step of it
+    runs, the node step on iris's kernels, the cross step on torch.distributed) against its input."""
+    device = h.context.device
+    x = torch.randn(N, generator=seeded_generator("one", "x")).to(device)
+    report.check("one/hierarchy/all_reduce sum", _close(h.all_reduce(x.clone()), x))
+    report.check("one/hierarchy/all_reduce avg", _close(h.all_reduce(x.clone(), "avg"), x))
+    report.check("one/hierarchy/all_gather", _close(h.all_gather(torch.empty(N, device=device), x), x))
+    report.check("one/hierarchy/reduce_scatter", _close(h.reduce_scatter(torch.empty(N, device=device), x), x))
+    report.check("one/hierarchy/broadcast", _close(h.broadcast(x.clone(), src=0), x))
+    report.check("one/hierarchy/all_to_all", _close(h.all_to_all(torch.empty(N, device=device), x), x))
+
+
+def _captured_all_reduce(h: Hierarchy, report: RankReport) -> None:
+    """The hierarchical all_reduce captured in a CUDA graph (NCCL's steps are capturable) and
+    replayed on new data: every replay leaves the reduction of what the tensor held before it."""
+    tensor = torch.empty(4 * N + 1, device=h.context.device)
+    h.all_reduce(tensor.normal_())  # warm-up outside the capture: NCCL's communicator, iris's kernels
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h.all_reduce(tensor, "avg")
+    for replay in range(3):
+        values = torch.randn(tensor.numel(), generator=seeded_generator("graph", replay)).to(tensor.device)
+        tensor.copy_(values)
+        graph.replay()
+        torch.cuda.synchronize()
+        report.check(f"one/graph/replay {replay}", _close(tensor, values))
+
+
+def _one_rank_worker(rank: int) -> bytes:
+    """A world of one rank bootstrapped as one node of one (node_size=1): its own heap mapped,
+    no hierarchy (one node), and a Hierarchy over that node running every step."""
+    report = RankReport(rank)
+    ctx = iris.create(heap_size="16MiB", node_size=1)
+    with report.section("one"):
+        report.check("one/layout", (ctx.node_layout.nodes, ctx.node_layout.node_size) == (1, 1))
+        report.check("one/one node: no hierarchy", ctx.hierarchy is None and ctx.node_group is None
+                     and ctx.cross_group is None)
+        report.check("one/own heap mapped", ctx.get_heap_bases().tolist()[0] != 0)
+        x = torch.randn(N, generator=seeded_generator("one", "ccl")).to(ctx.device)
+        report.check("one/world all_reduce", _close(ctx.ccl.all_reduce(x.clone()), x))
+        h = Hierarchy.of(ctx, NodeLayout(1, 1))
+        _hierarchy_of_one(h, report)
+        if ctx.device.type == "cuda":
+            _captured_all_reduce(h, report)
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_one_rank_is_a_node_of_one():
+    reports = reports_on_available_ranks(_one_rank_worker, 1, timeout=120)
+    on_gpu = torch.cuda.is_available()
+    assert_rank_checks(reports, "one/", 10 + 3 * on_gpu)
 
 
 def test_four_ranks_as_two_nodes_of_two():
