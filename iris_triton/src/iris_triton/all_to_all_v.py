@@ -59,8 +59,8 @@ from iris_triton.ccl import SLOT_ALIGNMENT, _finish, _program_state, _signal_pee
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import collective_shape
-from iris_triton.waits import (BOUNDS, CAPACITY, OVERFLOW, SPLITS, UNMATCHED, peers_announced, poison_blocks,
-                               record_failure, site_code)
+from iris_triton.waits import (BOUNDS, CAPACITY, OVERFLOW, SPLITS, UNMATCHED, failed, peers_announced,
+                               poison_blocks, record_failure, site_code)
 
 __all__ = ["ALL_TO_ALL_SINGLE_DIRECT", "ALL_TO_ALL_VDEV_DIRECT", "WORKSPACE", "all_to_all_v_kernel", "table_bytes"]
 
@@ -208,14 +208,15 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     slot = table + (call & 1) * WORLD * LANES
     lanes = dctx.block_offsets(table, 0, LANES)
     mine = _own_row(lanes, splits, expected, in_rows, bound, WORLD, EXPECTED)
-    for q in tl.static_range(WORLD):
-        if q != RANK:
-            dctx.store(slot + RANK * LANES + lanes, mine, q, mask=lanes < 2 * WORLD + 2)
+    if not failed(faults):  # a failed context sends peers nothing
+        for q in tl.static_range(WORLD):
+            if q != RANK:
+                dctx.store(slot + RANK * LANES + lanes, mine, q, mask=lanes < 2 * WORLD + 2)
     tl.store(slot + RANK * LANES + lanes, mine, mask=lanes < 2 * WORLD + 2)
     tl.debug_barrier()  # this rank's row, as every thread of the program reads it below
     announce(dctx, headers, announced, RANK, WORLD)
     count += 1
-    _signal_peers(dctx, flags, count, RANK, WORLD)
+    _signal_peers(dctx, flags, count, faults, RANK, WORLD)
     ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
     ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
     words = dctx.block_offsets(table, 0, TABLE)
@@ -225,7 +226,7 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     if ok:  # every rank's verdict is the same: either all push, or none does
         counts = tl.load(slot + words, mask=(words // LANES < WORLD) & (words % LANES < WORLD), other=0)
         _push_rows(dctx, counts, words, inp, out, region, row, RANK, WORLD, LANES, BLOCK)
-        _signal_peers(dctx, flags, count, RANK, WORLD)
+        _signal_peers(dctx, flags, count, faults, RANK, WORLD)
         ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
         if ok:
             _take_rows(dctx, counts, words, out, region, out_splits, row, RANK, WORLD, LANES, BLOCK, REPORT)

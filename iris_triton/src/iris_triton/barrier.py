@@ -12,7 +12,7 @@ import triton.language as tl
 
 from iris_triton import device
 from iris_triton.tracing import OPERATION_EVENT, DeviceTracing
-from iris_triton.waits import site_code, wait_or_record
+from iris_triton.waits import failed, site_code, wait_or_record
 
 __all__ = ["device_barrier_kernel", "state_words"]
 
@@ -33,8 +33,9 @@ def device_barrier_kernel(state_ptr, heap_bases, faults, host_faults, rank, worl
     epoch = tl.load(epoch_ptr) + 1
     span = tracing.begin(OPERATION_EVENT + DEVICE_BARRIER_SITE, op=epoch)
     tl.store(epoch_ptr, epoch)
-    for peer in range(world_size):
-        device.atomic_add(arrivals + rank, 1, rank, peer, heap_bases, sem="release", scope="sys")
+    if not failed(faults):  # a failed context sends peers nothing: they give up rather than pass
+        for peer in range(world_size):
+            device.atomic_add(arrivals + rank, 1, rank, peer, heap_bases, sem="release", scope="sys")
     for peer in range(world_size):
         wait_or_record(arrivals + peer, epoch, rank, heap_bases, timeout_ns, faults, host_faults, world_size, peer,
                        DEVICE_BARRIER_SITE)

@@ -46,7 +46,7 @@ from iris_triton.calls import LANES, announce, call_number, count_call, header_v
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tracing import OPERATION_EVENT, WAIT_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, COLLECTIVE_LAUNCH_SHAPES, collective_shape
-from iris_triton.waits import peers_announced, poison_blocks, site_code, wait_or_record
+from iris_triton.waits import failed, peers_announced, poison_blocks, site_code, wait_or_record
 
 __all__ = [
     "ALL_GATHER_DIRECT",
@@ -78,12 +78,15 @@ def _finish(dctx, sync, programs, call, count):
 
 
 @triton.jit
-def _signal_peers(dctx, flags, count, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Release this program's writes so far to every peer: its flag [p, RANK] := ``count``."""
-    row = flags + tl.program_id(0) * WORLD
-    for q in tl.static_range(WORLD):
-        if q != RANK:
-            dctx.signal(row + RANK, count, q)
+def _signal_peers(dctx, flags, count, faults, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Release this program's writes so far to every peer: its flag [p, RANK] := ``count``;
+    nothing once a failure is recorded on this rank (:mod:`iris_triton.waits`: a failed context
+    sends peers nothing)."""
+    if not failed(faults):
+        row = flags + tl.program_id(0) * WORLD
+        for q in tl.static_range(WORLD):
+            if q != RANK:
+                dctx.signal(row + RANK, count, q)
 
 
 @triton.jit
@@ -350,9 +353,9 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
     region = ws + (call & 1) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
     lag: tl.constexpr = 1 if MIDDLE is None else 2  # steps between a round's push and its consume
-    ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
+    ok = not failed(faults)  # every wait so far succeeded, on a context that had not failed before
     for i in range(rounds + lag):
-        if i < rounds:
+        if (i < rounds) & ok:  # after a give-up nothing more reaches a peer
             _each_block(PUSH, dctx, i, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
         if i > 0:  # the peers' count of step i - 1 covers their pushes up to round i - 1
             ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
@@ -360,7 +363,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
                 ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE,
                                           False)
             if MIDDLE is not None:
-                if i <= rounds:
+                if (i <= rounds) & ok:
                     _each_block(MIDDLE, dctx, i - 1, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC,
                                 BLOCK, ROUND)
             if i >= lag:
@@ -369,7 +372,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
         if i < rounds + lag - 1:
             count += 1
             if ok:  # after a give-up, nothing this program computes may reach a peer as valid
-                _signal_peers(dctx, flags, count, RANK, WORLD)
+                _signal_peers(dctx, flags, count, faults, RANK, WORLD)
     _finish(dctx, sync, programs, call, count)
     if not ok:
         poison_blocks(dctx, out, out_numel, m, tl.program_id(0), tl.num_programs(0), BLOCK)

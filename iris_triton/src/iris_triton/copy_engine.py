@@ -57,14 +57,16 @@ def poison_if_failed_kernel(out, numel, faults, heap_bases, RANK: tl.constexpr, 
 
 
 @triton.jit
-def signal_peers_kernel(counter, flags, heap_bases, RANK: tl.constexpr, WORLD: tl.constexpr):
+def signal_peers_kernel(counter, flags, heap_bases, faults, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Advance this rank's ``counter`` and set ``flags[RANK]`` on every peer to it (release, system
-    scope: what this stream did before, copies included, is visible to whoever sees the flag)."""
+    scope: what this stream did before, copies included, is visible to whoever sees the flag);
+    on a failed context (``faults``) no flag: its peers give up rather than take its data."""
     count = tl.load(counter) + 1
     tl.store(counter, count)
-    for q in tl.static_range(WORLD):
-        if q != RANK:
-            device.signal(flags + RANK, count, RANK, q, heap_bases)
+    if not failed(faults):
+        for q in tl.static_range(WORLD):
+            if q != RANK:
+                device.signal(flags + RANK, count, RANK, q, heap_bases)
 
 
 class _Sync:
@@ -174,5 +176,5 @@ class CopyEngineOps:
 
     def _signal(self, counter, flags) -> None:
         ctx = self._context
-        signal_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), RANK=ctx.rank, WORLD=ctx.world_size,
-                                  num_warps=1)
+        signal_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), ctx.faults, RANK=ctx.rank,
+                                  WORLD=ctx.world_size, num_warps=1)

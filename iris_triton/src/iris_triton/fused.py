@@ -30,7 +30,7 @@ from iris_triton.calls import LANES, call_number, count_call
 from iris_triton.context import DeviceContext
 from iris_triton.gemm import tile_coordinates, tile_product
 from iris_triton.tracing import COMPUTE_EVENT, OPERATION_EVENT, PUSH_EVENT, WAIT_EVENT, DeviceTracing
-from iris_triton.waits import poison, site_code, wait_or_record
+from iris_triton.waits import failed, poison, site_code, wait_or_record
 
 __all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
 
@@ -40,18 +40,20 @@ MATMUL_REDUCE_SCATTER_SITE: tl.constexpr = tl.constexpr(site_code("matmul_reduce
 
 
 @triton.jit
-def push_rows_kernel(shard, gathered, flags, calls, heap_bases, capacity, m, K, stride_sm, stride_sk, flag_stride,
-                     slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
+def push_rows_kernel(shard, gathered, flags, calls, heap_bases, faults, capacity, m, K, stride_sm, stride_sk,
+                     flag_stride, slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Copy this rank's ``m x K`` ``shard`` into rows ``[RANK * m, (RANK + 1) * m)`` of the call's
     slot of every rank's ``gathered`` (heap; two slots ``slot_stride`` elements apart, each
     ``WORLD * m x K``), one tile of ``BLOCK_M`` rows at a time; after each tile set flag
-    ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart) on every rank to the call's number."""
+    ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart) on every rank to the call's number.
+    On a failed context (``faults``) it sends nothing."""
     call = call_number(calls)
     tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
     slot = gathered + (call & 1) * slot_stride
     offs_k = tl.arange(0, BLOCK_K)
-    for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK_M), tl.num_programs(0)):
+    tiles = tl.where(failed(faults), 0, tl.cdiv(m, BLOCK_M))
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
         pushing = tracing.begin(PUSH_EVENT, nbytes=BLOCK_M * K * (shard.dtype.element_ty.primitive_bitwidth // 8),
                                 tile=tile, op=call)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -121,6 +123,7 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faul
     tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
     span = tracing.begin(OPERATION_EVENT + MATMUL_REDUCE_SCATTER_SITE, op=call)
     ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
+    alive = not failed(faults)  # a failed context sends peers nothing
     slot = recv + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
@@ -135,8 +138,9 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faul
                                                EVEN_K)
             mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
             part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
-            device.store(part, acc.to(out.dtype.element_ty), RANK, owner, heap_bases, mask=mask)
-            device.signal(flags + RANK * flag_stride + t, call + 1, RANK, owner, heap_bases)
+            if alive:
+                device.store(part, acc.to(out.dtype.element_ty), RANK, owner, heap_bases, mask=mask)
+                device.signal(flags + RANK * flag_stride + t, call + 1, RANK, owner, heap_bases)
             tracing.end(computing)
     for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)

@@ -41,7 +41,7 @@ from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, LOW_LATENCY_SHAPES
-from iris_triton.waits import poison_blocks, publish, read_when_arrived, site_code
+from iris_triton.waits import failed, poison_blocks, publish, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_LOW_LATENCY", "MAX_BYTES", "low_latency_kernel"]
 
@@ -144,12 +144,13 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     span = dctx.tracing.begin(OPERATION_EVENT + _SITE, nbytes=n * SIZE, op=call)
     flag = header_value(call, signature)
     slot = ws + (call & 1) * WORLD * capacity
-    for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
-        w = dctx.block_offsets(ws, start, BLOCK)
-        packed = (flag.to(tl.int64) << 32) | _payload(inp, w, n, SIZE)
-        for q in tl.static_range(WORLD):
-            if q != RANK:
-                publish(dctx, slot + RANK * capacity + w, packed, q, w < words)
+    if not failed(faults):  # a failed context sends peers nothing
+        for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
+            w = dctx.block_offsets(ws, start, BLOCK)
+            packed = (flag.to(tl.int64) << 32) | _payload(inp, w, n, SIZE)
+            for q in tl.static_range(WORLD):
+                if q != RANK:
+                    publish(dctx, slot + RANK * capacity + w, packed, q, w < words)
     ELEMENTS: tl.constexpr = BLOCK * 4 // SIZE
     ok = tl.program_id(0) >= 0  # a run-time boolean: every block so far arrived
     for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):

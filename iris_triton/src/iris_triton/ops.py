@@ -157,15 +157,15 @@ class FusedOps:
         push_programs = min(PUSH_PROGRAMS[ctx.device.type], triton.cdiv(m, block_m))
         tiles = ctx.world_size * triton.cdiv(m, block_m) * triton.cdiv(N, config["BLOCK_N"])
         gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.device.type], tiles))
-        common = dict(flags=buffers.flags, heap_bases=ctx.get_heap_bases(), capacity=buffers.programs,
-                      flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride, RANK=ctx.rank,
-                      WORLD=ctx.world_size, TRACING=ctx.tracing.enabled)
+        common = dict(flags=buffers.flags, heap_bases=ctx.get_heap_bases(), faults=ctx.faults,
+                      capacity=buffers.programs, flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride,
+                      RANK=ctx.rank, WORLD=ctx.world_size, TRACING=ctx.tracing.enabled)
         with self._alongside():
             push_rows_kernel[(push_programs,)](
                 a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
                 stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.device.type], **common)
         all_gather_matmul_kernel[(gemm_programs,)](
-            buffers.data, b, out, calls=buffers.gemm_calls, faults=ctx.faults, host_faults=ctx.host_faults, m=m, N=N,
+            buffers.data, b, out, calls=buffers.gemm_calls, host_faults=ctx.host_faults, m=m, N=N,
             K=K, stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
             timeout_ns=ctx.timeout_ns, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
         self._join()

@@ -57,7 +57,7 @@ from iris_triton.ccl import MAX_WORKSPACE_ELEMENTS, _finish, _own_block, _progra
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO, RMSNORM_SHAPES
-from iris_triton.waits import peers_announced, poison_blocks, site_code
+from iris_triton.waits import failed, peers_announced, poison_blocks, site_code
 
 __all__ = ["DTYPES", "METHODS", "WORKSPACE", "all_reduce_rmsnorm", "all_reduce_rmsnorm_kernel", "choose_method"]
 
@@ -204,9 +204,10 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
     announce(dctx, headers, announced, RANK, WORLD)
     slot = ws + (call & 1) * WORLD * region
     part = share * hidden
-    _push_rows(dctx, x, slot, tokens, share, hidden, region, RANK, WORLD, TWO_SHOT, BLOCK, CHUNKS)
+    if not failed(faults):  # a failed context sends peers nothing
+        _push_rows(dctx, x, slot, tokens, share, hidden, region, RANK, WORLD, TWO_SHOT, BLOCK, CHUNKS)
     count += 1
-    _signal_peers(dctx, flags, count, RANK, WORLD)
+    _signal_peers(dctx, flags, count, faults, RANK, WORLD)
     ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
     ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
     if ok:  # nothing computed from another call's data may reach out, or a peer
@@ -218,7 +219,7 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
     if TWO_SHOT:
         count += 1
         if ok:
-            _signal_peers(dctx, flags, count, RANK, WORLD)
+            _signal_peers(dctx, flags, count, faults, RANK, WORLD)
         ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
         if ok:
             _collect_rows(dctx, out, residual_out, slot, tokens, share, hidden, region, part, RANK, WORLD,

@@ -38,7 +38,7 @@ from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tracing import OPERATION_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, SENTINEL_SHAPES
-from iris_triton.waits import peers_announced, poison_blocks, publish, read_when_arrived, site_code
+from iris_triton.waits import failed, peers_announced, poison_blocks, publish, read_when_arrived, site_code
 
 __all__ = ["ALL_REDUCE_SENTINEL", "MAX_BYTES", "SENTINEL_BYTE", "SENTINEL_DTYPES", "sentinel_kernel"]
 
@@ -113,9 +113,10 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     first, stride = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
     blocks = tl.cdiv(n - first, stride)
     lag = tl.minimum(blocks, LAG)
+    alive = not failed(faults)  # a failed context sends peers nothing
     ok = tl.program_id(0) >= 0  # a run-time boolean: every block so far arrived
     for step in range(0, blocks + lag):
-        if step < blocks:
+        if (step < blocks) & alive:
             e = dctx.block_offsets(inp, first + step * stride, BLOCK)
             bits = _sendable(inp, e, e < n, BITS)
             for q in tl.static_range(WORLD):
