@@ -28,6 +28,7 @@ import torch.distributed as dist
 import iris
 from benchmarks.common import (
     add_device_option,
+    in_place,
     per_call_us,
     ranks_label,
     resolve,
@@ -63,10 +64,10 @@ def _implementations(ctx, collective: str, n: int, world: int):
             if algorithm in limits and n * 2 > limits[algorithm]:
                 continue
             buf = ctx.empty(n, dtype=bf16)
-            impls[f"iris_{algorithm}"] = _in_place(buf, x,
-                                                   lambda b=buf, a=algorithm: ctx.ccl.all_reduce(b, algorithm=a))
+            impls[f"iris_{algorithm}"] = in_place(buf, x,
+                                                  lambda b=buf, a=algorithm: ctx.ccl.all_reduce(b, algorithm=a))
         ref = torch.empty(n, dtype=bf16, device=device)
-        impls[baseline] = _in_place(ref, x, lambda: dist.all_reduce(ref))
+        impls[baseline] = in_place(ref, x, lambda: dist.all_reduce(ref))
         if device.type == "cuda":  # SymmetricMemory needs GPUs
             impls.update(_symmetric_memory(x))
     elif collective == "all_gather":
@@ -89,11 +90,6 @@ def _same(call, out):
     return call, call, out
 
 
-def _in_place(buf, x, call):
-    """An in-place implementation on ``buf``: checked from a copy of ``x``, timed on ``buf`` as is."""
-    return call, lambda: (buf.copy_(x), call()), buf
-
-
 def _symmetric_memory(x: torch.Tensor) -> dict:
     """torch SymmetricMemory's one-shot (out of place) and two-shot (in place) all_reduce."""
     import torch.distributed._symmetric_memory as symm_mem
@@ -110,7 +106,7 @@ def _symmetric_memory(x: torch.Tensor) -> dict:
         torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)
 
     return {"symm_mem_one_shot": (one_shot, lambda: (buf.copy_(x), one_shot()), one_shot_out),
-            "symm_mem_two_shot": _in_place(buf, x, two_shot)}
+            "symm_mem_two_shot": in_place(buf, x, two_shot)}
 
 
 def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) -> list[dict]:

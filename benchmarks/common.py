@@ -244,3 +244,40 @@ def replayed_per_call_us(ctx, graphs: dict, calls: int, repeats: int) -> dict[st
         for name, graph in graphs.items():
             samples[name].append(_sample_us(ctx, graph.replay, calls))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def in_place(buf, x, call):
+    """An in-place implementation on ``buf``: ``(timed call, checked call, output)``, checked from
+    a copy of ``x``, timed on ``buf`` as it is."""
+    return call, lambda: (buf.copy_(x), call()), buf
+
+
+def slowest_per_call_us(ctx, fns: dict, mode: str, calls: int, repeats: int) -> dict[str, float]:
+    """Each of ``fns``'s (``{name: callable}``) median time per call in microseconds on the
+    slowest rank: under CUDA graphs, replayed in turn (``mode == "graph"``), or called eagerly
+    one after another (``"eager"``)."""
+    if mode == "graph":
+        mine = interleaved_per_call_us(ctx, fns, calls, repeats)
+    else:
+        mine = {name: per_call_us(ctx, fn, calls, repeats, graph=False) for name, fn in fns.items()}
+    everyone = ctx.comm.all_gather_object(mine)
+    return {name: max(rank[name] for rank in everyone) for name in fns}
+
+
+#: How a result file's calls were timed, per device type: what :func:`write_checked_rows` records.
+TIMING = {"cuda": "CUDA events around the calls, graph: captured as one CUDA graph per implementation, replayed "
+                  "in turn",
+          "cpu": "host clock (time.perf_counter) around eager calls"}
+
+
+def write_checked_rows(name: str, args: argparse.Namespace, payload: dict[str, Any]) -> bool:
+    """Write ``payload`` (its ``rows`` each with ``correct``: implementation -> bool) as ``name``'s
+    results of a run on ``args.device`` (``name-cpu`` on CPU ranks, where CUDA graphs are left
+    out), with how the calls were timed, and say where; whether every implementation of every row
+    matched the reference."""
+    payload = {**payload, "timing": TIMING[args.device]}
+    if args.device == "cpu":
+        payload["left_out"] = {"graph": "CUDA graphs need GPU ranks"}
+    path = write_results(name + ("-cpu" if args.device == "cpu" else ""), payload, args.out, args.device)
+    print(f"wrote {path}")
+    return all(all(row["correct"].values()) for row in payload["rows"])

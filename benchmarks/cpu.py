@@ -21,7 +21,7 @@ import iris
 from benchmarks.common import require_matplotlib
 
 #: The benchmarks that run on CPU ranks, in the order they run.
-ON_CPU = ("rma_bandwidth", "ccl", "fused")
+ON_CPU = ("rma_bandwidth", "ccl", "fused", "torch_collectives", "hierarchical", "compiled_tp")
 #: The others, and why they do not.
 NOT_ON_CPU = {
     "launch_overhead": "it measures the host's cost of launching GPU kernels",

@@ -20,13 +20,16 @@ from pathlib import Path
 from iris.errors import IrisError
 
 #: ``iris bench`` runs these modules of a source checkout's ``benchmarks`` package, with their
-#: arguments for a full run and for ``--quick``; each writes JSON and PNG files into ``--out``.
+#: arguments for a full run and for ``--quick``; each writes its JSON (and some PNG) files into ``--out``.
 #: ``iris bench --cpu`` runs them on 2 CPU ranks instead, in one launch (``benchmarks.cpu``),
 #: each with its own tiny ``--cpu`` defaults.
 BENCHMARKS = {
     "rma_bandwidth": ([], ["--min", "1MiB", "--max", "64MiB", "--repeats", "5", "--backends", "triton"]),
     "ccl": ([], ["--min", "8KiB", "--max", "4MiB", "--repeats", "5"]),
     "fused": ([], ["--tokens", "2048", "--repeats", "3"]),
+    "torch_collectives": ([], ["--max", "4MiB", "--repeats", "5"]),
+    "hierarchical": ([], ["--sizes", "8KiB,512KiB,4MiB", "--repeats", "5"]),
+    "compiled_tp": ([], ["--tokens", "2048", "--repeats", "3"]),
 }
 
 

@@ -217,7 +217,9 @@ def test_bench_on_cpu_ranks_writes_checked_results_and_plots(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "iris bench --cpu: ok" in proc.stdout, proc.stdout
     records = {undated(path): json.loads(path.read_text()) for path in tmp_path.glob("*.json")}
-    assert set(records) == {"ccl-triton-cpu.json", "rma_bandwidth-triton-cpu.json", "fused-cpu.json"}, sorted(records)
+    assert set(records) == {"ccl-triton-cpu.json", "rma_bandwidth-triton-cpu.json", "fused-cpu.json",
+                            "torch_collectives-cpu.json", "hierarchical-cpu.json",
+                            "compiled_tp-cpu.json"}, sorted(records)
     for record in records.values():
         assert record["environment"]["device"] == "cpu" and "interpreter" in record["environment"]["note"]
 
@@ -249,6 +251,11 @@ def test_bench_on_cpu_ranks_writes_checked_results_and_plots(tmp_path):
         assert all(row["correct"].values()) and set(row["correct"]) == set(row["ms"]), row
         assert all(_positive(ms) for ms in row["ms"].values()), row
         assert all(_positive(x) for x in row["speedup"].values()), row
+
+    for name in ("torch_collectives-cpu.json", "hierarchical-cpu.json", "compiled_tp-cpu.json"):
+        rows = records[name]["rows"]
+        assert rows and all(all(row["correct"].values()) for row in rows), (name, rows)  # each matched gloo's
+        assert all(_positive(us) for row in rows for us in row["eager"].values()), (name, rows)
 
     plots = sorted(undated(path) for path in tmp_path.glob("*.png"))
     assert plots == [*(f"ccl-triton-cpu-{c}.png" for c in ("all_gather", "all_reduce", "all_to_all", "reduce_scatter")),
