@@ -148,10 +148,14 @@ class ContextBase:
 
     def destroy(self) -> None:
         """Release the heap (collective). Tensors still alive keep their memory valid. Anything
-        but the context's identity used afterwards raises IrisError."""
+        but the context's identity used afterwards raises IrisError, so the context keeps only
+        that: a destroyed context still referenced (a variable in scope) holds no heap, workspace
+        or peer's mapping."""
         if not self.destroyed:
             self._teardown()
-            self.destroyed = True
+            identity = {name: value for name, value in vars(self).items() if name in _KEPT_AFTER_DESTROY}
+            vars(self).clear()
+            vars(self).update(identity, destroyed=True)
             self.__class__ = _destroyed_class(type(self))
 
     def __enter__(self):

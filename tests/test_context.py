@@ -6,6 +6,7 @@ sets TRITON_INTERPRET=1 when no GPU is visible. Multi-rank behaviour goes throug
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -248,6 +249,29 @@ def test_context_manager_destroys():
         _ = ctx.heap
     ctx.destroy()  # idempotent
     assert t.tolist() == [0, 1, 2, 3, 4]  # tensors still alive keep their memory
+
+
+def _mapped_heaps() -> int:
+    """Shared-memory heap segments this process maps."""
+    from iris.heap.shm import SEGMENT_NAME
+
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        return sum(f"/memfd:{SEGMENT_NAME}" in line for line in maps)
+
+
+@needs_interpreter
+def test_a_destroyed_context_still_referenced_maps_no_heap():
+    before = _mapped_heaps()
+    ctx = iris.create(device="cpu", heap_size=HEAP)
+    x = torch.ones(300)
+    ctx.ccl.all_reduce(x)  # workspaces and a repeatable launch: more views of the heap
+    ctx.ccl.all_gather(torch.empty(300), x)
+    ctx.barrier()
+    assert _mapped_heaps() > before
+    ctx.destroy()
+    assert ctx.destroyed and ctx.rank == 0  # its identity stays
+    assert _mapped_heaps() == before  # though ``ctx`` still refers to it
 
 
 @needs_interpreter

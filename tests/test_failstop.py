@@ -556,19 +556,26 @@ def dead_peer_worker(rank, world, report, how, ops, victim, seed, timeout):
         report[f"call/{op}"] = attempt(ctx, op, ("call", seed))
         report[f"next/{op}"] = next_call(ctx)
         report[f"destroy/{op}"] = bounded_destroy(ctx)
-    if DEVICE == "cuda":  # destroyed contexts hold no device memory: every heap freed, every peer's mapping closed
-        contexts.clear()
-        _GROUPS.clear()
-        _TILE_STATE.clear()
-        report["heap_ranges_left"] = _live_heap_ranges()
+    # Destroyed contexts hold no heap, though the loop's ``ctx`` still refers to the last one:
+    # every heap freed, every peer's heap unmapped.
+    contexts.clear()
+    _GROUPS.clear()
+    _TILE_STATE.clear()
+    report["heap_ranges_left"] = _live_heap_ranges()
 
 
 def _live_heap_ranges() -> list[str]:
-    """The heap ranges (this rank's own, or a peer's opened through CUDA IPC) this process still
-    holds, each as what refers to it, two steps back."""
+    """The heaps (this rank's own, or a peer's) this process still maps: on GPUs each range opened
+    through CUDA IPC, as what refers to it, two steps back; on CPU ranks each shared-memory
+    segment's line of /proc/self/maps."""
+    gc.collect()
+    if DEVICE == "cpu":
+        from iris.heap.shm import SEGMENT_NAME
+
+        with open("/proc/self/maps") as maps:
+            return [line.strip() for line in maps if f"/memfd:{SEGMENT_NAME}" in line]
     from iris.heap.cuda_ipc import _DeviceMemory
 
-    gc.collect()
     ranges = [o for o in gc.get_objects() if isinstance(o, _DeviceMemory)]
     return [_holders(r, {id(ranges)}) for r in ranges]
 
@@ -746,8 +753,9 @@ def _split(ops, world_sizes=(2, 3)) -> list[tuple[int, tuple]]:
 def test_a_dead_peer_makes_every_call_raise_with_nan_outputs():
     """SIGKILL and os._exit before the call, for every collective and ctx.ops call: each survivor's
     call raises IrisTimeoutError within [1.0, 1.5] x timeout (+ slack: worlds run side by side),
-    its output NaN, the next call raises at once, destroy does not wait. A give-up that is not
-    recorded (the call returns NaN normally) fails here for any op."""
+    its output NaN, the next call raises at once, destroy does not wait, and no heap stays mapped
+    once every context is destroyed. A give-up that is not recorded (the call returns NaN
+    normally) fails here for any op."""
     specs = []
     for seed in _seeds("dead"):
         rng = random.Random(seed)
@@ -769,7 +777,7 @@ def test_a_dead_peer_makes_every_call_raise_with_nan_outputs():
         problems += [f"{name} rank {rank}: heap ranges left after every context was destroyed, held by "
                      f"{left}" for rank, rep in enumerate(result.reports) if (left := rep.get("heap_ranges_left"))]
         survivors = [rep for rank, rep in enumerate(result.reports) if rank != victim]
-        if DEVICE == "cuda" and not all("heap_ranges_left" in rep for rep in survivors):
+        if not all("heap_ranges_left" in rep for rep in survivors):
             problems.append(f"{name}: a survivor did not count its heap ranges")
     assert not problems, "\n".join(problems[:40])
 
