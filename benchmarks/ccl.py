@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import iris
 from benchmarks.common import (
-    add_device_option,
+    add_sampling_options,
     in_place,
     per_call_us,
     ranks_label,
@@ -179,10 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=None, help="sizes per rank instead of --min to --max in steps of 8x, "
                                                       "e.g. 70MiB,96MiB")
     parser.add_argument("--backend", default="triton")
-    parser.add_argument("--calls", type=int, default=None, help="calls per timed sample (default 20; 1 with --cpu)")
-    parser.add_argument("--repeats", type=int, default=None, help="samples per figure (default 15; 2 with --cpu)")
-    parser.add_argument("--out", default=None)
-    add_device_option(parser)
+    add_sampling_options(parser, DEFAULTS)
     return resolve(parser.parse_args(argv), DEFAULTS)
 
 

@@ -85,6 +85,16 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
                              "the benchmark, its JSON and plots; the times are not a measure of speed")
 
 
+def add_sampling_options(parser: argparse.ArgumentParser, defaults: dict[str, dict[str, Any]]) -> None:
+    """``--calls`` and ``--repeats`` (their help gives each device type's default in ``defaults``),
+    ``--out`` and ``--cpu``: the options every benchmark that times calls shares."""
+    for option, what in (("calls", "calls per timed sample"), ("repeats", "samples per figure")):
+        parser.add_argument(f"--{option}", type=int, default=None,
+                            help=f"{what} (default {defaults['cuda'][option]}; {defaults['cpu'][option]} with --cpu)")
+    parser.add_argument("--out", default=None, help="directory for the results (default benchmarks/runs)")
+    add_device_option(parser)
+
+
 def resolve(args: argparse.Namespace, defaults: dict[str, dict[str, Any]]) -> argparse.Namespace:
     """Set ``args.device`` (``"cpu"`` with ``--cpu``, else ``"cuda"``) and every option left
     unset (None) to its default on that device: ``defaults[device]``."""

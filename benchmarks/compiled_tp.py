@@ -48,7 +48,7 @@ import iris
 import iris.functional as F
 from benchmarks.ccl import MODES
 from benchmarks.common import (
-    add_device_option,
+    add_sampling_options,
     resolve,
     run_command_line,
     slowest_per_call_us,
@@ -179,10 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="M, rows of the activations on all ranks together, comma-separated (default 2048,8192)")
     parser.add_argument("--hidden", type=int, default=None, help="the model's width (default 8192)")
     parser.add_argument("--ffn", type=int, default=None, help="the MLP's width, split over the ranks (default 28672)")
-    parser.add_argument("--calls", type=int, default=None, help="calls per timed sample (default 5; 1 with --cpu)")
-    parser.add_argument("--repeats", type=int, default=None, help="samples per figure (default 9; 1 with --cpu)")
-    parser.add_argument("--out", default=None)
-    add_device_option(parser)
+    add_sampling_options(parser, DEFAULTS)
     args = resolve(parser.parse_args(argv), DEFAULTS)
     if any(int(t) % RANKS for t in args.tokens.split(",")) or args.ffn % RANKS:
         parser.error(f"--tokens and --ffn are split over {RANKS} ranks: pass multiples of {RANKS}")

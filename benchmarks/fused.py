@@ -35,7 +35,7 @@ from iris_triton.ops import METHODS
 
 import iris
 from benchmarks.common import (
-    add_device_option,
+    add_sampling_options,
     interleaved_per_call_us,
     ranks_label,
     resolve,
@@ -154,10 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default=None,
                         help="comma-separated M (default 2048,4096,8192,16384; 32 with --cpu)")
-    parser.add_argument("--calls", type=int, default=None, help="calls per timed sample (default 5; 1 with --cpu)")
-    parser.add_argument("--repeats", type=int, default=None, help="samples per figure (default 9; 1 with --cpu)")
-    parser.add_argument("--out", default=None)
-    add_device_option(parser)
+    add_sampling_options(parser, DEFAULTS)
     return resolve(parser.parse_args(argv), DEFAULTS)
 
 

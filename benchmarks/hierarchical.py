@@ -38,7 +38,7 @@ import torch.distributed as dist
 import iris
 from benchmarks.ccl import BASELINE, MODES
 from benchmarks.common import (
-    add_device_option,
+    add_sampling_options,
     in_place,
     resolve,
     run_command_line,
@@ -126,10 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=None, help="bytes of input per rank, comma-separated (default "
                                                       "8KiB,64KiB,512KiB,4MiB,32MiB,256MiB; 128,1KiB with --cpu)")
-    parser.add_argument("--calls", type=int, default=None, help="calls per timed sample (default 20; 1 with --cpu)")
-    parser.add_argument("--repeats", type=int, default=None, help="samples per figure (default 15; 2 with --cpu)")
-    parser.add_argument("--out", default=None)
-    add_device_option(parser)
+    add_sampling_options(parser, DEFAULTS)
     return resolve(parser.parse_args(argv), DEFAULTS)
 
 

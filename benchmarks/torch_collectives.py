@@ -54,7 +54,7 @@ import torch.distributed as dist
 import iris
 from benchmarks.ccl import BASELINE, COLLECTIVES, DEFAULTS, MODES
 from benchmarks.common import (
-    add_device_option,
+    add_sampling_options,
     captured,
     per_call_us,
     replayed_per_call_us,
@@ -350,10 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max", default=None, help="largest size per rank (default 256MiB; 1 KiB with --cpu)")
     parser.add_argument("--sizes", default=None, help="sizes per rank instead of --min to --max in steps of 8x, "
                                                       "e.g. 70MiB,96MiB")
-    parser.add_argument("--calls", type=int, default=None, help="calls per timed sample (default 20; 1 with --cpu)")
-    parser.add_argument("--repeats", type=int, default=None, help="samples per figure (default 15; 2 with --cpu)")
-    parser.add_argument("--out", default=None, help="directory for the JSON (default benchmarks/runs)")
-    add_device_option(parser)
+    add_sampling_options(parser, DEFAULTS)
     args = resolve(parser.parse_args(argv), DEFAULTS)
     try:
         args.size_list = sizes_of(args)
