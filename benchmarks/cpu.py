@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name}:", flush=True)
         ok = module.report(module_args, [result for result, _ in mine])
         summary.append((name, ok, sum(seconds for _, seconds in mine) + time.perf_counter() - reported))
-    print(f"\n{'benchmark':16s} {'checks':8s} {'seconds':>8s}   (CPU ranks; starting them took {setup:.1f} s)")
+    width = max(len("benchmark"), *(len(name) for name, _, _ in summary))
+    print(f"\n{'benchmark':{width}s} {'checks':8s} {'seconds':>8s}   (CPU ranks; starting them took {setup:.1f} s)")
     for name, ok, seconds in summary:
-        print(f"{name:16s} {'ok' if ok else 'FAILED':8s} {seconds:8.1f}")
+        print(f"{name:{width}s} {'ok' if ok else 'FAILED':8s} {seconds:8.1f}")
     return 0 if all(ok for _, ok, _ in summary) else 1
 
 
