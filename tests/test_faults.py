@@ -134,6 +134,56 @@ def test_a_late_peers_data_is_never_consumed_after_a_wait_gave_up(algorithm):
     assert_rank_checks(reports, "late/", 2 * 6)
 
 
+# -- a kernel that starts on a failed context ------------------------------------------------------------
+
+#: Calls of a kernel launched on a context whose failure the host has not seen yet: (collective, algorithm).
+AFTER_A_FAILURE = (("all_reduce", "low_latency"), ("all_reduce", "sentinel"), ("all_reduce", "one_shot"),
+                   ("all_reduce", "two_shot"), ("all_gather", None))
+
+
+def _failed_sender_worker(rank: int, device: str) -> bytes:
+    """For each call, a fresh context and a first call of it (exact); then rank 0's context has a
+    failure recorded (as an earlier kernel leaves it on a GPU, before the host sees it) and launches
+    the call's kernel as the host does before it checks, while rank 1 makes the call. Rank 0's
+    kernel sends nothing, so rank 1's call gives up (NaN output) rather than take its data."""
+    from iris_triton.waits import TIMEOUT, site_code
+
+    report = RankReport(rank)
+    data = [torch.randint(-8, 9, (600,), generator=torch.Generator().manual_seed(q)).float() for q in range(2)]
+    for collective, algorithm in AFTER_A_FAILURE:
+        name = f"sent/{collective}/{algorithm}"
+        ctx = iris.create(heap_size="16MiB", device=device, timeout=SHORT_TIMEOUT)
+        for call in ("first", "after"):
+            x = data[rank].clone().to(ctx.device)
+            out = x if collective == "all_reduce" else torch.empty(2 * x.numel(), device=ctx.device)
+            if call == "first":
+                getattr(ctx.ccl, collective)(*((out,) if out is x else (out, x)), algorithm=algorithm)
+                expected = sum(data) if collective == "all_reduce" else torch.cat(data)
+                report.check(f"{name}/first_exact", torch.equal(out.cpu(), expected))
+                ctx.barrier()
+            elif rank == 0:
+                ctx.faults[0] = 1  # what record_failure leaves: a device barrier gave up waiting for rank 1
+                ctx.faults[2] = TIMEOUT.value * 256 + site_code("device_barrier")
+                ctx.ccl._dispatch(collective, algorithm, out, x, lambda: None, "sum", 0)  # past the host's guard
+                report.check(f"{name}/poisoned", out.isnan().all())
+            else:
+                try:
+                    getattr(ctx.ccl, collective)(*((out,) if out is x else (out, x)), algorithm=algorithm)
+                    report[f"{name}/peer_gave_up"] = f"returned {out[:4].tolist()}: rank 0's data taken"
+                except IrisTimeoutError:
+                    report.check(f"{name}/peer_gave_up", out.isnan().all())
+        try:
+            ctx.destroy()  # failed on both ranks: without waiting for the peer
+        except IrisTimeoutError:
+            pass  # rank 0: the failure recorded above, raised once everything is released
+    return report.packed()
+
+
+def test_a_kernel_launched_on_a_failed_context_sends_its_peers_nothing():
+    reports = spawn_reports(_failed_sender_worker, 2, rank_device(2), device=rank_device(2))
+    assert_rank_checks(reports, "sent/", 2 * 2 * len(AFTER_A_FAILURE))
+
+
 # -- a rank killed mid-run ----------------------------------------------------------------------------------
 
 KILLED_RANK_SCRIPT = textwrap.dedent('''

@@ -208,7 +208,8 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     slot = table + (call & 1) * WORLD * LANES
     lanes = dctx.block_offsets(table, 0, LANES)
     mine = _own_row(lanes, splits, expected, in_rows, bound, WORLD, EXPECTED)
-    if not failed(faults):  # a failed context sends peers nothing
+    alive = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    if alive:
         for q in tl.static_range(WORLD):
             if q != RANK:
                 dctx.store(slot + RANK * LANES + lanes, mine, q, mask=lanes < 2 * WORLD + 2)
@@ -217,7 +218,7 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     announce(dctx, headers, announced, RANK, WORLD)
     count += 1
     _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-    ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
     ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
     words = dctx.block_offsets(table, 0, TABLE)
     if ok:

@@ -82,7 +82,7 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, heap_bases, faults,
     call = call_number(calls)
     tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
     span = tracing.begin(OPERATION_EVENT + ALL_GATHER_MATMUL_SITE, op=call)
-    ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
+    ok = not failed(faults)  # every wait so far succeeded, on a context that had not failed before
     slot = gathered + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
@@ -122,8 +122,8 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faul
     call = call_number(calls)
     tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
     span = tracing.begin(OPERATION_EVENT + MATMUL_REDUCE_SCATTER_SITE, op=call)
-    ok = tl.program_id(0) >= 0  # a run-time boolean: every wait so far succeeded
-    alive = not failed(faults)  # a failed context sends peers nothing
+    alive = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    ok = alive  # and every wait so far succeeded
     slot = recv + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)

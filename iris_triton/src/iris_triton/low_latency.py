@@ -144,7 +144,8 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     span = dctx.tracing.begin(OPERATION_EVENT + _SITE, nbytes=n * SIZE, op=call)
     flag = header_value(call, signature)
     slot = ws + (call & 1) * WORLD * capacity
-    if not failed(faults):  # a failed context sends peers nothing
+    ok = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    if ok:
         for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
             w = dctx.block_offsets(ws, start, BLOCK)
             packed = (flag.to(tl.int64) << 32) | _payload(inp, w, n, SIZE)
@@ -152,7 +153,6 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
                 if q != RANK:
                     publish(dctx, slot + RANK * capacity + w, packed, q, w < words)
     ELEMENTS: tl.constexpr = BLOCK * 4 // SIZE
-    ok = tl.program_id(0) >= 0  # a run-time boolean: every block so far arrived
     for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):
         e = dctx.block_offsets(inp, start, ELEMENTS)
         mask = e < n

@@ -204,11 +204,12 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
     announce(dctx, headers, announced, RANK, WORLD)
     slot = ws + (call & 1) * WORLD * region
     part = share * hidden
-    if not failed(faults):  # a failed context sends peers nothing
+    alive = not failed(faults)  # a failed context sends peers nothing, and its outputs are NaN
+    if alive:
         _push_rows(dctx, x, slot, tokens, share, hidden, region, RANK, WORLD, TWO_SHOT, BLOCK, CHUNKS)
     count += 1
     _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-    ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
     ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
     if ok:  # nothing computed from another call's data may reach out, or a peer
         first = RANK * share if TWO_SHOT else 0

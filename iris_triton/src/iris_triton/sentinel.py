@@ -113,8 +113,8 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     first, stride = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
     blocks = tl.cdiv(n - first, stride)
     lag = tl.minimum(blocks, LAG)
-    alive = not failed(faults)  # a failed context sends peers nothing
-    ok = tl.program_id(0) >= 0  # a run-time boolean: every block so far arrived
+    alive = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    ok = alive  # and every block so far arrived
     for step in range(0, blocks + lag):
         if (step < blocks) & alive:
             e = dctx.block_offsets(inp, first + step * stride, BLOCK)
