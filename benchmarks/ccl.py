@@ -28,11 +28,13 @@ import torch.distributed as dist
 import iris
 from benchmarks.common import (
     add_sampling_options,
+    calls_per_sample,
     in_place,
     per_call_us,
     ranks_label,
     resolve,
     run_command_line,
+    size_ladder,
     synchronize,
     write_results,
 )
@@ -130,7 +132,7 @@ def _run(rank: int, backend: str, sizes: list[int], calls: int, repeats: int) ->
             for mode in modes:
                 row[mode] = {}
                 for name, (fn, _, _) in impls.items():
-                    mine = per_call_us(ctx, fn, calls if size <= (32 << 20) else 4, repeats, mode == "graph")
+                    mine = per_call_us(ctx, fn, calls_per_sample(calls, size), repeats, mode == "graph")
                     row[mode][name] = max(ctx.comm.all_gather_object(mine))  # the slowest rank
             rows.append(row)
             ctx.barrier()
@@ -185,12 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def jobs(args: argparse.Namespace) -> list[tuple]:
     """What every rank runs: ``[(function, its arguments after the rank)]``."""
-    sizes, size = [], parse_size(args.min)
-    while size <= parse_size(args.max):
-        sizes.append(size)
-        size *= 8
-    if args.sizes:
-        sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else size_ladder(args.min, args.max)
     return [(_run, (args.backend, sizes, args.calls, args.repeats))]
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from iris.config import parse_size
+
 RUNS_DIR = Path(__file__).resolve().parent / "runs"
 #: What a run on CPU ranks measures, in its JSON.
 CPU_CAVEAT = "kernels run in Triton's interpreter (TRITON_INTERPRET=1): the times check the plumbing, not the speed"
@@ -76,6 +78,28 @@ def require_matplotlib() -> None:
     except ImportError:
         raise SystemExit("the benchmarks draw their plots with matplotlib, which is not installed: "
                          "pip install 'iris[bench]' (or pip install matplotlib)") from None
+
+
+#: Bytes per rank above which a timed sample holds :data:`LARGE_CALLS` calls: one call takes long
+#: enough by itself there.
+LARGE_BYTES = 32 << 20
+LARGE_CALLS = 4
+
+
+def calls_per_sample(calls: int, size: int) -> int:
+    """The calls per timed sample at ``size`` bytes per rank: ``calls``, or :data:`LARGE_CALLS`
+    above :data:`LARGE_BYTES`."""
+    return calls if size <= LARGE_BYTES else LARGE_CALLS
+
+
+def size_ladder(smallest: str, largest: str, step: int = 8) -> list[int]:
+    """Sizes in bytes from ``smallest`` up to ``largest`` (sizes such as ``"8KiB"``), each ``step``
+    times the one before."""
+    sizes, size = [], parse_size(smallest)
+    while size <= parse_size(largest):
+        sizes.append(size)
+        size *= step
+    return sizes
 
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:

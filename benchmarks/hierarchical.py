@@ -38,7 +38,9 @@ import torch.distributed as dist
 import iris
 from benchmarks.ccl import BASELINE, MODES
 from benchmarks.common import (
+    LARGE_CALLS,
     add_sampling_options,
+    calls_per_sample,
     in_place,
     resolve,
     run_command_line,
@@ -51,8 +53,6 @@ from iris.config import parse_size
 #: Defaults per device type: CPU ranks interpret every kernel, a call takes a large fraction of a second.
 DEFAULTS = {"cuda": {"sizes": "8KiB,64KiB,512KiB,4MiB,32MiB,256MiB", "calls": 20, "repeats": 15},
             "cpu": {"sizes": "128,1KiB", "calls": 1, "repeats": 2}}
-#: Calls per timed sample above 32 MiB, where one call takes long enough by itself.
-LARGE_CALLS = 4
 HIERARCHICAL, ONE_NODE = "iris_hierarchical", "iris_one_node"
 
 
@@ -98,7 +98,7 @@ def _measure(nodes, one_node, size: int, calls: int, repeats: int) -> dict:
     row = {"bytes": size, "correct": _correct(impls, baseline, device), "hierarchical_over_reference": {}}
     timed = {name: fn for name, (fn, _, _) in impls.items()}
     for mode in MODES[device.type]:
-        row[mode] = slowest_per_call_us(nodes, timed, mode, calls if size <= (32 << 20) else LARGE_CALLS, repeats)
+        row[mode] = slowest_per_call_us(nodes, timed, mode, calls_per_sample(calls, size), repeats)
         row["hierarchical_over_reference"][mode] = row[mode][HIERARCHICAL] / row[mode][baseline]
     return row
 

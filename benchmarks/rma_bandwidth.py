@@ -30,10 +30,10 @@ from benchmarks.common import (
     ranks_label,
     resolve,
     run_command_line,
+    size_ladder,
     synchronize,
     write_results,
 )
-from iris.config import parse_size
 
 MODES = ("load", "store", "get", "put", "atomic_add")
 #: Cache modifiers tried on the remote access once the best geometry is known (GPU ranks only:
@@ -196,11 +196,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def jobs(args: argparse.Namespace) -> list[tuple]:
     """What every rank runs: ``[(function, its arguments after the rank)]``, one per backend."""
-    sizes = []
-    size = parse_size(args.min)
-    while size <= parse_size(args.max):
-        sizes.append(size)
-        size *= 4
+    sizes = size_ladder(args.min, args.max, step=4)
     if args.device == "cuda":
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         grids = [sms * k for k in (1, 2, 4)] + [None]  # None: one program per block

@@ -55,10 +55,12 @@ import iris
 from benchmarks.ccl import BASELINE, COLLECTIVES, DEFAULTS, MODES
 from benchmarks.common import (
     add_sampling_options,
+    calls_per_sample,
     captured,
     per_call_us,
     replayed_per_call_us,
     resolve,
+    size_ladder,
     spawn_jobs,
     synchronize,
     write_checked_rows,
@@ -69,9 +71,6 @@ from iris.config import parse_size
 #: multiples of its bytes). 32 bytes of bf16, so that a split's bytes divide evenly among the up
 #: to 32 blocks per peer of torch's all_to_all_vdev kernel (:func:`_symm_mem_all_to_all_vdev`).
 GRAIN = 16
-#: Sizes per rank above which a timed sample holds fewer calls (as in ``benchmarks.ccl``).
-LARGE_BYTES = 32 << 20
-LARGE_CALLS = 4
 #: The torch.distributed call of each group collective.
 TORCH_CALLS = {"all_reduce": dist.all_reduce, "all_gather": dist.all_gather_into_tensor,
                "reduce_scatter": dist.reduce_scatter_tensor, "all_to_all": dist.all_to_all_single}
@@ -191,7 +190,7 @@ def _symm_mem_all_to_all_vdev(x: torch.Tensor, sends: list[int], received: int, 
 
 class Measurer:
     """Checks and times the implementations of one row after another on ``ctx``'s ranks:
-    ``calls`` calls per timed sample (fewer above :data:`LARGE_BYTES`), ``repeats`` samples."""
+    ``calls`` calls per timed sample (:func:`benchmarks.common.calls_per_sample`), ``repeats`` samples."""
 
     def __init__(self, ctx, calls: int, repeats: int):
         self.ctx, self.calls, self.repeats = ctx, calls, repeats
@@ -202,7 +201,7 @@ class Measurer:
         ``unavailable`` (``{what: why}``) gains what could not be timed."""
         correct = {name: _agrees(_results(self.ctx, checked), expected, exact) for name, (_, checked) in impls.items()}
         row = {"collective": collective, "bytes": size, "ranks": ranks, "correct": correct}
-        calls = self.calls if size <= LARGE_BYTES else min(self.calls, LARGE_CALLS)
+        calls = calls_per_sample(self.calls, size)
         for mode in MODES[self.ctx.device.type]:
             mine = self._graph_us(impls, calls, unavailable) if mode == "graph" else self._eager_us(impls, calls)
             everyone = self.ctx.comm.all_gather_object(mine)
@@ -368,10 +367,7 @@ def sizes_of(args: argparse.Namespace) -> list[int]:
     if args.sizes:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
     else:
-        sizes, size = [], parse_size(args.min)
-        while size <= parse_size(args.max):
-            sizes.append(size)
-            size *= 8
+        sizes = size_ladder(args.min, args.max)
     if not sizes:
         raise ValueError(f"--min {args.min} is larger than --max {args.max}: no size to measure")
     grain_bytes = GRAIN * torch.bfloat16.itemsize
