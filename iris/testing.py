@@ -30,6 +30,7 @@ a marked test runs (:func:`run_marked_test`), so projects that do not use the ma
 
 from __future__ import annotations
 
+import gc
 import inspect
 import multiprocessing
 import os
@@ -57,6 +58,7 @@ __all__ = [
     "backend_rank_device",
     "free_loopback_port",
     "interpreted_device",
+    "mapped_heap_segments",
     "rank_device",
     "reports_on_available_ranks",
     "run_marked_test",
@@ -112,6 +114,16 @@ def free_loopback_port() -> int:
 def seeded_generator(*seed) -> torch.Generator:
     """A CPU generator seeded from ``seed`` the same way in every process (``hash`` of a str is not)."""
     return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
+
+
+def mapped_heap_segments() -> list[str]:
+    """The CPU ranks' heap segments (the ``shm`` provider's) this process still maps, after a
+    garbage collection: their lines of ``/proc/self/maps`` (Linux)."""
+    from iris.heap.shm import SEGMENT_NAME
+
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        return [line.strip() for line in maps if f"/memfd:{SEGMENT_NAME}" in line]
 
 
 # -- many checks per spawn --------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ sets TRITON_INTERPRET=1 when no GPU is visible. Multi-rank behaviour goes throug
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 
@@ -23,6 +22,7 @@ from iris.context import Context, ContextBase, context_class
 from iris.errors import BackendNotFoundError, IrisError
 from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin, TracingMixin, WorkspacesMixin
 from iris.registry import get_backend
+from iris.testing import mapped_heap_segments
 
 HEAP = "4MiB"
 pytestmark = pytest.mark.usefixtures("clean_iris_env")
@@ -251,27 +251,18 @@ def test_context_manager_destroys():
     assert t.tolist() == [0, 1, 2, 3, 4]  # tensors still alive keep their memory
 
 
-def _mapped_heaps() -> int:
-    """Shared-memory heap segments this process maps."""
-    from iris.heap.shm import SEGMENT_NAME
-
-    gc.collect()
-    with open("/proc/self/maps") as maps:
-        return sum(f"/memfd:{SEGMENT_NAME}" in line for line in maps)
-
-
 @needs_interpreter
 def test_a_destroyed_context_still_referenced_maps_no_heap():
-    before = _mapped_heaps()
+    before = len(mapped_heap_segments())
     ctx = iris.create(device="cpu", heap_size=HEAP)
     x = torch.ones(300)
     ctx.ccl.all_reduce(x)  # workspaces and a repeatable launch: more views of the heap
     ctx.ccl.all_gather(torch.empty(300), x)
     ctx.barrier()
-    assert _mapped_heaps() > before
+    assert len(mapped_heap_segments()) > before
     ctx.destroy()
     assert ctx.destroyed and ctx.rank == 0  # its identity stays
-    assert _mapped_heaps() == before  # though ``ctx`` still refers to it
+    assert len(mapped_heap_segments()) == before  # though ``ctx`` still refers to it
 
 
 @needs_interpreter

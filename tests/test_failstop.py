@@ -54,7 +54,7 @@ if DEVICE == "cpu":
 
 import iris  # noqa: E402
 from iris.errors import IrisError  # noqa: E402
-from iris.testing import seeded_generator  # noqa: E402
+from iris.testing import mapped_heap_segments, seeded_generator  # noqa: E402
 from iris_triton.backend import TritonDeviceOps  # noqa: E402
 
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and (os.environ.get("TRITON_INTERPRET") != "1"
@@ -568,14 +568,11 @@ def _live_heap_ranges() -> list[str]:
     """The heaps (this rank's own, or a peer's) this process still maps: on GPUs each range opened
     through CUDA IPC, as what refers to it, two steps back; on CPU ranks each shared-memory
     segment's line of /proc/self/maps."""
-    gc.collect()
     if DEVICE == "cpu":
-        from iris.heap.shm import SEGMENT_NAME
-
-        with open("/proc/self/maps") as maps:
-            return [line.strip() for line in maps if f"/memfd:{SEGMENT_NAME}" in line]
+        return mapped_heap_segments()
     from iris.heap.cuda_ipc import _DeviceMemory
 
+    gc.collect()
     ranges = [o for o in gc.get_objects() if isinstance(o, _DeviceMemory)]
     return [_holders(r, {id(ranges)}) for r in ranges]
 
