@@ -129,7 +129,7 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, heap_bases, faul
     col_tiles = tl.cdiv(N, BLOCK_N)
     per_block = row_tiles * col_tiles
     for step in tl.static_range(1, WORLD):
-        owner: tl.constexpr = (RANK + step) % WORLD
+        owner = (RANK + step) % WORLD  # a new value each step: not an annotated constexpr, which cannot be reassigned
         for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
             tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
             computing = tracing.begin(COMPUTE_EVENT, owner, tile=tile_row, tile_n=tile_col, op=call)
