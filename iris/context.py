@@ -36,15 +36,21 @@ __all__ = ["Context", "ContextBase", "context_class", "create", "iris"]
 class ContextBase:
     """Terminal base of every context: identity, host synchronisation and lifetime.
 
-    Owns ``config``, ``backend``, ``comm``, ``rank``, ``world_size`` and ``device``.
+    Owns ``config``, ``backend``, ``comm``, ``rank``, ``world_size``, ``device`` and
+    ``kernel_device_type``.
     """
 
     def __init__(self, config: ContextConfig, backend: Backend, device: torch.device,
-                 group: "torch.distributed.ProcessGroup | None" = None):
+                 group: "torch.distributed.ProcessGroup | None" = None, *, comm: Communicator | None = None,
+                 kernel_device_type: str | None = None):
         self.config = config
         self.backend_spec = backend
         self.device = device
-        self.comm = Communicator(group, timeout=config.timeout)
+        #: The device type whose kernels, launch shapes and methods the context uses: its
+        #: device's, except in a compile-only context (:mod:`iris.compile_check`), whose tensors
+        #: live in host memory while its kernels are compiled for GPUs and never run.
+        self.kernel_device_type = kernel_device_type or device.type
+        self.comm = comm or Communicator(group, timeout=config.timeout)
         self.rank = self.comm.rank
         self.world_size = self.comm.world_size
         self.destroyed = False

@@ -150,7 +150,7 @@ class Collectives:
     def _shape(self, collective: str, input: torch.Tensor, op: str | None) -> CallShape:
         ctx = self._context
         return CallShape(collective=collective, nbytes=input.numel() * input.element_size(),
-                         world_size=ctx.world_size, dtype=input.dtype, device_type=ctx.device.type,
+                         world_size=ctx.world_size, dtype=input.dtype, device_type=ctx.kernel_device_type,
                          language=ctx.kernel_language, op=op if collective in REDUCING else None)
 
     def tune(self, collectives=None, dtypes=None, sizes=None, *, repeats: int | None = None, save: bool = True,
@@ -172,7 +172,7 @@ class Collectives:
             if tuned is not None:
                 return tuned
             return choose(collective, input.numel() * input.element_size(), ctx.world_size, input.dtype,
-                          ctx.device.type, ctx.kernel_language, op if collective in REDUCING else None), None
+                          ctx.kernel_device_type, ctx.kernel_language, op if collective in REDUCING else None), None
         name, _, launch_shape = name.partition("/")
         shape = self._shape(collective, input, op)
         registry = algorithm_registry(collective)
@@ -182,10 +182,10 @@ class Collectives:
             runs = self.algorithms(collective, applying_to=input, op=shape.op)
             raise IrisError(f"{collective}: algorithm {name!r} cannot run this call: {refusal}; choose one of "
                             f"{runs} or None (the automatic choice)")
-        shapes = algorithm.launch_shapes.get(ctx.device.type, {})
+        shapes = algorithm.launch_shapes.get(ctx.kernel_device_type, {})
         if launch_shape and launch_shape not in shapes:
             raise IrisError(f"{collective}: algorithm {name!r} has no launch shape {launch_shape!r} on "
-                            f"{ctx.device.type} ranks; its shapes: {sorted(shapes) or 'none to choose from'}")
+                            f"{ctx.kernel_device_type} ranks; its shapes: {sorted(shapes) or 'none to choose from'}")
         return algorithm, launch_shape or None
 
     # -- checks ---------------------------------------------------------------------------------

@@ -273,7 +273,7 @@ def _launch(call: CollectiveCall, need_bytes: int | None, expected: torch.Tensor
     cap_rows = region_elements // row if row else 1 << 62
     if need_bytes is None:
         need_bytes = region_elements * size
-    shape = collective_shape(ctx.device.type, need_bytes)
+    shape = collective_shape(ctx.kernel_device_type, need_bytes)
     grid = (max(1, min(ctx.programs, triton.cdiv(need_bytes // size, shape["BLOCK"]))),)
     options = {key: shape[key] for key in ("num_warps",) if key in shape}
     bits = SAME_SIZE_INTEGER[size]  # rows move as bits: any dtype of the size, and an all-ones poison

@@ -14,7 +14,7 @@ from iris.context import Context
 from iris.errors import IrisError
 from iris_triton.frontend import TRITON
 from iris_triton.p2p import PeerRegions
-from iris_triton.tuning import CPU_PROGRAMS
+from iris_triton.tuning import COMPILE_ONLY_PROGRAMS, CPU_PROGRAMS
 from iris_triton.waits import ARGUMENT_FAILURES, MISMATCHES, describe_failure
 
 __all__ = ["TritonBackend", "TritonContext", "TritonDeviceOps", "interpreter_runs_kernel_loops"]
@@ -102,7 +102,8 @@ class TritonDeviceOps(DeviceOps):
         #: Most programs (thread blocks) of a collective kernel; the sync words hold this many
         #: programs' counters and flags. Program ``p`` of a rank synchronises only with program
         #: ``p`` of its peers; a small call launches fewer.
-        self.programs = self.get_cu_count() if self.device.type == "cuda" else CPU_PROGRAMS
+        self.programs = (self.get_cu_count() if self.device.type == "cuda" else
+                         CPU_PROGRAMS if self.kernel_device_type == "cpu" else COMPILE_ONLY_PROGRAMS)
 
     def tile_sync(self, num_tiles: int) -> torch.Tensor:
         """The synchronisation state of the tile collectives (:mod:`iris_triton.tile_collectives`,

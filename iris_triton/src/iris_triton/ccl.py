@@ -408,7 +408,7 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
                         f"call (workspace offsets are 32-bit); split it into smaller calls")
     ws = workspace[: 2 * stride * element_size].view(inp.dtype)
     front = ctx.frontend
-    shape = collective_shape(ctx.device.type, call.nbytes, call.launch_shape)
+    shape = collective_shape(ctx.kernel_device_type, call.nbytes, call.launch_shape)
     grid = (max(1, min(ctx.programs, triton.cdiv(m, shape["BLOCK"]))),)
     return front.launch(
         collective_kernel, grid, context=ctx.get_device_context(), inp=inp, out=out, ws=ws,

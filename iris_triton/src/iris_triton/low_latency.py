@@ -175,7 +175,7 @@ def _all_reduce(call: CollectiveCall):
     ctx, n, size = call.context, call.input.numel(), call.input.element_size()
     words = triton.cdiv(n * size, 4)
     ws, region_bytes = ctx.workspaces.slot_regions("low_latency", words * 8, fill=0)
-    shape = LOW_LATENCY_SHAPES[ctx.device.type]
+    shape = LOW_LATENCY_SHAPES[ctx.kernel_device_type]
     front = ctx.frontend
     grid = (max(1, min(ctx.programs, triton.cdiv(words, shape["BLOCK"]))),)
     return front.launch(

@@ -154,16 +154,16 @@ class FusedOps:
         config = self._tile(method)
         block_m = config["BLOCK_M"]
         buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype, triton.cdiv(m, block_m))
-        push_programs = min(PUSH_PROGRAMS[ctx.device.type], triton.cdiv(m, block_m))
+        push_programs = min(PUSH_PROGRAMS[ctx.kernel_device_type], triton.cdiv(m, block_m))
         tiles = ctx.world_size * triton.cdiv(m, block_m) * triton.cdiv(N, config["BLOCK_N"])
-        gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.device.type], tiles))
+        gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.kernel_device_type], tiles))
         common = dict(flags=buffers.flags, heap_bases=ctx.get_heap_bases(), faults=ctx.faults,
                       capacity=buffers.programs, flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride,
                       RANK=ctx.rank, WORLD=ctx.world_size, TRACING=ctx.tracing.enabled)
         with self._alongside():
             push_rows_kernel[(push_programs,)](
                 a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
-                stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.device.type], **common)
+                stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.kernel_device_type], **common)
         all_gather_matmul_kernel[(gemm_programs,)](
             buffers.data, b, out, calls=buffers.gemm_calls, host_faults=ctx.host_faults, m=m, N=N,
             K=K, stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
@@ -361,7 +361,7 @@ class FusedOps:
     def method_names(self) -> tuple[str, ...]:
         """What ``method=`` of the matrix products takes on this context's device: :data:`METHODS`,
         and ``"fused/<tile>"`` for each tile of ``GEMM_TILES`` (``"fused"``: the built-in tile)."""
-        return METHODS + tuple(f"fused/{tile}" for tile in GEMM_TILES[self._context.device.type])
+        return METHODS + tuple(f"fused/{tile}" for tile in GEMM_TILES[self._context.kernel_device_type])
 
     def _check_method(self, name: str, method: str | None) -> None:
         if method is not None and method not in self.method_names():
@@ -370,7 +370,7 @@ class FusedOps:
 
     def _tile(self, method: str) -> dict:
         """The GEMM tile of a fused ``method`` (``"fused"`` or ``"fused/<tile>"``)."""
-        tiles = GEMM_TILES[self._context.device.type]
+        tiles = GEMM_TILES[self._context.kernel_device_type]
         return tiles[method.partition("/")[2] or next(iter(tiles))]  # the first is the built-in one
 
     def _method(self, name: str, method: str | None, flops: int, sent: int, dtype: torch.dtype,
@@ -391,7 +391,7 @@ class FusedOps:
             if ctx.tuning.entries else None
         if tuned is not None:
             return tuned
-        if ctx.device.type != "cuda":
+        if ctx.kernel_device_type != "cuda":
             return "fused"
         share = communication_share(flops, sent)
         if share < COPY_ENGINE_MIN_SHARE:

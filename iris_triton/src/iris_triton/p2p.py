@@ -81,7 +81,7 @@ class PeerRegions:
     @classmethod
     def allocate(cls, ctx) -> PeerRegions:
         """The regions of ``ctx`` (collective: called at set-up, on every rank)."""
-        world, chunk, programs = ctx.world_size, CHUNK_BYTES[ctx.device.type], PROGRAMS[ctx.device.type]
+        world, chunk, programs = ctx.world_size, CHUNK_BYTES[ctx.kernel_device_type], PROGRAMS[ctx.kernel_device_type]
         words = ctx.zeros(world * programs * (_PARTS.value + 2 * SLOTS), dtype=torch.int64)
         inbox = ctx.zeros(world * SLOTS * chunk, dtype=torch.uint8)
         if ctx.device.type == "cuda":

@@ -309,7 +309,7 @@ def all_reduce_rmsnorm(ctx, out: torch.Tensor, x: torch.Tensor, residual: torch.
     if 2 * world * (region_bytes // size) > MAX_WORKSPACE_ELEMENTS:  # grown by an earlier call of wider elements
         raise IrisError(f"all_reduce_rmsnorm: the workspace, grown by the largest call so far, holds more {x.dtype} "
                         f"elements than 32-bit offsets reach; make the largest calls in this dtype, or smaller ones")
-    shape = RMSNORM_SHAPES[ctx.device.type]
+    shape = RMSNORM_SHAPES[ctx.kernel_device_type]
     block = min(triton.next_power_of_2(hidden), shape["MAX_BLOCK"])
     options = {"num_warps": max(1, min(shape["MAX_WARPS"], block // shape["ELEMENTS_PER_WARP"]))} \
         if "MAX_WARPS" in shape else {}

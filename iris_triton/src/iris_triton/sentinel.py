@@ -147,7 +147,7 @@ def _all_reduce(call: CollectiveCall):
     ctx, n, size = call.context, call.input.numel(), call.input.element_size()
     world = ctx.world_size
     ws, region_bytes = ctx.workspaces.slot_regions("sentinel", n * size, fill=SENTINEL_BYTE)
-    shape = SENTINEL_SHAPES[ctx.device.type]
+    shape = SENTINEL_SHAPES[ctx.kernel_device_type]
     front = ctx.frontend
     grid = (max(1, min(ctx.programs, triton.cdiv(n, shape["BLOCK"]))),)
     return front.launch(

@@ -24,6 +24,7 @@ __all__ = [
     "COLLECTIVE_LAUNCH_SHAPES",
     "COLLECTIVE_SHAPES",
     "COPY_ENGINE_MIN_SHARE",
+    "COMPILE_ONLY_PROGRAMS",
     "CPU_PROGRAMS",
     "GEMM_FLOPS_PER_SECOND",
     "GEMM_SHAPES",
@@ -39,6 +40,9 @@ __all__ = [
 
 #: Programs (thread blocks) per collective kernel on CPU ranks (on GPUs: one per multiprocessor).
 CPU_PROGRAMS = 2
+#: Programs per collective kernel of a compile-only context (:mod:`iris.compile_check`), which
+#: has no GPU to count multiprocessors on: an H100's or H200's 132.
+COMPILE_ONLY_PROGRAMS = 132
 
 # -- collectives (iris_triton.ccl) --------------------------------------------------------------------
 
