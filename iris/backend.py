@@ -25,7 +25,7 @@ What a backend provides: the members of :class:`DeviceOps` below. Abstract ones 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Callable, ClassVar
 
 import attrs
@@ -73,6 +73,13 @@ class DeviceOps(metaclass=abc.ABCMeta):
         check returning whether this rank's result is right; ``inputs`` is every rank's input,
         the same on every rank. The default: none."""
         return {}
+
+    def _compile_check_calls(self, full: bool) -> Iterator[tuple[str, Callable[[], object]]]:
+        """Calls that launch the backend's kernels no public call launches (kernels users call
+        from their own, say), for ``iris compile-check`` (:mod:`iris.compile_check.cases`):
+        ``(what, call)`` pairs; ``full`` asks for every dtype and option, not one of each. The
+        default: none."""
+        return iter(())
 
     @classmethod  # noqa: B027 (an optional hook: nothing to check by default)
     def check_environment(cls, device) -> None:

@@ -1,4 +1,4 @@
-"""The ``iris`` command: ``info``, ``demo``, ``bench``, ``run`` and ``tune``.
+"""The ``iris`` command: ``info``, ``demo``, ``bench``, ``run``, ``tune`` and ``compile-check``.
 
 Mistakes of the user (a bad option, a missing script, a benchmark that needs GPUs there are not)
 end in one line ``iris: error: ...`` and exit status 2, not a traceback.
@@ -351,10 +351,24 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated token counts for --rmsnorm-hidden (default: powers of two to 16384 on GPUs)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls per candidate (default 25 on GPUs)")
     p.set_defaults(handler=tune)
+    p = commands.add_parser(
+        "compile-check", add_help=False,
+        help="compile every kernel the installed backends launch, at every world size, for a GPU (none needed)")
+    p.add_argument("options", nargs=argparse.REMAINDER, help="see iris compile-check --help")
     return parser
 
 
+def compile_check(options: list[str]) -> int:
+    """``iris compile-check OPTIONS``: the check (:mod:`iris.compile_check`), in a process with
+    Triton's interpreter off (this one may have it on, and would compile nothing)."""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-m", "iris.compile_check", *options], env=env).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compile-check"]:  # its own options, parsed by the check's process
+        return compile_check(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)

@@ -3,8 +3,8 @@
 for sm_90 by both front ends). Each is an undecorated source taking the device-context class as
 ``CTX``, compiled by a front end (``iris_triton.frontend.TRITON`` or ``iris_gluon.frontend.GLUON``).
 
-``tile_collective`` runs one collective over every ``BLOCK_M x BLOCK_N`` tile of an ``M x N``
-matrix, program ``p`` taking tiles ``p, p + P, ...``; ``COLLECTIVE`` names it.
+``tile_collective`` (the library's, :mod:`iris_triton.tile_kernel`) runs one collective over every
+``BLOCK_M x BLOCK_N`` tile of an ``M x N`` matrix; ``unsynchronised_all_gather`` is upstream's form.
 """
 
 from __future__ import annotations
@@ -12,43 +12,9 @@ from __future__ import annotations
 import triton.language as tl
 
 import iris.x as x
+from iris_triton.tile_kernel import COLLECTIVES, tile_collective
 
-COLLECTIVES = ("all_reduce", "all_reduce_two_shot", "reduce_scatter", "all_gather_rows", "all_gather_columns",
-               "all_to_all", "broadcast", "gather")
-
-
-def tile_collective(context, src, dst, sync, M, N, DM, DN, stride_sm, stride_sn, stride_dm, stride_dn, chunk, root,
-                    CTX: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, COLLECTIVE: tl.constexpr,
-                    OP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRACING: tl.constexpr):
-    """``COLLECTIVE`` of ``src`` (``M x N``) into ``dst`` (``DM x DN``) tile by tile, synchronised
-    by ``sync``; ``chunk`` is all_to_all's columns per rank, ``root`` broadcast's root; ``TRACING``
-    records the collectives' events (iris.tracing)."""
-    dctx = CTX.initialize(context, RANK, WORLD, TRACING)
-    src_view = x.make_tensor_view(src, M, N, stride_sm, stride_sn)
-    dst_view = x.make_tensor_view(dst, DM, DN, stride_dm, stride_dn)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    for t in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tiles_n, tl.num_programs(0)):
-        tile = x.TileView(t // tiles_n, t % tiles_n, BLOCK_M, BLOCK_N)
-        if COLLECTIVE == "all_reduce":
-            x.all_reduce(tile, src_view, dst_view, dctx, sync, OP)
-        elif COLLECTIVE == "all_reduce_two_shot":
-            x.all_reduce_two_shot(tile, src_view, dst_view, dctx, sync, OP)
-        elif COLLECTIVE == "reduce_scatter":
-            x.reduce_scatter(tile, src_view, dst_view, dctx, sync, OP)
-        elif COLLECTIVE == "all_gather_rows":
-            x.all_gather(tile, src_view, dst_view, 0, dctx, sync)
-        elif COLLECTIVE == "all_gather_columns":
-            x.all_gather(tile, src_view, dst_view, 1, dctx, sync)
-        elif COLLECTIVE == "all_to_all":
-            x.all_to_all(tile, src_view, dst_view, chunk, dctx, sync)
-        elif COLLECTIVE == "broadcast":
-            x.broadcast(tile, src_view, dst_view, root, dctx, sync)
-        else:
-            tl.static_assert(COLLECTIVE == "gather", "unknown COLLECTIVE")
-            data = x.gather(tile, src_view, root, dctx, sync)
-            pointers, mask = dst_view.tile_ptr(tile, dctx)
-            tl.store(pointers, data, mask=mask)
-
+__all__ = ["COLLECTIVES", "tile_collective", "unsynchronised_all_gather"]
 
 
 def unsynchronised_all_gather(src, dst, heap_bases, M: tl.constexpr, N: tl.constexpr, stride_sm: tl.constexpr,

@@ -214,6 +214,26 @@ class TritonDeviceOps(DeviceOps):
 
         return read_device_clock(torch.empty(1, dtype=torch.int64, device=self.device))
 
+    def _compile_check_calls(self, full: bool):
+        """The tile collectives inside :mod:`iris_triton.tile_kernel`'s kernel (each, with each
+        reduction in the full calls, with tracing as the context has it), the device clock's read
+        and the demo's ring store."""
+        from iris_triton.clock import read_device_clock
+        from iris_triton.demo import ring_store_step
+        from iris_triton.tile_kernel import COLLECTIVES, launch_tile_collective
+
+        world = self.world_size
+        sync = self.tile_sync(16)
+        for collective in COLLECTIVES:
+            for op in ("sum", "max", "min", "prod") if full and "reduce" in collective else ("sum",):
+                def call(collective=collective, op=op):
+                    src = self.zeros(32, 32 * world)
+                    dst = self.zeros(32 * world, 32 * world)
+                    launch_tile_collective(self, collective, src, dst, sync, op=op, chunk=32)
+                yield f"tile collective {collective}(op={op})", call
+        yield "device clock", lambda: read_device_clock(torch.zeros(1, dtype=torch.int64, device=self.device))
+        yield "demo ring store", lambda: ring_store_step(self, [torch.zeros(1000)] * world)
+
     def _demo_steps(self, inputs: list) -> dict:
         from iris_triton.demo import ring_store_step
 

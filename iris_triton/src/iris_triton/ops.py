@@ -358,9 +358,14 @@ class FusedOps:
         if tuple(tensor.shape) != shape:
             raise IrisError(f"{name}: {what} has shape {tuple(tensor.shape)}; expected {shape}")
 
-    def method_names(self) -> tuple[str, ...]:
-        """What ``method=`` of the matrix products takes on this context's device: :data:`METHODS`,
-        and ``"fused/<tile>"`` for each tile of ``GEMM_TILES`` (``"fused"``: the built-in tile)."""
+    def method_names(self, operation: str | None = None) -> tuple[str, ...]:
+        """What ``method=`` of ``operation`` takes on this context's device. The matrix products
+        (``operation`` None or one of them): :data:`METHODS`, and ``"fused/<tile>"`` for each tile
+        of ``GEMM_TILES`` (``"fused"``: the built-in tile); ``"all_reduce_rmsnorm"``: its methods."""
+        if operation == "all_reduce_rmsnorm":
+            from iris_triton.rmsnorm import METHODS as RMSNORM_METHODS
+
+            return RMSNORM_METHODS
         return METHODS + tuple(f"fused/{tile}" for tile in GEMM_TILES[self._context.kernel_device_type])
 
     def _check_method(self, name: str, method: str | None) -> None:
