@@ -6,6 +6,11 @@ with ragged tiles (small ones on CPU ranks, where kernels are interpreted), agai
 reference built from every rank's inputs (each rank regenerates them from seeds); then calls
 back to back with changing data and shapes (stale slots or flags would show), the checks of bad
 input, and on GPUs CUDA-graph capture and replay.
+
+A spawn of five ranks runs each operation (``matmul_all_gather`` too) by each method once, on
+extents none of which is a multiple of the world size, and the 16-bit precision rule of the
+reducing operations: every method adds the ranks' partial products in float32 and rounds once
+(:func:`_rounded_once`), which a sum rounded to bf16 after each addition fails from four ranks on.
 """
 
 from __future__ import annotations
@@ -34,26 +39,46 @@ DTYPES = (torch.bfloat16, torch.float16)
 BACK_TO_BACK = {"cpu": 12, "cuda": 48}
 
 
+#: Operations whose ``a`` is this rank's ``m`` rows (the others take ``world * m`` rows).
+ROW_SHARDED = ("all_gather_matmul", "matmul_all_gather")
+
+
 def _inputs(kind: str, dtype, m: int, K: int, N: int, world: int, seed) -> tuple[list, list]:
     """Every rank's (a, b) for ``kind``, scaled so results are O(1)."""
     g = seeded_generator(kind, str(dtype), m, K, N, seed)
-    rows = m if kind == "all_gather_matmul" else world * m
+    rows = m if kind in ROW_SHARDED else world * m
     a = [torch.randn(rows, K, generator=g) / math.sqrt(K) for _ in range(world)]
     b = [torch.randn(K, N, generator=g) for _ in range(world)]
+    return [x.to(dtype) for x in a], [x.to(dtype) for x in b]
+
+
+def _integer_inputs(kind: str, dtype, m: int, K: int, N: int, world: int, seed) -> tuple[list, list]:
+    """Every rank's (a, b) for ``kind`` (K <= 16), of integers 1 to 4: each rank's partial product
+    is an integer from K to 16 K, which bf16 holds exactly, and their float32 sum is exact; the sums
+    are large enough (around 100 per rank) that a bf16 sum rounded after each addition is off by
+    more than one rounding once four ranks add (:func:`_rounded_once`)."""
+    assert K <= 16, K  # partial products up to 256: exact in bf16
+    g = seeded_generator("integers", kind, str(dtype), m, K, N, seed)
+    rows = m if kind in ROW_SHARDED else world * m
+    a = [torch.randint(1, 5, (rows, K), generator=g) for _ in range(world)]
+    b = [torch.randint(1, 5, (K, N), generator=g) for _ in range(world)]
     return [x.to(dtype) for x in a], [x.to(dtype) for x in b]
 
 
 def _reference(kind: str, a: list, b: list, rank: int, m: int) -> torch.Tensor:
     if kind == "all_gather_matmul":
         return torch.cat([x.float() for x in a]) @ b[rank].float()
+    if kind == "matmul_all_gather":
+        return torch.cat([x.float() @ y.float() for x, y in zip(a, b)])
     total = sum(x.float() @ y.float() for x, y in zip(a, b))
     return total[rank * m:(rank + 1) * m] if kind == "matmul_reduce_scatter" else total
 
 
-def _run(ctx, kind: str, dtype, m: int, K: int, N: int, seed, method) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(ctx, kind: str, dtype, m: int, K: int, N: int, seed, method,
+         inputs=_inputs) -> tuple[torch.Tensor, torch.Tensor]:
     world, rank, device = ctx.world_size, ctx.rank, ctx.device
-    a, b = _inputs(kind, dtype, m, K, N, world, seed)
-    rows = {"all_gather_matmul": world * m, "matmul_reduce_scatter": m, "matmul_all_reduce": world * m}[kind]
+    a, b = inputs(kind, dtype, m, K, N, world, seed)
+    rows = m if kind == "matmul_reduce_scatter" else world * m
     out = torch.empty(rows, N, dtype=dtype, device=device)
     getattr(ctx.ops, kind)(out, a[rank].to(device), b[rank].to(device), method=method)
     return out, _reference(kind, a, b, rank, m)
@@ -61,6 +86,23 @@ def _run(ctx, kind: str, dtype, m: int, K: int, N: int, seed, method) -> tuple[t
 
 def _close(out: torch.Tensor, expected: torch.Tensor) -> bool:
     return out.shape == expected.shape and torch.allclose(out.float().cpu(), expected, rtol=3e-2, atol=3e-2)
+
+
+def _rounded_once(out: torch.Tensor, exact: torch.Tensor) -> bool | str:
+    """Whether every element of ``out`` is one of the two values of its dtype nearest the float32
+    ``exact`` (less than one unit in the last place away): one rounding, to nearest on GPUs,
+    towards zero in Triton's interpreter (CPU ranks). Else the largest distance, in units."""
+    got = out.float().cpu()
+    if got.shape != exact.shape:
+        return f"shape {tuple(got.shape)}, expected {tuple(exact.shape)}"
+    ulps = (got - exact).abs() / _unit_in_the_last_place(exact, out.dtype)
+    return True if bool((ulps < 1).all()) else f"off by up to {float(ulps.max()):.3g} units in the last place"
+
+
+def _unit_in_the_last_place(x: torch.Tensor, dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s values at ``x``'s magnitude (``x`` float32, of normal magnitudes)."""
+    _, exponent = torch.frexp(x)  # |x| = mantissa * 2**exponent, mantissa in [0.5, 1)
+    return torch.finfo(dtype).eps * torch.pow(2.0, exponent.float() - 1)
 
 
 KINDS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
@@ -158,6 +200,92 @@ def _fused_worker(rank: int, device: str) -> bytes:
     return report.packed()
 
 
+#: The five-rank world's extents (rows per rank m, K, N): none a multiple of the world size, so
+#: the rows each rank owns and the reduced segments are odd; K at most 16 for :func:`_integer_inputs`.
+WORLD5_SHAPE = (7, 16, 29)
+#: Rows of A of a matmul_all_reduce on five ranks that does not divide by the world size (it runs
+#: sequentially: an all_reduce of 36 x 29 elements).
+WORLD5_UNEVEN_ROWS = 36
+#: The operations that add the ranks' products.
+REDUCING = ("matmul_reduce_scatter", "matmul_all_reduce")
+
+
+def _methods(kind: str) -> tuple[str, ...]:
+    return ("sequential",) if kind == "matmul_all_gather" else METHODS
+
+
+def _world5_worker(rank: int, device: str) -> bytes:
+    """Each operation by each method once on five ranks, bf16: the gathering ones against the
+    float32 reference within :func:`_close`, the reducing ones on :func:`_integer_inputs`, rounded
+    once from the exact sum (:func:`_rounded_once`); a matmul_all_reduce of rows that do not divide
+    by five (sequential)."""
+    report = RankReport(rank)
+    ctx = iris.create("triton", heap_size="1GiB" if device == "cuda" else "32MiB", device=device)
+    m, K, N = WORLD5_SHAPE
+    with report.section("world5"):
+        for kind in ROW_SHARDED:
+            for method in _methods(kind):
+                out, expected = _run(ctx, kind, torch.bfloat16, m, K, N, "world5", method)
+                report.check(f"world5/{kind}/{method}", _close(out, expected))
+        for kind in REDUCING:
+            for method in METHODS:
+                out, expected = _run(ctx, kind, torch.bfloat16, m, K, N, "world5", method, inputs=_integer_inputs)
+                report[f"world5/rounded_once/{kind}/{method}"] = _rounded_once(out, expected)
+        g = seeded_generator("world5", "uneven")
+        a = [(torch.randn(WORLD5_UNEVEN_ROWS, K, generator=g) / math.sqrt(K)).to(torch.bfloat16)
+             for _ in range(ctx.world_size)]
+        b = [torch.randn(K, N, generator=g).to(torch.bfloat16) for _ in range(ctx.world_size)]
+        out = torch.empty(WORLD5_UNEVEN_ROWS, N, dtype=torch.bfloat16, device=ctx.device)
+        ctx.ops.matmul_all_reduce(out, a[rank].to(ctx.device), b[rank].to(ctx.device))
+        report.check("world5/matmul_all_reduce/uneven_rows",
+                     _close(out, sum(x.float() @ y.float() for x, y in zip(a, b))))
+    ctx.barrier()  # raises if the context failed (a device-side wait gave up)
+    report.check("world5/no_wait_gave_up", not ctx.failed)
+    ctx.destroy()
+    return report.packed()
+
+
+@pytest.fixture(scope="module")
+def world5_reports() -> list[dict]:
+    device = backend_rank_device("triton", 5)
+    return spawn_reports(_world5_worker, 5, device, device=device)
+
+
+def test_world5_every_operation_and_method_matches_torch(world5_reports):
+    methods = sum(len(_methods(kind)) for kind in (*ROW_SHARDED, *REDUCING))
+    assert_rank_checks(world5_reports, "world5/", minimum=5 * (methods + 2))
+
+
+def test_world5_16_bit_sums_are_rounded_once_by_every_method(world5_reports):
+    # The partial products are exact, so every method's only rounding is the last one: a sum
+    # rounded to bf16 after each addition (one rounding per rank) is off by up to 1.5 units here.
+    assert_rank_checks(world5_reports, "world5/rounded_once/", minimum=5 * len(REDUCING) * len(METHODS))
+
+
+def test_sum_partials_adds_in_float32_and_rounds_once(ctx):
+    # The copy-engine method's reduction, on its own: eight parts (a world of eight), one of them
+    # this rank's own product, in bf16 and fp16; exact integer parts, so the float32 sum is exact.
+    # The same check fails for a sum rounded after each addition (the data shows per-step rounding).
+    from iris_triton.copy_engine import sum_partials
+
+    g = seeded_generator("sum_partials")
+    for dtype, high in ((torch.bfloat16, 256), (torch.float16, 2048)):
+        parts = torch.randint(high // 2, high + 1, (8, 5, 37), generator=g).to(dtype).to(ctx.device)
+        own = torch.randint(high // 2, high + 1, (5, 37), generator=g).to(dtype).to(ctx.device)
+        exact = parts.float().cpu()
+        exact[3] = own.float().cpu()
+        exact = exact.sum(0)
+        out = torch.full_like(own, 7)
+        assert sum_partials(out, own, parts, 3) is out
+        assert _rounded_once(out, exact) is True, dtype
+        stepwise = torch.zeros_like(own)
+        for k in range(8):
+            stepwise.add_(own if k == 3 else parts[k])
+        assert _rounded_once(stepwise, exact) is not True, dtype
+        sum_partials(own, own, parts, 3)  # in place: out is own
+        assert torch.equal(own, out), dtype
+
+
 #: Two calls per operation, the second smaller (rows per rank m, K, N).
 SHRINKING = {"all_gather_matmul": ((21, 40, 8), (5, 16, 8)), "matmul_reduce_scatter": ((21, 16, 40), (10, 16, 50))}
 
@@ -252,8 +380,9 @@ def test_automatic_choice_overlaps_where_there_is_communication_to_hide(layer, m
     from iris_triton.ops import FusedOps
 
     flops, sent = 2 * 2 * m * N * K, m * K * 2
-    gpu_context = SimpleNamespace(device=torch.device("cuda", 0), debug=lambda message: None,
-                                  tuning=SimpleNamespace(entries={}), world_size=2)  # nothing tuned
+    gpu_context = SimpleNamespace(device=torch.device("cuda", 0), kernel_device_type="cuda",
+                                  debug=lambda message: None, tuning=SimpleNamespace(entries={}),
+                                  world_size=2)  # nothing tuned
     chosen = FusedOps._method(SimpleNamespace(_context=gpu_context), "all_gather_matmul", None, flops, sent,
                               torch.bfloat16, (N, K, m))
     assert chosen == ("copy_engine" if overlap else "sequential"), communication_share(flops, sent)

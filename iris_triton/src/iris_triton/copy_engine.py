@@ -11,7 +11,9 @@ taking no multiprocessor from the GEMM) on a second stream, while the other part
   once they arrived.
 - ``matmul_reduce_scatter``: this rank first multiplies the rows every peer owns, the second
   stream copies each such partial result into its owner's receive buffer while this rank
-  multiplies its own rows; then it adds what the peers sent.
+  multiplies its own rows; then one kernel adds its own and the peers' partial results in rank
+  order, in float32 for 16-bit types, and rounds once (:func:`sum_partials`), as the collectives
+  and the fused kernels reduce.
 
 Ranks synchronise through one-thread kernels with words on the heap, per operation: ``pushes``
 and ``calls`` (this rank's count of copies and of products: each stream advances its own),
@@ -33,9 +35,13 @@ import triton.language as tl
 
 from iris_triton import device
 from iris_triton.context import DeviceContext
+from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.waits import failed, poison, site_code, wait_or_record
 
-__all__ = ["CopyEngineOps"]
+__all__ = ["CopyEngineOps", "sum_partials"]
+
+#: Elements per program of :func:`sum_partials` (4 warps: 16 per thread, two 16-byte vectors of bf16).
+SUM_BLOCK = 2048
 
 
 @triton.jit
@@ -67,6 +73,46 @@ def signal_peers_kernel(counter, flags, heap_bases, faults, RANK: tl.constexpr, 
         for q in tl.static_range(WORLD):
             if q != RANK:
                 device.signal(flags + RANK, count, RANK, q, heap_bases)
+
+
+@triton.jit
+def _own_partial(args):
+    own, parts, offs, mask, part_stride = args
+    return tl.load(own + offs, mask=mask)
+
+
+@triton.jit
+def _peer_partial(k, args):
+    own, parts, offs, mask, part_stride = args
+    return tl.load(parts + k * part_stride + offs, mask=mask), True
+
+
+@triton.jit
+def sum_partials_kernel(out, own, parts, numel, part_stride, OWN: tl.constexpr, PARTS: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """``out`` := the sum of ``PARTS`` partial results in order, part ``k`` at ``parts + k *
+    part_stride`` except part ``OWN``, read from ``own`` (which may be ``out``); accumulated in
+    float32 for 16-bit floats and rounded once (:func:`iris_triton.reductions.reduce_in_rank_order`,
+    as the collectives reduce)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    stride = tl.cast(part_stride, tl.int64)  # part k's offset may pass 2**31 where one part does not
+    acc, _ = reduce_in_rank_order(_own_partial, _peer_partial, (own, parts, offs, mask, stride), OWN, PARTS, "sum")
+    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+def sum_partials(out: torch.Tensor, own: torch.Tensor, parts: torch.Tensor, position: int) -> torch.Tensor:
+    """``out`` := ``parts[0] + parts[1] + ...`` in that order, with ``own`` in place of
+    ``parts[position]``, accumulated in float32 for 16-bit floats and rounded once to ``out``'s
+    dtype: one pass that reads every part and writes ``out`` once. ``out`` and ``own`` (which may
+    be the same tensor) are contiguous with ``parts.shape[1:]``; ``parts`` is contiguous and of
+    their dtype. No host synchronisation (CUDA-graph capturable)."""
+    numel = out.numel()
+    if numel == 0:
+        return out
+    sum_partials_kernel[(triton.cdiv(numel, SUM_BLOCK),)](out, own, parts, numel, parts[0].numel(), OWN=position,
+                                                         PARTS=parts.shape[0], BLOCK=SUM_BLOCK, num_warps=4)
+    return out
 
 
 class _Sync:
@@ -125,8 +171,7 @@ class CopyEngineOps:
             self._signal(sync.pushes, sync.arrived)
         torch.matmul(a[rank * m:(rank + 1) * m], b, out=out)
         self._wait(sync.calls, sync.arrived, 1, "matmul_reduce_scatter")
-        for q in self._peers():
-            out.add_(received[q])
+        sum_partials(out, out, received, rank)  # out, this rank's own product, in place of received[rank]
         self._signal(sync.calls, sync.freed)
         self._join()
         self._poison_if_failed(out)
