@@ -1,13 +1,14 @@
 """``ctx.ops.all_reduce_rmsnorm`` (all_reduce + residual add + RMSNorm in one kernel) against torch.
 
-One spawn per world size (2 and 3 CPU ranks; GPUs where there are) runs every check, and each
+One spawn per world size (2, 3 and 5 CPU ranks; GPUs where there are) runs every check, and each
 rank returns ``{check name: True | False | error text}``: both methods and the automatic choice,
 bf16 and fp32, with and without ``residual_out`` (and with ``residual_out`` the residual itself,
 updated in place), a single-chunk row, a row of two chunks of a hidden size that is not a power
 of two, fewer tokens than ranks (two-shot shares left empty), every configuration called twice
 with new data (the slots and sequence numbers of consecutive calls), a group of two of three
 ranks (``group=``), and last calls that differ between ranks (another method), which must raise
-instead of mixing the two. Each rank regenerates every rank's seeded input and compares with
+instead of mixing the two. Five ranks run only the named methods in bf16 (:func:`_calls`): their
+two-shot shares are uneven. Each rank regenerates every rank's seeded input and compares with
 ``torch.nn.functional.rms_norm`` of the float32 sum plus the residual.
 
 In-process (the session context, one rank): the argument errors, ``torch.compile`` (the custom
@@ -113,17 +114,33 @@ def _group(ctx, report: RankReport) -> None:
         report[f"group/{method}"] = _close(out, expected, torch.float32)
 
 
+#: What the five-rank world runs of the grid (:func:`_calls`): the named methods in bf16, where
+#: two-shot shares are uneven (7 tokens: shares of 2, 2, 2, 1 and 0 rows; 1 token: 1, 0, 0, 0, 0).
+WORLD5_GRID = dict(dtypes=(torch.bfloat16,), methods=("one_shot", "two_shot"))
+
+
+def _calls(world: int) -> list[tuple]:
+    """The calls the worker makes on ``world`` ranks, as ``(key, tokens, hidden, dtype, method,
+    keep, repeat)``: every shape, dtype and method (five ranks: :data:`WORLD5_GRID`), each twice,
+    ``residual_out`` taken in turn."""
+    grid = WORLD5_GRID if world == 5 else dict(dtypes=DTYPES, methods=METHODS)
+    calls = []
+    for i, (tokens, hidden) in enumerate(SHAPES):
+        for j, dtype in enumerate(grid["dtypes"]):
+            for k, method in enumerate(grid["methods"]):
+                keep = KEEPS[(i + j + k) % len(KEEPS)]
+                for repeat in range(2):
+                    key = f"calls/{tokens}x{hidden}/{str(dtype)[6:]}/{method}/{keep}/{repeat}"
+                    calls.append((key, tokens, hidden, dtype, method, keep, repeat))
+    return calls
+
+
 def _worker(rank: int, world: int) -> bytes:
     report = RankReport(rank)
     ctx = iris.create(heap_size="16MiB")
     with report.section("calls"):
-        for i, (tokens, hidden) in enumerate(SHAPES):
-            for j, dtype in enumerate(DTYPES):
-                for k, method in enumerate(METHODS):
-                    keep = KEEPS[(i + j + k) % len(KEEPS)]
-                    for repeat in range(2):
-                        key = f"calls/{tokens}x{hidden}/{str(dtype)[6:]}/{method}/{keep}/{repeat}"
-                        _check_call(ctx, report, key, tokens, hidden, dtype, method, keep, (method, repeat))
+        for key, tokens, hidden, dtype, method, keep, repeat in _calls(world):
+            _check_call(ctx, report, key, tokens, hidden, dtype, method, keep, (method, repeat))
     if world == 3:
         with report.section("group"):
             _group(ctx, report)
@@ -138,13 +155,13 @@ def _worker(rank: int, world: int) -> bytes:
     return report.packed()
 
 
-@pytest.fixture(scope="module", params=(2, 3), ids=lambda w: f"world{w}")
+@pytest.fixture(scope="module", params=(2, 3, 5), ids=lambda w: f"world{w}")
 def reports(request) -> list[dict]:
     return reports_on_available_ranks(_worker, request.param, request.param, timeout=60)
 
 
 def test_every_method_dtype_and_shape_matches_torch(reports):
-    per_rank = len(SHAPES) * len(DTYPES) * len(METHODS) * 2 * 3  # out, returns_out, x_unchanged
+    per_rank = len(_calls(len(reports))) * 3  # out, returns_out, x_unchanged
     assert_rank_checks(reports, "calls/", per_rank * len(reports))
     assert_rank_checks(reports, "calls_no_wait_failed", len(reports))
     kept = {key.split("/")[4] for key in reports[0] if key.startswith("calls/") and key != "calls/completed"}

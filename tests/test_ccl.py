@@ -6,7 +6,9 @@ forced and automatic algorithms, many back-to-back calls with changing data, and
 capture on GPUs. Each rank returns ``{check name: True | False | error text}``. Beyond two ranks
 each dtype runs at one of the sizes (:func:`_cases`): every dtype and every size still meets
 three ranks, and the dtype x size grid is the two-rank world's. On CPU ranks the multi-round size
-runs one op per dtype in turn (:func:`_ops`).
+runs one op per dtype in turn (:func:`_ops`). One more spawn, of five ranks, runs every collective
+(the rooted ones too) on sizes that are not multiples of five (:func:`_check_world5`): uneven
+segments, some of them empty.
 """
 
 from __future__ import annotations
@@ -245,6 +247,109 @@ def _ccl_worker(rank: int, backend: str, device: str) -> bytes:
     ctx.barrier()
     ctx.destroy()
     return report.packed()
+
+
+#: The five-rank world's (elements per rank, dtype): none a multiple of five, so that the segments
+#: ranks own are uneven: fewer elements than ranks (two-shot segments of 1, 1, 1, 0, 0), one block
+#: (segments of 8 and a last of 5), and two rounds of a program in each two-shot segment of 257
+#: elements (the last 255) and in one-shot (CPU ranks: BLOCK 64, ROUND 2, 2 programs). The
+#: sentinel refuses int32 (checked as such).
+WORLD5_CASES = ((3, torch.int32), (37, torch.bfloat16), (1283, torch.float32))
+#: Sizes of :data:`WORLD5_CASES` at which only all_reduce runs: its algorithms' rounds per program.
+#: The other collectives' segments are the ranks' elements, uneven at the smaller sizes already,
+#: and each of their calls at this size costs seconds in the interpreter.
+WORLD5_ALL_REDUCE_ONLY = (1283,)
+#: The roots of the five-rank world's broadcast, reduce, gather and scatter, taken in turn: none
+#: is rank 0.
+WORLD5_ROOTS = (3, 1)
+
+
+def _check_world5(ctx, report: RankReport) -> None:
+    """Every collective on five ranks, in one pass: all_reduce by each algorithm (sum, and max at
+    one size) at each of :data:`WORLD5_CASES`; reduce_scatter, all_gather, all_to_all, broadcast,
+    reduce, gather and scatter at those not in :data:`WORLD5_ALL_REDUCE_ONLY`; heap and plain
+    tensors in turn; against the host references."""
+    rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    on_the_heap = []
+
+    def tensor(values: torch.Tensor, on_heap: bool) -> torch.Tensor:
+        if not on_heap:
+            return values.to(device).clone()
+        on_the_heap.append(ctx.as_symmetric(values.to(device)))
+        return on_the_heap[-1]
+
+    for i, (size, dtype) in enumerate(WORLD5_CASES):
+        while on_the_heap:  # the previous case's
+            ctx.free(on_the_heap.pop())
+        name = f"{str(dtype).removeprefix('torch.')}/n{size}"
+        on_heap = i % 2 == 0
+        root = WORLD5_ROOTS[i % len(WORLD5_ROOTS)]
+        mine = [_data(dtype, world * size, q, size, str(dtype), "world5") for q in range(world)]
+        op = "max" if i == 1 else "sum"
+        expected = _reference_reduce(mine, op)
+        for algorithm in ALL_REDUCE_ALGORITHMS["cpu"]:
+            t = tensor(mine[rank][:size], on_heap)
+            refusal = _refusal(algorithm, t)
+            if refusal is not None:
+                try:
+                    ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+                    refused = False
+                except IrisError as error:
+                    refused = refusal in str(error)
+                report.check(f"world5/all_reduce/{algorithm}/{op}/{name}/refused", refused)
+                continue
+            ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+            report.check(f"world5/all_reduce/{algorithm}/{op}/{name}",
+                         _same(t.cpu(), _reference_reduce([m[:size] for m in mine], op)))
+        if size in WORLD5_ALL_REDUCE_ONLY:
+            continue
+        mine_at = slice(rank * size, (rank + 1) * size)  # this rank's segment of a world * size input
+        out = torch.empty(size, dtype=dtype, device=device)
+        ctx.ccl.reduce_scatter(out, tensor(mine[rank], on_heap), op=op)
+        report.check(f"world5/reduce_scatter/{op}/{name}", _same(out.cpu(), expected[mine_at]))
+        x = mine[rank][:size]
+        out = torch.full((world, size), 7, dtype=dtype, device=device)
+        ctx.ccl.all_gather(out, tensor(x, on_heap))
+        report.check(f"world5/all_gather/{name}", torch.equal(out.cpu(), torch.stack([m[:size] for m in mine])))
+        out = torch.empty(world * size, dtype=dtype, device=device)
+        ctx.ccl.all_to_all(out, tensor(mine[rank], on_heap))
+        report.check(f"world5/all_to_all/{name}", torch.equal(out.cpu(), torch.cat([m[mine_at] for m in mine])))
+        t = tensor(x, on_heap)
+        ctx.ccl.broadcast(t, src=root)
+        report.check(f"world5/broadcast/src{root}/{name}", torch.equal(t.cpu(), mine[root][:size]))
+        t = tensor(x, on_heap)
+        ctx.ccl.reduce(t, dst=root, op=op)
+        report.check(f"world5/reduce/{op}/dst{root}/{name}", _same(
+            t.cpu(), _reference_reduce([m[:size] for m in mine], op) if rank == root else x))
+        out = torch.full((world, size), 7, dtype=dtype, device=device)
+        ctx.ccl.gather(out, tensor(x, on_heap), dst=root)
+        report.check(f"world5/gather/dst{root}/{name}", torch.equal(
+            out.cpu(), torch.stack([m[:size] for m in mine]) if rank == root else torch.full((world, size), 7,
+                                                                                           dtype=dtype)))
+        out = tensor(torch.full((size,), 7, dtype=dtype), on_heap)
+        ctx.ccl.scatter(out, tensor(mine[root], on_heap), src=root)
+        report.check(f"world5/scatter/src{root}/{name}", torch.equal(out.cpu(), mine[root][mine_at]))
+    ctx.barrier()
+    report.check("world5/no_wait_failed", not ctx.failed)
+
+
+def _world5_worker(rank: int, device: str) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create("triton", heap_size="2GiB" if device == "cuda" else "32MiB", device=device)
+    with report.section("world5"):
+        _check_world5(ctx, report)
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_world5_every_collective_matches_torch_on_uneven_segments():
+    device = backend_rank_device("triton", 5)
+    reports = spawn_reports(_world5_worker, 5, device, device=device)
+    # Per rank and case: four all_reduce algorithms (or a refusal), and the seven other collectives.
+    algorithms = len(ALL_REDUCE_ALGORITHMS["cpu"])
+    per_rank = sum(algorithms + (0 if size in WORLD5_ALL_REDUCE_ONLY else 7) for size, _ in WORLD5_CASES) + 1
+    assert_rank_checks(reports, "world5/", 5 * per_rank)
 
 
 @pytest.fixture(scope="module", params=[(backend, world) for backend in ("triton", "gluon") for world in (2, 3)],
