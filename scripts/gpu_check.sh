@@ -2,7 +2,11 @@
 # The whole GPU check in one call (for a machine with GPUs and no network): install the three
 # packages offline, print versions and topology, run the test suite (GPU tests on all GPUs),
 # then the benchmarks. Logs and JSON results go to $OUT (default /tmp/iris-gpu-check).
-#   scripts/gpu_check.sh [--tests "pytest args"] [--bench "module args" ...]
+#   scripts/gpu_check.sh [--tests "pytest args"] [--step NAME ...] [--bench "module args" ...]
+# Named steps, each within one 10-minute call on one H200 (ranks share the GPU, time-sliced):
+#   shared-gpu-3-4, shared-gpu-8   every multi-rank path at worlds 3 and 4, and 8 (tests/test_shared_gpu.py)
+#   faults-a, faults-b, faults-c   the fault matrix (tests/test_failstop.py, worlds 2 and 3 on GPU ranks)
+# The full check on one GPU is these five steps: five calls.
 # The whole suite takes longer than one 10-minute call: split it by files, e.g. --tests "-q
 # tests/test_[a-f]*.py" in one call and --tests "-q tests/test_[g-z]*.py" in the next. The fault
 # matrix (tests/test_failstop.py, on GPU ranks there) alone takes more than 10 minutes on one H200:
@@ -17,6 +21,16 @@ benches=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
+    --step)
+      case "$2" in
+        shared-gpu-3-4) tests="-q tests/test_shared_gpu.py -k 'world3 or world4'" ;;
+        shared-gpu-8) tests="-q tests/test_shared_gpu.py -k world8" ;;
+        faults-a) tests="-q tests/test_failstop.py -k 'late_by_less or busy or mismatched'" ;;
+        faults-b) tests="-q tests/test_failstop.py -k 'dead_peer or give_up or sentinel or trap'" ;;
+        faults-c) tests="-q tests/test_failstop.py -k 'killed_during or late_by_more or threads'" ;;
+        *) echo "unknown step $2" >&2; exit 2 ;;
+      esac
+      shift 2 ;;
     --bench) benches+=("$2"); shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
+import tempfile
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import attrs
 
@@ -158,21 +161,92 @@ def _record(backends: tuple[str, ...], worlds: tuple[int, ...], target, say) -> 
 
 
 def _compile_all(launches: list[Launch], target, jobs: int) -> list[Failure]:
+    """Compile ``launches`` in ``jobs`` forked processes (they inherit the recorded launches). A
+    compiler that crashes its process (an assertion in its C++ passes aborts it) fails the launch
+    it was compiling, and a new process takes over the rest."""
     global _TO_COMPILE
     _TO_COMPILE = (launches, target)
+    logs = tempfile.TemporaryDirectory(prefix="iris-compile-check-")
+    context = multiprocessing.get_context("fork")
+    tasks, results = context.Queue(), context.Queue()
+    for index in range(len(launches)):
+        tasks.put(index)
+    workers = min(jobs, len(launches))
+    for _ in range(workers):
+        tasks.put(None)  # one end marker per process
+    failures: list[Failure] = []
+    running: dict[int, tuple] = {}  # pid: (process, index it compiles or None)
+    done = 0
     try:
-        if jobs > 1 and len(launches) > 1:
-            with multiprocessing.get_context("fork").Pool(jobs) as pool:
-                results = pool.map(_compile_one, range(len(launches)), chunksize=1)
-        else:
-            results = [_compile_one(i) for i in range(len(launches))]
+        for _ in range(workers):
+            process = context.Process(target=_compile_worker, args=(tasks, results, logs.name), daemon=True)
+            process.start()
+            running[process.pid] = (process, None)
+        while done < len(launches):
+            try:
+                kind, pid, index, found = results.get(timeout=1.0)
+            except queue.Empty:
+                for pid, (process, index) in list(running.items()):
+                    if not process.is_alive():  # crashed (or ended: then it compiled all it took)
+                        del running[pid]
+                        if process.exitcode != 0 and index is not None:
+                            launch = launches[index]
+                            failures.append(Failure(family=launch.family, where=launch.where,
+                                                    arguments=launch.arguments(),
+                                                    message=f"the compiler crashed its process (exit code "
+                                                            f"{process.exitcode}):\n{_output_of(logs.name, pid)}"))
+                            done += 1
+                            replacement = context.Process(target=_compile_worker, args=(tasks, results, logs.name),
+                                                          daemon=True)
+                            replacement.start()
+                            running[replacement.pid] = (replacement, None)
+                continue
+            if kind == "start":
+                running[pid] = (running[pid][0], index)
+            else:
+                running[pid] = (running[pid][0], None)
+                failures += found
+                done += 1
     finally:
+        for process, _ in running.values():
+            process.kill()
+        logs.cleanup()
         _TO_COMPILE = None
-    return [failure for found in results for failure in found]
+    return failures
 
 
-#: What forked compiler processes compile: (launches, target), inherited from the parent.
-_TO_COMPILE: tuple[list[Launch], object] | None = None
+def _output_of(directory: str, pid: int, lines: int = 12) -> str:
+    """The last lines a compiler process wrote (its stderr: an assertion's message, say)."""
+    try:
+        text = (Path(directory) / f"{pid}.log").read_text(errors="replace")
+    except OSError:
+        return "(no output)"
+    return "\n".join(line[:300] for line in text.strip().splitlines()[-lines:] if line.strip())
+
+
+def _compile_worker(tasks, results, logs: str) -> None:
+    """Compile the launches ``tasks`` names until its end marker; the compiler's own output
+    (MLIR dumps of a failing pass, say) goes to this process's log, not the check's output."""
+    pid = os.getpid()
+    log = os.open(Path(logs) / f"{pid}.log", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 2)
+    while (index := tasks.get()) is not None:
+        results.put(("start", pid, index, None))
+        before = os.lseek(log, 0, os.SEEK_CUR)
+        found = _compile_one(index)
+        said = _new_output(log, before)
+        if said:  # what the compiler printed before it failed (a C++ pass's assertion, say)
+            found = [attrs.evolve(f, message=f"{f.message}\n{said}") for f in found]
+        results.put(("done", pid, index, found))
+
+
+def _new_output(log: int, start: int, lines: int = 8) -> str:
+    """The last lines written to ``log`` (a file descriptor) from ``start`` on."""
+    end = os.lseek(log, 0, os.SEEK_END)
+    if end <= start:
+        return ""
+    text = os.pread(log, min(end - start, 1 << 16), max(start, end - (1 << 16))).decode(errors="replace")
+    return "\n".join(line[:300] for line in text.strip().splitlines()[-lines:] if line.strip())
 
 
 def _compile_one(index: int) -> list[Failure]:
