@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The multi-rank tests on the newest Triton and numpy, as `pip install` gives a laptop user, in a
-# second environment (scripts/setup.sh --latest: .venv-latest). Extra arguments go to pytest;
-# without any, the subset below runs (two-rank worlds: the full suite on .venv covers three ranks).
+# second environment (scripts/setup.sh --latest: .venv-latest), after compiling every kernel with
+# this Triton (iris compile-check). Extra arguments go to pytest alone; without any, the check and
+# the subset below run (two-rank worlds: the full suite on .venv covers three ranks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --latest
@@ -13,5 +14,10 @@ subset=(tests/test_ccl.py tests/test_device_api.py tests/test_fused.py tests/tes
         tests/test_torch_integration.py tests/test_tile_collectives.py tests/test_moe.py
         tests/test_all_reduce_rmsnorm.py tests/test_tracing.py
         tests/test_tuning.py -k "not world3 and not world4 and not world5")
-[ $# -gt 0 ] || set -- "${subset[@]}"
-exec "$venv_python" -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+  exec "$venv_python" -m pytest -q "$@"
+fi
+status=0
+.venv-latest/bin/iris compile-check --quiet || status=$?
+"$venv_python" -m pytest -q "${subset[@]}" || status=$?
+exit $status
