@@ -60,22 +60,21 @@ class Checked:
 
 
 def contexts_checked(backends: tuple[str, ...], worlds: tuple[int, ...]) -> list[Checked]:
-    """The contexts the check makes calls on. In each world: the ranks of :func:`ranks_checked`
-    of the first backend (every kernel), and of the others (which compile the same kernel
-    sources with another front end) the first and last rank. The first rank of the first backend
-    makes the full calls in the largest world, and makes the focused calls again with device-side
-    tracing on in the largest world and in the smallest of 3 ranks or more (the first with a rank
-    that is neither first nor last)."""
-    larger = [w for w in worlds if w >= 3]
-    traced = {min(larger), max(larger)} if larger else {max(worlds)}
+    """The contexts the check makes calls on. The first backend's (every kernel of iris): in each
+    world the ranks of :func:`ranks_checked`; its first rank makes the full calls in the largest
+    world, and the focused calls again with device-side tracing on. The other backends compile
+    the same kernel sources with another front end: their first and last rank in the smallest
+    world of 3 ranks or more (the first with a rank that is neither first nor last) and in the
+    largest."""
+    larger = [w for w in worlds if w >= 3] or [max(worlds)]
+    largest, others_at = max(worlds), {min(larger), max(larger)}
     checked = []
     for world in worlds:
         for rank in ranks_checked(world):
-            for index, backend in enumerate(backends):
-                if index == 0 or rank in (0, world - 1):
-                    full = index == 0 and rank == 0 and world == max(worlds)
-                    checked.append(Checked(backend, world, rank, full, False))
-        if world in traced:
+            checked.append(Checked(backends[0], world, rank, world == largest and rank == 0, False))
+            if world in others_at and rank in (0, world - 1):
+                checked += [Checked(backend, world, rank, False, False) for backend in backends[1:]]
+        if world == largest:
             checked.append(Checked(backends[0], world, 0, False, True))
     return checked
 
