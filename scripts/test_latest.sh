@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The multi-rank tests on the newest Triton and numpy, as `pip install` gives a laptop user, in a
 # second environment (scripts/setup.sh --latest: .venv-latest), after compiling every kernel with
-# this Triton (iris compile-check at worlds 3 and 8). Extra arguments go to pytest alone; without any, the check and
-# the subset below run (two-rank worlds: the full suite on .venv covers three ranks).
+# this Triton (iris compile-check at worlds 3 and 8; .venv checks every default world). Extra
+# arguments go to pytest alone; without any, the check and the subset below run (two-rank worlds:
+# the full suite on .venv covers three ranks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --latest
@@ -18,6 +19,6 @@ if [ $# -gt 0 ]; then
   exec "$venv_python" -m pytest -q "$@"
 fi
 status=0
-.venv-latest/bin/iris compile-check --quiet --worlds 3,8 || status=$?  # the default worlds run on .venv
+.venv-latest/bin/iris compile-check --quiet --worlds 3,8 || status=$?
 "$venv_python" -m pytest -q "${subset[@]}" || status=$?
 exit $status
