@@ -236,7 +236,7 @@ def _compile_worker(tasks, results, logs: str) -> None:
         found = _compile_one(index)
         said = _new_output(log, before)
         if said:  # what the compiler printed before it failed (a C++ pass's assertion, say)
-            found = [attrs.evolve(f, message=f"{f.message}\n{said}") for f in found]
+            found = [attrs.evolve(f, message=f"{said}\n{f.message}") for f in found]  # the error itself last
         results.put(("done", pid, index, found))
 
 
