@@ -18,6 +18,7 @@ from iris.context import Context, create
 from iris.errors import (
     AsymmetricHeapError,
     BackendNotFoundError,
+    CallMismatchError,
     HeapExhaustedError,
     IrisError,
     IrisTimeoutError,
@@ -71,6 +72,7 @@ __all__ = [
     "AsymmetricHeapError",
     "Backend",
     "BackendNotFoundError",
+    "CallMismatchError",
     "Context",
     "DeviceOps",
     "HeapExhaustedError",

@@ -58,6 +58,19 @@ class DeviceOps(metaclass=abc.ABCMeta):
         default: nothing is recorded on the device."""
         return None
 
+    def _recorded_call_mismatch(self):
+        """A different call of a peer that this rank's kernels found (:mod:`iris.mixins.failstop`):
+        ``(comm, world ranks, signature, {world rank: signature})``, the host communicator and the
+        world ranks of the ranks involved, this rank's call's signature and the one each peer
+        announced instead; None when none was found. The default: nothing is recorded on the
+        device."""
+        return None
+
+    def _announce_call(self, signature: int) -> None:  # noqa: B027 (an optional hook)
+        """Make this rank's next call (of ``signature``) known to peers whose kernels already wait
+        for it, before this rank waits on the host (a workspace growing): they then find a
+        different call at once, and come to the host exchange. The default: nothing."""
+
     def _trace_event_names(self) -> dict[int, str]:
         """Names of the backend's own trace event kinds (from ``iris.tracing.OPERATION_EVENTS``
         on), for the exported trace. The default: none."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +23,10 @@ from iris.errors import IrisTimeoutError
 __all__ = ["default_device_type", "ensure_process_group", "Communicator", "local_rank"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: Bytes of one rank's part of :meth:`Communicator.exchange_calls`: a value and a call's description.
+CALL_EXCHANGE_BYTES = 1024
+#: Seconds :meth:`Communicator.exchange_calls` waits for every rank before it calls its ``on_slow``.
+CALL_EXCHANGE_GRACE = 0.05
 #: How torch's monitored barrier names the ranks that did not arrive ("Ranks 1, 2 failed to pass").
 _MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
@@ -118,6 +124,36 @@ class Communicator:
                 f"({str(error).splitlines()[0][:200]}). Check that every rank is alive and makes the same iris "
                 f"calls, or raise the timeout with create(timeout=...) / IRIS_TIMEOUT") from error
         return extremes.tolist()
+
+    def exchange_calls(self, value: int, description: str, on_slow: Callable[[], None] | None = None,
+                       grace: float = CALL_EXCHANGE_GRACE) -> list[tuple[int, str]]:
+        """Every rank's ``(value, description)``, in rank order: one all-gather of
+        :data:`CALL_EXCHANGE_BYTES` per rank (an int64 and the description in UTF-8, cut to fit)
+        over the host group, bounded by the timeout (IrisTimeoutError when a peer does not take
+        part in time or is gone). ``on_slow`` is called once when not every rank took part within
+        ``grace`` seconds; the exchange goes on."""
+        mine = torch.zeros(CALL_EXCHANGE_BYTES, dtype=torch.uint8)
+        mine[:8] = torch.tensor([value], dtype=torch.int64).view(torch.uint8)
+        text = description.encode()[:CALL_EXCHANGE_BYTES - 8]
+        if text:
+            mine[8:8 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            work = dist.all_gather(everyone, mine, group=self._barrier_group, async_op=True)
+            if on_slow is not None:
+                deadline = time.monotonic() + grace
+                while not work.is_completed() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                if not work.is_completed():
+                    on_slow()
+            work.wait(timeout=timedelta(seconds=self.timeout))
+        except RuntimeError as error:
+            raise IrisTimeoutError(
+                f"host exchange on rank {self.rank}: not every rank took part within {self.timeout:g} s "
+                f"({str(error).splitlines()[0][:200]}). Check that every rank is alive and makes the same iris "
+                f"calls, or raise the timeout with create(timeout=...) / IRIS_TIMEOUT") from error
+        return [(int(part[:8].view(torch.int64)), bytes(part[8:].tolist()).rstrip(b"\0").decode(errors="replace"))
+                for part in everyone]
 
     def barrier(self) -> None:
         """Wait until every rank arrives (host side); IrisTimeoutError naming the ranks that did

@@ -47,6 +47,7 @@ __all__ = [
     "algorithm_registry",
     "choose",
     "register_algorithm",
+    "signature_of",
 ]
 
 #: The collectives of ``ctx.ccl`` that dispatch to registered algorithms.
@@ -106,20 +107,23 @@ class CollectiveCall:
     """The name of one of the algorithm's :attr:`Algorithm.launch_shapes` on this device to launch
     with (named ``algorithm="name/shape"``, or tuned: :mod:`iris.tuning`); None: the algorithm's
     own choice."""
+    algorithm: str | None = None
+    """The name of the algorithm that runs the call (``ctx.ccl`` sets it): part of the
+    signature, as ranks that run different algorithms made different calls."""
 
     @functools.cached_property
     def signature(self) -> int:
         """16 bits that every rank's identical call shares and a different call (another
-        collective, size, dtype, op or root) almost surely does not; never 0. Kernels announce
-        it to their peers with the call's number, so a peer that made a different call is caught
-        on the device instead of exchanging mismatched data."""
+        collective, size, dtype, op, root, algorithm or launch shape) almost surely does not;
+        never 0. Kernels announce it to their peers with the call's number, so a peer that made a
+        different call is caught on the device instead of exchanging mismatched data."""
         if self.collective in UNEVEN:  # the numbers of rows differ between ranks, not their shape
             what = (self.collective, self.input.shape[1:].numel(), str(self.input.dtype))
         elif self.collective in ROOT_ONLY:  # what only the root passes has no part in it
             what = (self.collective, self.shared.numel(), str(self.shared.dtype), self.op, self.src)
         else:
             what = (self.collective, self.input.numel(), self.output.numel(), str(self.input.dtype), self.op, self.src)
-        return zlib.crc32(repr(what).encode()) & 0xFFFF | 1
+        return signature_of(what + (self.algorithm, self.launch_shape))
 
     @property
     def shared(self) -> torch.Tensor:
@@ -132,6 +136,11 @@ class CollectiveCall:
         if ROOT_ONLY.get(self.collective) == "input":  # scatter: the root's input, world_size x the output
             return self.context.world_size * self.output.numel() * self.output.element_size()
         return self.input.numel() * self.input.element_size()
+
+
+def signature_of(what) -> int:
+    """16 bits of ``repr(what)``, never 0: a call's signature (:attr:`CollectiveCall.signature`)."""
+    return zlib.crc32(repr(what).encode()) & 0xFFFF | 1
 
 
 @attrs.frozen(kw_only=True)

@@ -12,6 +12,7 @@ __all__ = [
     "NotOnHeapError",
     "AsymmetricHeapError",
     "IrisTimeoutError",
+    "CallMismatchError",
     "RankFailedError",
 ]
 
@@ -56,6 +57,14 @@ class AsymmetricHeapError(IrisError):
 class IrisTimeoutError(IrisError, TimeoutError):
     """A wait on peers did not complete in time, or a peer made a different call: the call's
     outputs hold NaN and the context is failed."""
+
+
+class CallMismatchError(IrisTimeoutError):
+    """Ranks made different calls (another collective, size, dtype, op, root or algorithm) where
+    they had to make the same one: found on the device, where a call's signature meets its peers',
+    or at a host exchange of the call (a workspace growing). Every rank raises it, naming every
+    rank's call; the call's outputs hold NaN and the context is failed, as after a timeout (it is
+    an IrisTimeoutError, for code that handles both alike)."""
 
 
 class RankFailedError(IrisError):

@@ -158,6 +158,7 @@ class GroupView:
         with self._call("barrier"):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
+                self._world._raise_if_failed("barrier")  # before the host barrier, as the context's
             self.comm.barrier()
             self.heap.check_symmetric()
 

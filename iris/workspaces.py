@@ -4,7 +4,10 @@ Collectives, fused operations and a backend's own protocols need heap buffers th
 call: data slots peers push into, flags and call counts that only grow. :class:`Workspaces`
 (``ctx.workspaces``) keeps one buffer per name, the same on every rank, and grows it
 collectively (a host barrier) the first time a call needs more than before; calls that fit
-allocate nothing and never wait on the host, so they can be captured in CUDA graphs.
+allocate nothing and never wait on the host, so they can be captured in CUDA graphs. A growth
+starts with a host exchange of the call in progress: ranks that made different calls (which may
+need different workspaces, or one rank none) raise CallMismatchError there, naming both calls,
+rather than allocate apart (docs/faults.md).
 
 Graphs hold addresses. Once a call was captured, a buffer that grows is not freed but kept, on
 every rank alike, for the graphs that launch with its old address, until
@@ -49,12 +52,18 @@ class Workspaces:
         #: Changes whenever a workspace is replaced (launches made before hold old addresses).
         self.generation = 0
 
+    def existing(self, name: str) -> torch.Tensor | None:
+        """The workspace ``name`` as it is, or None where none was allocated yet."""
+        return self._buffers.get(name)
+
     def get(self, name: str, nbytes: int, *, fill: int | None = None) -> torch.Tensor:
         """At least ``nbytes`` of heap (uint8), the same on every rank: the workspace ``name``
         (a protocol with its own state keeps its own name). ``fill``: the value of every byte
         when allocated (None: left as allocated). Grows collectively, with a host barrier, the
         first time a call needs more than before (an IrisError during a CUDA graph capture);
-        otherwise allocates nothing."""
+        otherwise allocates nothing. Before it grows, the ranks check that they are in the same
+        call (:meth:`iris.mixins.failstop.FailStopMixin._agree_on_call`): ranks whose calls
+        differ raise CallMismatchError, naming every rank's call, instead of allocating apart."""
         now_capturing = self.note_capture()  # e.g. fused operations, which ask for their buffers per call
         current = self._buffers.get(name)
         if current is not None and current.numel() >= nbytes:
@@ -64,6 +73,7 @@ class Workspaces:
                             f"allocation on every rank and cannot happen inside a CUDA graph capture; before "
                             f"capturing, make one call of each size and dtype (which can change the algorithm)")
         ctx = self._context
+        ctx._agree_on_call()  # the same call on every rank, so the same workspace and size
         ctx.barrier()  # no peer is still writing into the old workspace
         if current is not None:
             del self._buffers[name]

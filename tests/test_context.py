@@ -227,12 +227,13 @@ def test_identity(make_context):
 @pytest.mark.parametrize(("on_timeout", "trap"), [(None, 0), ("raise", 0), ("trap", 1)])
 def test_timeout_and_on_timeout_reach_the_kernels(make_context, monkeypatch, on_timeout, trap):
     # What kernels receive: the timeout in nanoseconds (an int, for the launcher) and the fault
-    # words [first failure, one per peer, trap flag], none recorded, the trap flag from on_timeout.
+    # words [first failure, one per peer, trap flag, the header of each peer's different call, this
+    # rank's], none recorded, the trap flag from on_timeout.
     monkeypatch.delenv("IRIS_ON_TIMEOUT", raising=False)
     ctx = make_context(timeout=2.5, **({} if on_timeout is None else {"on_timeout": on_timeout}))
     assert type(ctx.timeout_ns) is int and ctx.timeout_ns == 2_500_000_000
     assert ctx.faults.dtype == torch.int32 and ctx.faults.device == ctx.device
-    assert ctx.faults.tolist() == [0] + [0] * ctx.world_size + [trap]
+    assert ctx.faults.tolist() == [0] + [0] * ctx.world_size + [trap] + [0] * ctx.world_size + [0]
     assert ctx.host_faults.data_ptr() == ctx.faults.data_ptr()  # CPU ranks: the same words
     assert not ctx.failed
     ctx.check()  # nothing recorded: does not raise

@@ -107,6 +107,20 @@ def _alike_on_every_rank(collective: str, output, input, world_size: int) -> tup
     return output, input
 
 
+def _describe_tensor(tensor) -> str:
+    if isinstance(tensor, torch.Tensor):
+        return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
+    return type(tensor).__name__
+
+
+def describe_call(collective: str, output, input, op: str, src: int, algorithm: str | None) -> str:
+    """A call as errors name it, e.g. ``all_reduce(output (1000,) float32, input (1000,) float32,
+    op=sum, src=0, algorithm=low_latency)``: ``output`` and ``input`` as every rank's identical
+    call has them (:func:`_alike_on_every_rank`)."""
+    return (f"{collective}(output {_describe_tensor(output)}, input {_describe_tensor(input)}, op={op}, src={src}, "
+            f"algorithm={algorithm})")
+
+
 class Collectives:
     """Device-side collectives of one context (``ctx.ccl``), with torch.distributed semantics.
 
@@ -295,9 +309,19 @@ class Collectives:
         chosen, launch_shape = self._algorithm(collective, algorithm, same[1], op)
         if same[1].numel() == 0 and not splits:  # uneven: a rank may send nothing and still receive
             return
-        repeat = chosen.run(CollectiveCall(context=self._context, collective=collective, output=output, input=input,
-                                           op=op, src=src, launch_shape=launch_shape,
-                                           **dict(zip(("input_splits", "output_splits"), splits))))
+        call = CollectiveCall(context=self._context, collective=collective, output=output, input=input, op=op,
+                              src=src, launch_shape=launch_shape, algorithm=chosen.name,
+                              **dict(zip(("input_splits", "output_splits"), splits)))
+        if collective in POINT_TO_POINT:  # a pair's call: no header, no collective exchange to name it in
+            repeat = chosen.run(call)
+        else:
+            name = chosen.name if launch_shape is None else f"{chosen.name}/{launch_shape}"
+            outer = self._context._describe_call(f"ccl.{collective}", call.signature,
+                                                 describe_call(collective, *same, op, src, name))
+            try:
+                repeat = chosen.run(call)
+            finally:
+                self._context._end_call(outer)
         if repeat is not None:
             self._forget_outdated_repeats()  # the call may have grown a workspace
             if len(self._repeats) >= MAX_REPEATS:
@@ -317,16 +341,10 @@ class Collectives:
         """Debug mode: every rank makes the same call (collective, options, shapes, dtypes), or
         every rank raises, naming what differs; a host exchange per call."""
 
-        def describe(tensor):
-            if isinstance(tensor, torch.Tensor):
-                return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
-            return type(tensor).__name__
-
-        mine = (collective, algorithm, op, src, describe(output), describe(input))
+        mine = describe_call(collective, output, input, op, src, algorithm)
         calls = self._context.comm.all_gather_object(mine)
         if any(call != calls[0] for call in calls):
-            listing = "; ".join(f"rank {rank}: {call[0]}(output {call[4]}, input {call[5]}, op={call[2]}, "
-                                f"src={call[3]}, algorithm={call[1]})" for rank, call in enumerate(calls))
+            listing = "; ".join(f"rank {rank}: {call}" for rank, call in enumerate(calls))
             raise IrisError(f"{collective}: the ranks made different calls (IRIS_DEBUG check): {listing}; every "
                             f"rank must call the same collective with tensors of the same shape and dtype")
 

@@ -11,6 +11,15 @@ stream first). A host barrier that times out fails the context the same way.
 A failed context stays failed: every later call raises, naming the first failure, because its
 peers' protocol state (call counts, workspaces) no longer agrees with its own. What remains
 possible is ``destroy()``, which then releases this rank's resources without waiting for peers.
+
+Ranks that made different calls raise :class:`~iris.errors.CallMismatchError` naming every rank's
+call. The device compares 16-bit signatures only (:attr:`iris.collectives.CollectiveCall.signature`):
+each call's namespace describes the call to the context first (:meth:`FailStopMixin._describe_call`,
+kept by signature), and once a kernel recorded that a peer announced another signature, the host
+exchanges its call's description with its peers (one bounded all-gather over the host group, which
+every rank that found the mismatch makes) before it raises. A host exchange inside a call (a
+workspace growing, :meth:`FailStopMixin._agree_on_call`) carries the call's description too, so
+ranks whose different calls grow different workspaces, or only one of them, meet there.
 """
 
 from __future__ import annotations
@@ -20,9 +29,15 @@ import threading
 import torch
 
 from iris.collectives import SAME_SIZE_INTEGER
-from iris.errors import IrisError, IrisTimeoutError
+from iris.errors import CallMismatchError, IrisError, IrisTimeoutError
 
 __all__ = ["FailStopMixin"]
+
+#: Most call descriptions a context keeps by signature (the oldest are dropped first).
+MAX_DESCRIPTIONS = 4096
+#: What every rank must do alike, said by every error that names the ranks' different calls.
+SAME_CALLS = ("every rank must make the same iris calls in the same order, with tensors of the same shapes and "
+              "dtypes and the same options (IRIS_DEBUG=1 compares every call on the host before it runs)")
 
 #: Errors after which the ranks' protocol states may disagree: the context is failed. (An
 #: asymmetric heap is reported by every later barrier until the ranks' heaps agree again.)
@@ -38,6 +53,10 @@ class FailStopMixin:
         super()._setup()
         self._failure: IrisError | None = None
         self._in_use = threading.RLock()
+        #: Descriptions of this rank's calls by their signatures (its group views share them).
+        self._call_descriptions: dict[int, str] = {}
+        #: ``(name, signature, description)`` of the call in progress (:meth:`_describe_call`).
+        self._current_call: tuple[str, int, str] | None = None
 
     @property
     def failed(self) -> bool:
@@ -59,8 +78,78 @@ class FailStopMixin:
                 f"with ctx.destroy() and create a new one. The failure: {self._failure}") from self._failure
         message = self._recorded_failure()
         if message is not None:
-            self._failure = IrisTimeoutError(f"ctx.{name}: {message}")
+            self._failure = self._different_calls_found(name) or IrisTimeoutError(f"ctx.{name}: {message}")
             raise self._failure
+
+    # -- calls that differ between ranks --
+
+    def _describe_call(self, name: str, signature: int, description: str) -> tuple | None:
+        """The call ``ctx.<name>`` now starting, of ``signature`` (what its kernels announce to
+        their peers, 16 bits) and ``description`` (its arguments, as every rank's identical call
+        has them): kept for naming it should a peer make another call. Returns the call it
+        interrupts (a call made inside another), to give back to :meth:`_end_call`."""
+        descriptions = self._call_descriptions
+        if signature not in descriptions and len(descriptions) >= MAX_DESCRIPTIONS:
+            del descriptions[next(iter(descriptions))]
+        descriptions[signature] = description
+        outer, self._current_call = self._current_call, (name, signature, description)
+        return outer
+
+    def _end_call(self, outer: tuple | None) -> None:
+        """The call :meth:`_describe_call` started has ended; ``outer`` is again in progress."""
+        self._current_call = outer
+
+    def _agree_on_call(self, value: int = 0, *, settle: bool = True) -> list[int]:
+        """Every rank's ``value``, in rank order, from one host exchange that carries the call in
+        progress (:meth:`_describe_call`): collective, made inside a call that must wait for its
+        peers on the host (a workspace growing). Raises CallMismatchError, on every rank, when
+        the ranks are not all in the same call: peers whose different calls need no exchange wait
+        for this rank on the device, so when the exchange does not complete at once this rank
+        first announces its call there (the backend's ``_announce_call``); they find the mismatch
+        and come to the exchange (:meth:`_different_calls_found`). ``settle``: on GPUs, wait for
+        the kernels queued before and raise what they recorded first (an earlier call's mismatch
+        is then exchanged as that call's)."""
+        name, signature, description = self._current_call or ("call", 0, "")
+        if settle and self.device.type == "cuda":
+            with self._call(name):
+                torch.cuda.synchronize(self.device)
+        announced = []
+
+        def announce():
+            self._announce_call(signature)
+            announced.append(True)
+
+        calls = self.comm.exchange_calls(value, description, on_slow=announce if signature else None)
+        if any(call != calls[0][1] for _, call in calls):
+            ranks = [self.world_rank_of(r) for r in range(len(calls))]
+            raise CallMismatchError(_different_calls(name, self.rank, ranks, [call for _, call in calls],
+                                                     "found at a host exchange of the call"))
+        if announced:  # every rank is in this call: nobody needs it, and it may not reach its kernel
+            self._announce_call(0)
+        return [value for value, _ in calls]
+
+    def _different_calls_found(self, name: str) -> CallMismatchError | None:
+        """The error naming every rank's call where this rank's kernels found a peer in a
+        different call (the backend's ``_recorded_call_mismatch``); None where they found none.
+        Exchanges this rank's call's description with the ranks of that call (every rank that
+        found the mismatch makes the exchange), within the timeout."""
+        found = self._recorded_call_mismatch()
+        if found is None:
+            return None
+        comm, ranks, signature, peers = found
+        current = self._current_call
+        mine = self._call_descriptions.get(signature) or (
+            current[2] if current is not None and current[1] == signature else f"a call of signature {signature:#06x}")
+        try:
+            calls = [call for _, call in comm.exchange_calls(0, mine)]
+        except IrisTimeoutError as error:
+            others = "; ".join(f"rank {q}: a call of signature {s:#06x}" for q, s in sorted(peers.items()))
+            return CallMismatchError(
+                f"ctx.{name}: on rank {self.rank}, the ranks made different calls (world rank(s) {sorted(peers)} made "
+                f"a different call from this rank's, found on the device): rank {self.rank}: {mine}; {others}; "
+                f"their calls' descriptions could not be exchanged ({error}); {SAME_CALLS}. The failed call's "
+                f"outputs hold NaN (integers: -1)")
+        return CallMismatchError(_different_calls(name, self.rank, list(ranks), calls, "found on the device"))
 
     def check(self) -> None:
         """Wait for this rank's queued device work, then raise the failure a device-side wait
@@ -75,6 +164,11 @@ class FailStopMixin:
         checks the heaps' symmetry; raises a failure recorded on this rank. This is a collective
         operation."""
         with self._call("barrier"):
+            if self.device.type == "cuda":
+                # What the kernels queued so far recorded raises before the host barrier: peers that
+                # found a different call then meet this rank at their exchange, not at a barrier.
+                torch.cuda.synchronize(self.device)
+                self._raise_if_failed("barrier")
             super().barrier()
 
     def destroy(self) -> None:
@@ -92,6 +186,17 @@ class FailStopMixin:
         super().destroy()
         if unreported is not None:
             raise unreported
+
+
+def _different_calls(name: str, rank: int, ranks: list[int], calls: list[str], where: str) -> str:
+    """The message of a CallMismatchError on ``rank`` (a world rank): ``calls`` are the
+    descriptions of the calls of the world ranks ``ranks``."""
+    mine = calls[ranks.index(rank)] if rank in ranks else None
+    others = [q for q, call in zip(ranks, calls) if call != mine]
+    listing = "; ".join(f"rank {q}: {call or 'no call described'}" for q, call in zip(ranks, calls))
+    return (f"ctx.{name}: on rank {rank}, the ranks made different calls (world rank(s) {others} made a different "
+            f"call from this rank's, {where}): {listing}; {SAME_CALLS}. The failed call's outputs hold NaN "
+            f"(integers: -1)")
 
 
 def poison(tensor: torch.Tensor) -> None:

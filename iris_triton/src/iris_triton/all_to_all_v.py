@@ -35,9 +35,10 @@ previous kernel finished, copying included (kernels of a stream run one after an
 Capacity: the region holds the same number of bytes on every rank (a workspace, grown
 collectively). ``all_to_all_vdev`` sizes it by the output's bound (the same on every rank by
 contract, checked in the table); ``all_to_all_single`` agrees on it with one small host exchange
-per eager call (the most bytes any rank receives), and during a CUDA graph capture, where no
-host exchange can happen, uses the workspace as earlier calls left it: a call that does not fit
-fails on the device, so make an eager call of the largest size before capturing.
+per eager call (the most bytes any rank receives, with the call's description: ranks in
+different calls raise there), and during a CUDA graph capture, where no host exchange can
+happen, uses the workspace as earlier calls left it: a call that does not fit fails on the
+device, so make an eager call of the largest size before capturing.
 
 A wait that gives up, a peer that made a different call or a bad table records the failure in
 the context's fault words and poisons the outputs (NaN, integers -1; the received counts -1)
@@ -218,7 +219,8 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     announce(dctx, headers, announced, RANK, WORLD)
     count += 1
     _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
+                             SITE)
     ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
     words = dctx.block_offsets(table, 0, TABLE)
     if ok:
@@ -228,7 +230,8 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
         counts = tl.load(slot + words, mask=(words // LANES < WORLD) & (words % LANES < WORLD), other=0)
         _push_rows(dctx, counts, words, inp, out, region, row, RANK, WORLD, LANES, BLOCK)
         _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-        ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+        ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
+                         SITE)
         if ok:
             _take_rows(dctx, counts, words, out, region, out_splits, row, RANK, WORLD, LANES, BLOCK, REPORT)
     _finish(dctx, sync, programs, call, count)
@@ -304,7 +307,8 @@ def _all_to_all_single(call: CollectiveCall):
         need = None
     else:
         rows, row = _rows(call.output)
-        need = ctx.comm.host_max([rows * row * call.output.element_size()])[0]
+        # With the call's description: ranks in different calls raise here (iris.mixins.failstop).
+        need = max(ctx._agree_on_call(rows * row * call.output.element_size(), settle=False))
     _launch(call, need, call.output_splits, None)
     return None
 

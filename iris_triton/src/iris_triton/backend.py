@@ -15,7 +15,7 @@ from iris.errors import IrisError
 from iris_triton.frontend import TRITON
 from iris_triton.p2p import PeerRegions
 from iris_triton.tuning import COMPILE_ONLY_PROGRAMS, CPU_PROGRAMS
-from iris_triton.waits import ARGUMENT_FAILURES, MISMATCHES, describe_failure
+from iris_triton.waits import ARGUMENT_FAILURES, MISMATCHES, describe_failure, fault_words
 
 __all__ = ["TritonBackend", "TritonContext", "TritonDeviceOps", "interpreter_runs_kernel_loops"]
 
@@ -94,7 +94,8 @@ class TritonDeviceOps(DeviceOps):
         #: Nanoseconds a device-side wait may last (wall-clock) before it gives up.
         self.timeout_ns = int(self.config.timeout * 1e9)
         #: Every set of fault words this context's kernels record in, with the world ranks of
-        #: their peers: the context's own, then its groups' (:meth:`_setup_group_view`).
+        #: their peers and the host communicator over them: the context's own, then its groups'
+        #: (:meth:`_setup_group_view`).
         self._fault_word_sets: list[tuple] = []
         #: The flag words of every tile sync made (``tile_sync``), kept while the context lives.
         self._tile_flags: list[torch.Tensor] = []
@@ -126,10 +127,11 @@ class TritonDeviceOps(DeviceOps):
         arena)."""
         from iris_triton.barrier import state_words
 
-        words = len(peers) + 2  # first failure, one per peer, trap on failure
+        # First failure, one per peer, trap on failure, the headers of a different call (iris_triton.waits).
+        words = fault_words(len(peers))
         #: The fault words kernels record give-ups in, on the device (:mod:`iris_triton.waits`).
         self.faults = torch.zeros(words, dtype=torch.int32, device=self.device)
-        self.faults[-1] = int(self.config.on_timeout == "trap")
+        self.faults[1 + len(peers)] = int(self.config.on_timeout == "trap")
         if self.device.type == "cuda":
             pinned = torch.zeros(words, dtype=torch.int32, pin_memory=True)
             #: Their copy the host reads without a synchronisation.
@@ -138,7 +140,7 @@ class TritonDeviceOps(DeviceOps):
         else:
             self.host_faults = self.faults
             host_words = self.faults.numpy()
-        self._fault_word_sets.append((host_words, peers))
+        self._fault_word_sets.append((host_words, peers, self.comm))
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
         self.p2p_regions = PeerRegions.allocate(self)
 
@@ -149,15 +151,16 @@ class TritonDeviceOps(DeviceOps):
     def collective_sync(self) -> torch.Tensor:
         """The collectives' int32 sync words on the heap (a workspace): per program, its call count
         and its signal count, then one flag per program and peer (written by that peer), then two
-        slots (by call parity) of one header per program and peer, where that peer announces its
-        call (its number and signature). Zeroed once, never reset."""
-        words = self.programs * (2 + 3 * self.world_size)
+        rows (by call parity) of one header per peer, where that peer announces its call (its number
+        and signature), then one announcement per peer, of a call waiting on the host
+        (:mod:`iris_triton.calls`). Zeroed once, never reset."""
+        words = self.programs * (2 + self.world_size) + 3 * self.world_size
         return self.workspaces.get("collective_sync", 4 * words, fill=0).view(torch.int32)
 
     def _recorded_failure(self) -> str | None:
         """A give-up recorded by this rank's kernels, as a message (None when there is none)."""
         by_failure: dict[tuple[str, str], list[int]] = {}
-        for host_words, peers in self._fault_word_sets:
+        for host_words, peers, _ in self._fault_word_sets:
             if host_words[0]:
                 for peer, code in zip(peers, host_words[1:1 + len(peers)].tolist()):
                     if code:
@@ -177,6 +180,31 @@ class TritonDeviceOps(DeviceOps):
         return (f"on rank {self.rank}, a device-side wait failed: {what}. The failed call's outputs hold NaN "
                 f"(integers: -1). Check that every rank is alive and makes the same iris calls in the same order, "
                 f"or raise the timeout with create(timeout=...) / IRIS_TIMEOUT")
+
+    def _recorded_call_mismatch(self):
+        """The different call a kernel of this rank found, where it recorded the headers of both
+        (:func:`iris_triton.waits.record_mismatch`); None when there is none (a timeout, say)."""
+        for host_words, peers, comm in self._fault_word_sets:
+            world = len(peers)
+            if not host_words[0]:
+                continue
+            seen = {peer: int(host_words[2 + world + q]) & 0xFFFF for q, peer in enumerate(peers)
+                    if host_words[2 + world + q] and describe_failure(int(host_words[1 + q]))[1] == "mismatch"}
+            if seen:
+                return comm, peers, int(host_words[2 + 2 * world]) & 0xFFFF, seen
+        return None
+
+    def _announce_call(self, signature: int) -> None:
+        """Announce this rank's next call with ``signature`` (0: take the announcement back) where
+        the collectives' kernels read their peers' calls (:func:`iris_triton.calls.announce_kernel`);
+        nothing before their sync words exist (no peer is in a collective then)."""
+        from iris_triton.calls import announce_kernel
+
+        sync = self.workspaces.existing("collective_sync")
+        if sync is None or self.world_size == 1:
+            return
+        announce_kernel[(1,)](sync.view(torch.int32), self.programs, self.get_heap_bases(), signature,
+                              RANK=self.rank, WORLD=self.world_size, num_warps=1)
 
     @cached_property
     def ops(self):
@@ -216,8 +244,9 @@ class TritonDeviceOps(DeviceOps):
 
     def _compile_check_calls(self, full: bool):
         """The tile collectives inside :mod:`iris_triton.tile_kernel`'s kernel (each, with each
-        reduction in the full calls, with tracing as the context has it), the device clock's read
-        and the demo's ring store."""
+        reduction in the full calls, with tracing as the context has it), the device clock's read,
+        the demo's ring store and the announcement of a call that waits on the host (and its
+        taking back)."""
         from iris_triton.clock import read_device_clock
         from iris_triton.demo import ring_store_step
         from iris_triton.tile_kernel import COLLECTIVES, launch_tile_collective
@@ -233,6 +262,12 @@ class TritonDeviceOps(DeviceOps):
                 yield f"tile collective {collective}(op={op})", call
         yield "device clock", lambda: read_device_clock(torch.zeros(1, dtype=torch.int64, device=self.device))
         yield "demo ring store", lambda: ring_store_step(self, [torch.zeros(1000)] * world)
+
+        def announcement():
+            self.collective_sync()  # the words it writes
+            self._announce_call(1)
+            self._announce_call(0)
+        yield "call announcement", announcement
 
     def _demo_steps(self, inputs: list) -> dict:
         from iris_triton.demo import ring_store_step

@@ -15,7 +15,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["LANES", "announce", "call_number", "count_call", "headers_of", "header_value"]
+from iris_triton import device
+
+__all__ = ["LANES", "announce", "announce_kernel", "announcements_of", "call_number", "count_call", "headers_of",
+           "header_value"]
 
 #: Indices one vector store of :func:`count_call` advances (the length of its ``lanes``).
 LANES = tl.constexpr(128)
@@ -38,17 +41,33 @@ def count_call(calls, capacity, call, lanes):
 
 
 # -- announcing a call ---------------------------------------------------------------------------------
-# A call announces itself to its peers: program ``p`` writes ``header_value(call, SIGNATURE)`` into
-# every peer's header ``[call & 1, p, RANK]``, and a receiver compares what a peer announced with its
-# own before it takes that peer's data. The call's number tells this call from one two calls back
-# (the same slot); the signature (:attr:`iris.collectives.CollectiveCall.signature`) tells a
-# different call of the same number. The headers follow the flags in the collectives' sync words.
+# A call announces itself to its peers: its programs write ``header_value(call, SIGNATURE)`` into every
+# peer's header ``[call & 1, RANK]``, one word per source rank that every program of the call and every
+# algorithm writes alike (a program writes it before its first signal), and a receiver compares what a
+# peer announced with its own before it takes that peer's data. The call's number tells this call from
+# one two calls back (the same slot); the signature (:attr:`iris.collectives.CollectiveCall.signature`)
+# tells a different call of the same number, whatever algorithm, grid or workspace the peer's call
+# chose: every wait of these protocols reads the headers while it waits
+# (:func:`iris_triton.waits.wait_for_call`), so ranks that made different calls meet there at once.
+# The headers follow the flags in the collectives' sync words, then one *announcement* word per source
+# rank: a rank about to wait on the host for its peers (a workspace growing) announces the call it is
+# in there first (:func:`announce_kernel`), so that a peer already waiting on the device in another
+# call finds the mismatch, and comes to the host exchange; once the exchange found every rank in the
+# same call, it takes the announcement back (the call may not reach its kernel, or may have none
+# here, as the fused GEMMs').
 
 
 @triton.jit
 def headers_of(sync, programs, call, WORLD: tl.constexpr):
-    """This program's row of headers (one per source rank) for call ``call``."""
-    return sync + programs * (2 + WORLD) + ((call & 1) * programs + tl.program_id(0)) * WORLD
+    """The row of headers (one per source rank) for call ``call``, the same for every program."""
+    return sync + programs * (2 + WORLD) + (call & 1) * WORLD
+
+
+@triton.jit
+def announcements_of(headers, announced, world):
+    """The row of announcements (one per source rank), from the row of ``headers`` of the call that
+    announces ``announced`` (:func:`header_value`): two rows of headers on from the first."""
+    return headers + (2 - (((announced >> 16) - 1) & 1)) * world
 
 
 @triton.jit
@@ -59,7 +78,21 @@ def header_value(call, signature):
 
 @triton.jit
 def announce(dctx, headers, value, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Write ``value`` into every peer's header ``RANK`` of ``headers`` (this program's row)."""
+    """Write ``value`` into every peer's header ``RANK`` of ``headers``."""
     for q in tl.static_range(WORLD):
         if q != RANK:
             dctx.store(headers + RANK, value, q)
+
+
+@triton.jit
+def announce_kernel(sync, programs, heap_bases, signature, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Announce this rank's next call (the number program 0 reads from the sync words ``sync``, laid
+    out for ``programs``) with ``signature`` in every peer's announcement word ``RANK``; a
+    ``signature`` of 0 takes the announcement back. One program."""
+    call = tl.load(sync)
+    headers = headers_of(sync, programs, call, WORLD)
+    value = header_value(call, signature)
+    words = announcements_of(headers, value, WORLD)
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            device.store(words + RANK, tl.where(signature != 0, value, 0), RANK, q, heap_bases)

@@ -46,7 +46,7 @@ from iris_triton.calls import LANES, announce, call_number, count_call, header_v
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tracing import OPERATION_EVENT, WAIT_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, COLLECTIVE_LAUNCH_SHAPES, collective_shape
-from iris_triton.waits import failed, peers_announced, poison_blocks, site_code, wait_or_record
+from iris_triton.waits import failed, peers_announced, poison_blocks, site_code, wait_for_call
 
 __all__ = [
     "ALL_GATHER_DIRECT",
@@ -90,17 +90,18 @@ def _signal_peers(dctx, flags, count, faults, RANK: tl.constexpr, WORLD: tl.cons
 
 
 @triton.jit
-def _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
-                SITE: tl.constexpr):
+def _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK: tl.constexpr,
+                WORLD: tl.constexpr, SITE: tl.constexpr):
     """Whether every peer's flag [p, peer] here reached ``count`` within the timeout; a wait
-    that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.waits`)."""
+    that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.waits`), and gives up
+    at once where a peer announced another call than ``announced`` in ``headers`` (a mismatch)."""
     row = flags + tl.program_id(0) * WORLD
     ok = True
     waiting = dctx.tracing.begin(WAIT_EVENT, op=count)
     for q in tl.static_range(WORLD):
         if q != RANK:
-            ok = ok & wait_or_record(row + q, count, RANK, dctx.heap_bases, timeout_ns, faults, host_faults, WORLD,
-                                     q, SITE)
+            ok = ok & wait_for_call(row + q, count, timeout_ns, faults, host_faults, q, headers, announced, RANK,
+                                    WORLD, SITE)
     dctx.tracing.end(waiting)
     return ok
 
@@ -342,7 +343,8 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
     which the program fills ``out`` (``out_numel`` elements) with NaN (integers: -1). Before its
     first signal a program announces the call (its number and ``signature``) to its peers, and
     after its first wait it checks what they announced: a peer in a different call is a failure,
-    not data (:func:`iris_triton.calls.announce`)."""
+    not data (:func:`iris_triton.calls.announce`); every wait also reads the headers, so a peer in a
+    different call (whatever algorithm it runs) fails the call as soon as its header lands."""
     dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     call, count, flags = _program_state(sync, programs)
     span = dctx.tracing.begin(OPERATION_EVENT + SITE, nbytes=n * (inp.dtype.element_ty.primitive_bitwidth // 8),
@@ -358,7 +360,8 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
         if (i < rounds) & ok:  # after a give-up nothing more reaches a peer
             _each_block(PUSH, dctx, i, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
         if i > 0:  # the peers' count of step i - 1 covers their pushes up to round i - 1
-            ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+            ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK,
+                                  WORLD, SITE)
             if i == 1:
                 ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE,
                                           False)

@@ -10,8 +10,11 @@ link round trips per call, which dominate small calls. Here the data signals its
   half is the call's flag: its number plus one and its signature (16 bits each:
   :func:`iris_triton.calls.header_value`). A 64-bit aligned store reaches the peer whole, so a
   word that holds this call's flag holds this call's payload. No fence, no separate flag; a peer
-  that made a different call (another size, dtype or op) never sends this flag, so the wait
-  gives up instead of taking its data.
+  that made a different call (another size, dtype or op) never sends this flag. Program 0 also
+  writes the flag into every peer's call header, where every algorithm announces its calls
+  (:mod:`iris_triton.calls`), and the waits read the headers: a peer that made a different call,
+  whatever algorithm it runs, fails the call as soon as its header lands, instead of taking its
+  data or being waited for.
 - The receiver reads its local workspace (volatile loads) until every word it needs carries the
   call's flag (waiting on one word's flag meanwhile, as iris's bounded waits do), then reduces in
   rank order (every rank gets the same bits).
@@ -36,7 +39,7 @@ import triton
 import triton.language as tl
 
 from iris.collectives import Algorithm, CollectiveCall
-from iris_triton.calls import LANES, call_number, count_call, header_value
+from iris_triton.calls import LANES, announce, call_number, count_call, header_value, headers_of
 from iris_triton.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.reductions import reduce_in_rank_order
 from iris_triton.tracing import OPERATION_EVENT
@@ -84,32 +87,35 @@ def _first_flag(buffer, w):
 
 
 @triton.jit
-def _arrived(dctx, buffer, w, mask, flag, faults, host_faults, peer, timeout_ns, SITE: tl.constexpr):
+def _arrived(dctx, buffer, w, mask, flag, where, SITE: tl.constexpr):
     """``(payload, arrived)`` of words ``w`` of ``buffer`` once all of them carry ``flag`` in
     their high half (:func:`iris_triton.waits.read_when_arrived`, waiting meanwhile on the first
-    word's)."""
-    words, arrived = read_when_arrived(dctx, buffer, w, mask, flag, faults, host_faults, peer, timeout_ns,
-                                       _flag_differs, _first_flag, "eq", SITE)
+    word's, and on the peers' headers); ``where`` is ``(faults, host_faults, peer, timeout_ns,
+    headers)``."""
+    faults, host_faults, peer, timeout_ns, headers = where
+    words, arrived = read_when_arrived(dctx, buffer, w, mask, flag, faults, host_faults, peer, timeout_ns, headers,
+                                       flag, _flag_differs, _first_flag, "eq", SITE)
     return words & _PAYLOAD_MASK, arrived
 
 
 @triton.jit
-def _received(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns, SIZE: tl.constexpr,
+def _received(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns, headers, SIZE: tl.constexpr,
               DTYPE: tl.constexpr, SITE: tl.constexpr):
     """``(elements, arrived)``: elements ``e`` (of ``DTYPE``, ``SIZE`` bytes) that ``peer``
     pushed into ``buffer``."""
+    where = (faults, host_faults, peer, timeout_ns, headers)
     if SIZE == 1:
-        words, arrived = _arrived(dctx, buffer, e // 4, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
+        words, arrived = _arrived(dctx, buffer, e // 4, mask, flag, where, SITE)
         bits = ((words >> (8 * (e % 4))) & 0xFF).to(tl.int8)
     elif SIZE == 2:
-        words, arrived = _arrived(dctx, buffer, e // 2, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
+        words, arrived = _arrived(dctx, buffer, e // 2, mask, flag, where, SITE)
         bits = ((words >> (16 * (e % 2))) & 0xFFFF).to(tl.int16)
     elif SIZE == 4:
-        words, arrived = _arrived(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
+        words, arrived = _arrived(dctx, buffer, e, mask, flag, where, SITE)
         bits = words.to(tl.int32)
     else:
-        low, low_arrived = _arrived(dctx, buffer, 2 * e, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
-        high, arrived = _arrived(dctx, buffer, 2 * e + 1, mask, flag, faults, host_faults, peer, timeout_ns, SITE)
+        low, low_arrived = _arrived(dctx, buffer, 2 * e, mask, flag, where, SITE)
+        high, arrived = _arrived(dctx, buffer, 2 * e + 1, mask, flag, where, SITE)
         bits = low | (high << 32)
         arrived = arrived & low_arrived
     return bits.to(DTYPE, bitcast=True), arrived
@@ -117,15 +123,15 @@ def _received(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns
 
 @triton.jit
 def _own_elements(args):
-    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns = args
+    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns, headers = args
     return tl.load(inp + e, mask=mask)
 
 
 @triton.jit
 def _peer_elements(q, args):
-    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns = args
+    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns, headers = args
     SIZE: tl.constexpr = inp.dtype.element_ty.primitive_bitwidth // 8
-    return _received(dctx, slot + q * capacity, e, mask, flag, faults, host_faults, q, timeout_ns, SIZE,
+    return _received(dctx, slot + q * capacity, e, mask, flag, faults, host_faults, q, timeout_ns, headers, SIZE,
                      inp.dtype.element_ty, _SITE)
 
 
@@ -143,8 +149,11 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     call = call_number(sync)
     span = dctx.tracing.begin(OPERATION_EVENT + _SITE, nbytes=n * SIZE, op=call)
     flag = header_value(call, signature)
+    headers = headers_of(sync, programs, call, WORLD)
     slot = ws + (call & 1) * WORLD * capacity
     ok = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    if ok & (tl.program_id(0) == 0):  # where every algorithm announces its calls: one write per peer
+        announce(dctx, headers, flag, RANK, WORLD)
     if ok:
         for start in range(tl.program_id(0) * BLOCK, words, tl.num_programs(0) * BLOCK):
             w = dctx.block_offsets(ws, start, BLOCK)
@@ -156,7 +165,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):
         e = dctx.block_offsets(inp, start, ELEMENTS)
         mask = e < n
-        args = (dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns)
+        args = (dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns, headers)
         acc, arrived = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
         tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
         ok = ok & arrived

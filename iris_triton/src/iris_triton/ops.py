@@ -30,6 +30,7 @@ import attrs
 import torch
 import triton
 
+from iris.collectives import signature_of
 from iris.custom_ops import register as register_operator_handle
 from iris.custom_ops import traceable
 from iris.errors import IrisError
@@ -99,12 +100,29 @@ def _guarded(operation):
 
     @functools.wraps(operation)
     def call(self, out, *args, **kwargs):
+        ctx = self._context
         outputs = (out,) if writes_first and isinstance(out, torch.Tensor) else ()
-        self._context._refuse_across_nodes(f"ops.{operation.__name__}")
-        with self._context._call(f"ops.{operation.__name__}", outputs):
-            return operation(self, out, *args, **kwargs)
+        ctx._refuse_across_nodes(f"ops.{operation.__name__}")
+        with ctx._call(f"ops.{operation.__name__}", outputs):
+            description = _describe(operation.__name__, (out, *args), kwargs)
+            outer = ctx._describe_call(f"ops.{operation.__name__}", signature_of(description), description)
+            try:
+                return operation(self, out, *args, **kwargs)
+            finally:
+                ctx._end_call(outer)
 
     return call
+
+
+def _describe(name: str, args: tuple, kwargs: dict) -> str:
+    """A call of the operation ``name`` as errors name it: its tensors' shapes and dtypes, its
+    other arguments (a workspace that grows exchanges it: :mod:`iris.mixins.failstop`)."""
+    def one(value) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+        return repr(value) if value is None or isinstance(value, (bool, int, float, str)) else type(value).__name__
+
+    return f"{name}({', '.join([*map(one, args), *(f'{k}={one(v)}' for k, v in kwargs.items())])})"
 
 
 class FusedOps:

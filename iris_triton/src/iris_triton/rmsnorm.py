@@ -209,7 +209,8 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
         _push_rows(dctx, x, slot, tokens, share, hidden, region, RANK, WORLD, TWO_SHOT, BLOCK, CHUNKS)
     count += 1
     _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
+                             SITE)
     ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
     if ok:  # nothing computed from another call's data may reach out, or a peer
         first = RANK * share if TWO_SHOT else 0
@@ -221,7 +222,8 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
         count += 1
         if ok:
             _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-        ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, RANK, WORLD, SITE)
+        ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
+                              SITE)
         if ok:
             _collect_rows(dctx, out, residual_out, slot, tokens, share, hidden, region, part, RANK, WORLD,
                           RESIDUAL_OUT, BLOCK, CHUNKS)
@@ -305,6 +307,26 @@ def all_reduce_rmsnorm(ctx, out: torch.Tensor, x: torch.Tensor, residual: torch.
     if 2 * world * parts * share * hidden > MAX_WORKSPACE_ELEMENTS:
         raise IrisError(f"all_reduce_rmsnorm: {tokens} x {hidden} elements per rank is too large for one call "
                         f"(workspace offsets are 32-bit); split the tokens into smaller calls")
+    signature = _signature(method, x, residual_out)
+    outer = ctx._describe_call("ops.all_reduce_rmsnorm", signature, describe(x, residual_out, method))
+    try:
+        _launch(ctx, out, x, residual, weight, eps, residual_out, two_shot, share, parts, signature)
+    finally:
+        ctx._end_call(outer)
+    return out
+
+
+def describe(x: torch.Tensor, residual_out: torch.Tensor | None, method: str) -> str:
+    """A call as errors name it (what its signature covers)."""
+    return (f"all_reduce_rmsnorm(x {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}, residual_out "
+            f"{'given' if residual_out is not None else 'None'}, method={method})")
+
+
+def _launch(ctx, out, x, residual, weight, eps, residual_out, two_shot: bool, share: int, parts: int,
+            signature: int) -> None:
+    """The kernel's launch for :func:`all_reduce_rmsnorm`'s call."""
+    tokens, hidden = x.shape
+    world, size = ctx.world_size, x.element_size()
     space, region_bytes = ctx.workspaces.slot_regions(WORKSPACE, parts * share * hidden * size, fill=None)
     if 2 * world * (region_bytes // size) > MAX_WORKSPACE_ELEMENTS:  # grown by an earlier call of wider elements
         raise IrisError(f"all_reduce_rmsnorm: the workspace, grown by the largest call so far, holds more {x.dtype} "
@@ -322,8 +344,7 @@ def all_reduce_rmsnorm(ctx, out: torch.Tensor, x: torch.Tensor, residual: torch.
             ws=space[:2 * world * region_bytes].view(x.dtype), sync=ctx.collective_sync(), programs=ctx.programs,
             faults=ctx.faults, host_faults=ctx.host_faults, tokens=tokens, share=share, hidden=hidden,
             region=region_bytes // size, eps=float(eps), timeout_ns=ctx.timeout_ns,
-            signature=_signature(method, x, residual_out), CTX=front.device_context,
+            signature=signature, CTX=front.device_context,
             TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world,
             TWO_SHOT=two_shot, RESIDUAL_OUT=residual_out is not None, SITE=site_code(SITE), BLOCK=block,
             CHUNKS=triton.cdiv(hidden, block), **options)
-    return out

@@ -70,7 +70,7 @@ def _first_word(buffer, e):
 @triton.jit
 def _own_elements(args):
     """This rank's elements, with the replacement its peers see."""
-    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns = args
+    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns, headers, announced = args
     return _sendable(inp, e, mask, slot.dtype.element_ty).to(inp.dtype.element_ty, bitcast=True)
 
 
@@ -78,10 +78,10 @@ def _own_elements(args):
 def _peer_elements(q, args):
     """``(elements, arrived)``: peer q's elements once they all landed; the sentinel goes back,
     for the slot's next call."""
-    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns = args
+    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns, headers, announced = args
     region = slot + q * capacity
-    bits, arrived = read_when_arrived(dctx, region, e, mask, -1, faults, host_faults, q, timeout_ns, _is_sentinel,
-                                      _first_word, "ne", _SITE)
+    bits, arrived = read_when_arrived(dctx, region, e, mask, -1, faults, host_faults, q, timeout_ns, headers, announced,
+                                      _is_sentinel, _first_word, "ne", _SITE)
     tl.store(region + e, bits | -1, mask=mask)
     return bits.to(inp.dtype.element_ty, bitcast=True), arrived
 
@@ -100,7 +100,9 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     block is reduced only after it was pushed, so an in-place call reads no element after it was
     written. A program announces the call (its number and ``signature``) to its peers first, and
     checks what they announced last: the data carry no call number, so a peer that made a
-    different call fails the call instead of passing its data off as this call's."""
+    different call fails the call instead of passing its data off as this call's. Its waits read
+    the headers too, so such a peer fails the call as soon as its header lands, whatever
+    algorithm it runs."""
     dctx = CTX.initialize(context, RANK, WORLD, TRACING)
     call = call_number(sync)
     span = dctx.tracing.begin(OPERATION_EVENT + _SITE, nbytes=n * (inp.dtype.element_ty.primitive_bitwidth // 8),
@@ -124,7 +126,7 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
                     publish(dctx, slot + RANK * capacity + e, bits, q, e < n)
         if step >= lag:
             e = dctx.block_offsets(inp, first + (step - lag) * stride, BLOCK)
-            args = (dctx, inp, slot, capacity, e, e < n, faults, host_faults, timeout_ns)
+            args = (dctx, inp, slot, capacity, e, e < n, faults, host_faults, timeout_ns, headers, announced)
             acc, arrived = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
             tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
             ok = ok & arrived

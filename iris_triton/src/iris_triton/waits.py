@@ -2,9 +2,11 @@
 
 Every kernel of iris that waits on peers receives the context's *fault words* (``ctx.faults``, int32
 on the device: word 0 holds the code of the first failure on this rank, word ``1 + q`` the code of
-a failure while waiting for peer ``q``, word ``1 + world`` asks for a trap), a host-visible copy of
-them (``ctx.host_faults``: pinned host memory on GPUs, which the host reads without a
-synchronisation; the same words on CPU ranks) and the timeout in nanoseconds.
+a failure while waiting for peer ``q``, word ``1 + world`` asks for a trap; where peer ``q`` made a
+different call, word ``2 + world + q`` holds the header it announced and word ``2 + 2 * world``
+this rank's: :func:`record_mismatch`), a host-visible copy of them (``ctx.host_faults``: pinned
+host memory on GPUs, which the host reads without a synchronisation; the same words on CPU ranks)
+and the timeout in nanoseconds.
 
 A wait that gives up writes its code (:func:`failure_code`: the operation and the kind of failure)
 into both, and the kernel then fills the call's output with all-ones bits (NaN for floating-point
@@ -12,6 +14,13 @@ types, -1 for integers: :func:`poison`), so that nothing queued behind it can pa
 result; the host raises :class:`iris.errors.IrisTimeoutError` at the next iris call. Once a failure
 is recorded, every later wait of this rank gives up at once: the context is failed, and a dead peer
 costs one timeout, not one per wait.
+
+Protocols whose calls announce themselves (a *header* per source rank: the call's number and
+signature, :mod:`iris_triton.calls`) wait with :func:`wait_for_call` and :func:`read_when_arrived`,
+which also read the headers while they wait: a peer that announced another call of the same number
+is recorded as a mismatch as soon as its header lands, with both headers (the host then names both
+calls: :class:`iris.errors.CallMismatchError`), and a wait gives up as soon as another program of
+this rank recorded a failure.
 """
 
 from __future__ import annotations
@@ -23,11 +32,13 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from iris_triton import device
+from iris_triton.calls import announcements_of
 from iris_triton.clock import INTERPRETING, now_ns
 
 __all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
-           "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
-           "read_published", "read_when_arrived", "record_failure", "site_code", "wait_or_record"]
+           "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
+           "read_published", "read_when_arrived", "record_failure", "record_mismatch", "site_code", "wait_for_call",
+           "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -76,6 +87,11 @@ UNMATCHED: tl.constexpr = tl.constexpr(7)
 TILES: tl.constexpr = tl.constexpr(8)
 
 
+def fault_words(world: int) -> int:
+    """How many fault words a context of ``world`` ranks has (the module's layout)."""
+    return 3 + 2 * world
+
+
 def site_code(name: str) -> int:
     return WAIT_SITES.index(name) + 1
 
@@ -121,6 +137,19 @@ def record_failure(faults, host_faults, world, peer, code):
 
 
 @triton.jit
+def record_mismatch(faults, host_faults, world, peer, seen, announced, SITE: tl.constexpr):
+    """Record that ``peer`` announced ``seen`` where this rank's call announced ``announced`` (a
+    different call of the same number): a mismatch of ``SITE``, with both headers, unless a failure
+    is recorded for that peer already."""
+    if tl.load(faults + 1 + peer, volatile=True) == 0:
+        tl.store(faults + 2 + world + peer, seen)
+        tl.store(host_faults + 2 + world + peer, seen, cache_modifier=".wt")
+        tl.store(faults + 2 + 2 * world, announced)
+        tl.store(host_faults + 2 + 2 * world, announced, cache_modifier=".wt")
+    record_failure(faults, host_faults, world, peer, MISMATCH * 256 + SITE)
+
+
+@triton.jit
 def failed(faults):
     """Whether a failure is recorded on this rank (the context is failed)."""
     return tl.load(faults, volatile=True) != 0
@@ -138,6 +167,76 @@ def wait_or_record(flag, value, rank, heap_bases, timeout_ns, faults, host_fault
             if not ok:
                 record_failure(faults, host_faults, world, peer, TIMEOUT * 256 + SITE)
     return ok
+
+
+@triton.jit
+def _differs(seen, announced):
+    """Whether header ``seen`` is of another call of the number ``announced`` is of."""
+    return ((seen >> 16) == (announced >> 16)) & (seen != announced)
+
+
+@triton.jit
+def other_call(headers, announced, faults, host_faults, rank, world, SITE: tl.constexpr):
+    """Whether a peer announced another call of this call's number than ``announced``, in
+    ``headers`` (one per source rank: :func:`iris_triton.calls.announce`) or in its announcement
+    of a call that waits on the host (:func:`iris_triton.calls.announce_kernel`); the first such
+    peer is recorded as a mismatch (:func:`record_mismatch`). A header of an earlier call is no
+    verdict: the peer has not announced this call yet. ``rank`` and ``world`` may be run-time
+    values (a loop, not unrolled: it runs only while a wait spins)."""
+    announcements = announcements_of(headers, announced, world)
+    found = tl.program_id(0) < 0
+    for q in range(0, world):
+        seen = tl.load(headers + q, volatile=True)
+        pending = tl.load(announcements + q, volatile=True)
+        seen = tl.where(_differs(seen, announced), seen, pending)
+        other = _differs(seen, announced) & (q != rank)
+        if other & (not found):
+            record_mismatch(faults, host_faults, world, q, seen, announced, SITE)
+        found = found | other
+    return found
+
+
+@triton.jit
+def _give_up(start, timeout_ns, headers, announced, faults, host_faults, rank, world, SITE: tl.constexpr):
+    """Whether a wait that began at ``start`` gives up now: a peer announced another call
+    (:func:`other_call`), this rank recorded a failure (another program, say), or the timeout
+    passed."""
+    return other_call(headers, announced, faults, host_faults, rank, world, SITE) | failed(faults) | \
+        (now_ns() - start >= timeout_ns)
+
+
+@triton.jit
+def wait_for_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD,
+                  SITE: tl.constexpr):
+    """:func:`wait_or_record` for protocols whose calls announce themselves in ``headers``: wait
+    until this rank's ``flag`` >= ``value`` (acquire, system scope) and return True; give up
+    (False) after ``timeout_ns`` (recording a timeout of ``SITE`` for ``peer``), at once when the
+    context has failed, and as soon as a peer announced another call (:func:`other_call`: a
+    mismatch) or another program of this rank recorded a failure."""
+    ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
+    if not ok:
+        if not failed(faults):  # else give up at once: the context failed, and said why already
+            start = now_ns()
+            stop = other_call(headers, announced, faults, host_faults, RANK, WORLD, SITE)
+            while (not ok) & (not stop):
+                ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
+                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, RANK, WORLD, SITE)
+            if (not ok) & (not failed(faults)):
+                record_failure(faults, host_faults, WORLD, peer, TIMEOUT * 256 + SITE)
+    return ok
+
+
+@triton.jit
+def _landed(word, expected, CMP: tl.constexpr):
+    """Whether the 32-bit ``word`` (a pointer) compares ``CMP`` (``"eq"`` or ``"ne"``) against
+    ``expected``, read with acquire semantics at system scope."""
+    seen = tl.atomic_add(word, 0, sem="acquire", scope="sys")
+    if CMP == "eq":
+        landed = seen == expected
+    else:
+        tl.static_assert(CMP == "ne", "CMP must be 'eq' or 'ne'")
+        landed = seen != expected
+    return landed
 
 
 if INTERPRETING:
@@ -184,8 +283,8 @@ else:
 
 
 @triton.jit
-def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, peer, timeout_ns, MISSING: tl.constexpr,
-                      FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
+def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, peer, timeout_ns, headers, announced,
+                      MISSING: tl.constexpr, FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
     """``(buffer[offs], ok)``: reads of this rank's memory (:func:`read_published`), once no lane
     of ``mask`` is ``MISSING(values, expected)``, for protocols whose data announces itself,
     without a flag; the data must be written by :func:`publish`.
@@ -194,7 +293,9 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, p
     word of the block that changes when the block lands) compares ``CMP`` against ``expected``,
     then reads the block until no lane is missing, all within ``timeout_ns`` of wall-clock time
     (a block's stores land one after another, and a peer's process may be descheduled between
-    them). It gives up at once when the context has failed; a give-up records a timeout of
+    them). It gives up at once when the context has failed, and as soon as a peer announced
+    another call in ``headers`` (this call's header: ``announced``; :func:`other_call`) or another
+    program of this rank recorded a failure; a give-up after the timeout records a timeout of
     ``SITE`` for ``peer``."""
     values = read_published(buffer + offs, mask)
     missing = tl.sum(MISSING(values, expected) & mask, axis=0)
@@ -202,14 +303,20 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, p
     if not ok:
         if not failed(faults):
             start = now_ns()
-            if dctx.wait_until(FIRST_WORD(buffer, offs), expected, dctx.rank, timeout_ns, CMP=CMP):
+            first = FIRST_WORD(buffer, offs)
+            landed = _landed(first, expected, CMP)
+            stop = other_call(headers, announced, faults, host_faults, dctx.rank, dctx.world_size, SITE)
+            while (not landed) & (not stop):
+                landed = _landed(first, expected, CMP)
+                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, dctx.rank,
+                                dctx.world_size, SITE)
+            while (missing > 0) & (not stop):
                 values = read_published(buffer + offs, mask)
                 missing = tl.sum(MISSING(values, expected) & mask, axis=0)
-                while (missing > 0) & (now_ns() - start < timeout_ns):
-                    values = read_published(buffer + offs, mask)
-                    missing = tl.sum(MISSING(values, expected) & mask, axis=0)
-                ok = missing == 0
-            if not ok:
+                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, dctx.rank,
+                                dctx.world_size, SITE)
+            ok = missing == 0
+            if (not ok) & (not failed(faults)):
                 record_failure(faults, host_faults, dctx.world_size, peer, TIMEOUT * 256 + SITE)
     return values, ok
 
@@ -240,11 +347,13 @@ def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.co
                         seen = tl.load(headers + q, volatile=True)
             same = seen == value
             if ok & (not same):
-                if WAIT:  # an earlier call's header: the peer never got to this call
-                    kind = tl.where((seen >> 16) == (value >> 16), MISMATCH, TIMEOUT)
+                if WAIT:
+                    if (seen >> 16) != (value >> 16):  # an earlier call's header: the peer never got to this call
+                        record_failure(faults, host_faults, WORLD, q, TIMEOUT * 256 + SITE)
+                    else:
+                        record_mismatch(faults, host_faults, WORLD, q, seen, value, SITE)
                 else:
-                    kind = MISMATCH + seen * 0
-                record_failure(faults, host_faults, WORLD, q, kind * 256 + SITE)
+                    record_mismatch(faults, host_faults, WORLD, q, seen, value, SITE)
             ok = ok & same
     return ok
 
