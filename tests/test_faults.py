@@ -1,10 +1,11 @@
 """Faults and bad input: no hang, no leak, no corruption, a clear error.
 
-Mismatched collectives and a rank killed mid-run make the survivors raise IrisTimeoutError
-naming the operation and the missing rank within the timeout; debug mode catches calls that
-differ across ranks; a destroyed context refuses use; heap segments are private; ranks listen
-only on the loopback interface; a soak of mixed collectives and kernels stays correct with flat
-memory. docs/faults.md has the table of what was tried.
+A collective one rank skips and a rank killed mid-run make the survivors raise IrisTimeoutError
+naming the operation and the missing rank within the timeout; ranks making different calls raise
+CallMismatchError at once, naming every rank's call, without debug mode; debug mode catches calls
+that differ across ranks on the host; a destroyed context refuses use; heap segments are private;
+ranks listen only on the loopback interface; a soak of mixed collectives and kernels stays
+correct with flat memory. docs/faults.md has the table of what was tried.
 """
 
 from __future__ import annotations
@@ -280,6 +281,151 @@ def _debug_worker(rank: int, device: str) -> bytes:
 def test_debug_mode_catches_calls_that_differ_across_ranks():
     reports = spawn_reports(_debug_worker, 2, rank_device(2), device=rank_device(2))
     assert_rank_checks(reports, "debug/", minimum=2 * 4)
+
+
+# -- ranks making different calls, without debug mode -------------------------------------------------------
+
+#: The timeout of the different-calls worlds: far longer than any raise may take.
+DIFFERENT_CALLS_TIMEOUT = 60
+#: The most seconds a mismatched call may take to raise on a rank, from a host barrier just before
+#: it (the ranks then arrive together; the point is that nobody waits for the timeout).
+DIFFERENT_CALLS_BOUND = 10
+
+#: A call: (what, elements, dtype, options). ``what`` is a collective of ctx.ccl or
+#: "all_reduce_rmsnorm" (elements: tokens, of rows of 32).
+AR = "all_reduce"
+
+
+def _call(what, n, dtype=torch.float32, **options):
+    return (what, n, dtype, tuple(sorted(options.items())))
+
+
+#: Elements of most calls (divisible by 2, 3 and 5; a few blocks of CPU ranks' kernels).
+N = 240
+#: (name, rank 0's call, every other rank's call, calls every rank makes before (warm-up): both
+#: calls, which size the workspaces for both, rank 0's only, so that the other call must grow one
+#: alone, or none, a first call).
+DIFFERENT_CALLS = [
+    *[case for algorithm in ("low_latency", "sentinel", "one_shot", "two_shot") for case in (
+        (f"{algorithm}/dtype", _call(AR, N, algorithm=algorithm), _call(AR, N, torch.bfloat16, algorithm=algorithm),
+         "both"),
+        (f"{algorithm}/count", _call(AR, N, algorithm=algorithm), _call(AR, 2 * N, algorithm=algorithm), "rank 0's"),
+        (f"{algorithm}/op", _call(AR, N, algorithm=algorithm), _call(AR, N, algorithm=algorithm, op="max"), "both"))],
+    ("algorithms/low_latency_one_shot", _call(AR, N, algorithm="low_latency"), _call(AR, N, algorithm="one_shot"),
+     "both"),
+    ("algorithms/sentinel_two_shot", _call(AR, N, algorithm="sentinel"), _call(AR, N, algorithm="two_shot"), "both"),
+    # The first tries: 1000 float32 elements on one rank, bfloat16 on the other.
+    ("automatic/dtype", _call(AR, 1000), _call(AR, 1000, torch.bfloat16), "both"),
+    ("automatic/dtype_first_call", _call(AR, 1000), _call(AR, 1000, torch.bfloat16), "none"),
+    ("automatic/count_first_call", _call(AR, N), _call(AR, 3 * N), "none"),
+    ("collective/all_reduce_all_gather", _call(AR, N), _call("all_gather", N), "both"),
+    ("all_gather/count", _call("all_gather", N), _call("all_gather", 2 * N), "rank 0's"),
+    ("reduce_scatter/op", _call("reduce_scatter", N), _call("reduce_scatter", N, op="min"), "both"),
+    ("all_to_all/dtype", _call("all_to_all", N), _call("all_to_all", N, torch.float16), "both"),
+    ("broadcast/root", _call("broadcast", N, src=0), _call("broadcast", N, src=1), "both"),
+    ("reduce/root", _call("reduce", N, dst=0), _call("reduce", N, dst=1), "both"),
+    ("all_reduce_rmsnorm/tokens", _call("all_reduce_rmsnorm", 6), _call("all_reduce_rmsnorm", 9), "rank 0's"),
+    ("all_reduce_rmsnorm/method", _call("all_reduce_rmsnorm", 6, method="one_shot"),
+     _call("all_reduce_rmsnorm", 6, method="two_shot"), "both"),
+]
+
+
+def _tensors(ctx, call) -> tuple:
+    """The tensors of ``call`` on ``ctx`` (every rank allocates those of every call, alike)."""
+    what, n, dtype, options = call
+    if what == "all_reduce_rmsnorm":
+        return ctx.ones(n, 32, dtype=dtype), ctx.empty(n, 32, dtype=dtype)
+    if what in ("all_reduce", "broadcast", "reduce"):
+        return (ctx.ones(n, dtype=dtype),)
+    world = ctx.world_size
+    return ctx.ones(n, dtype=dtype), ctx.empty(n * world if what == "all_gather" else n // world
+                                               if what == "reduce_scatter" else n, dtype=dtype)
+
+
+def _run_call(ctx, call, tensors) -> None:
+    """Make ``call`` with its ``tensors``."""
+    what, n, dtype, options = call
+    options = dict(options)
+    if what == "all_reduce_rmsnorm":
+        x, out = tensors
+        ctx.ops.all_reduce_rmsnorm(out, x, torch.ones_like(x), torch.ones(32, dtype=dtype, device=ctx.device),
+                                   **options)
+    elif what in ("all_reduce", "broadcast", "reduce"):
+        getattr(ctx.ccl, what)(tensors[0], **options)
+    else:
+        getattr(ctx.ccl, what)(tensors[1], tensors[0], **options)
+
+
+def _written(ctx, call, tensors) -> tuple:
+    """The float outputs ``call`` writes on this rank."""
+    what, _, _, options = call
+    if what in ("all_reduce", "broadcast"):
+        return tensors
+    if what == "reduce":
+        return tensors if dict(options)["dst"] == ctx.rank else ()
+    return tensors[1:]
+
+
+def _description(call, world: int) -> str:
+    """How the error names ``call``: the start of its description."""
+    what, n, dtype, options = call
+    options = dict(options)
+    name = str(dtype).removeprefix("torch.")
+    if what == "all_reduce_rmsnorm":
+        return f"all_reduce_rmsnorm(x ({n}, 32) {name}"
+    out = n * world if what == "all_gather" else n // world if what == "reduce_scatter" else n
+    root = options.get("src", options.get("dst", 0))
+    return f"{what}(output ({out},) {name}, input ({n},) {name}, op={options.get('op', 'sum')}, src={root}"
+
+
+def _different_calls_worker(rank: int, device: str, cases: list) -> bytes:
+    """For each case, a fresh context: the warm-up calls on every rank, then rank 0 makes one
+    call and every other rank another. Every rank must raise at once, naming both calls."""
+    import torch.distributed as dist
+
+    from iris.errors import CallMismatchError
+
+    report = RankReport(rank)
+    for name, first, other, warm in cases:
+        with report.section(f"different/{name}"):
+            ctx = iris.create(heap_size="32MiB", device=device, timeout=DIFFERENT_CALLS_TIMEOUT)
+            world = ctx.world_size
+            tensors = {call: _tensors(ctx, call) for call in (first, other)}
+            for call in {"both": (first, other), "rank 0's": (first,), "none": ()}[warm]:
+                _run_call(ctx, call, tensors[call])
+            ctx.barrier()
+            mine = first if rank == 0 else other
+            started = time.monotonic()
+            try:
+                _run_call(ctx, mine, tensors[mine])
+                ctx.check()  # GPUs: the host raises once it sees what the kernel recorded
+                error = None
+            except IrisError as raised:
+                error = raised
+            seconds = time.monotonic() - started
+            report[f"seconds/{name}"] = round(seconds, 2)
+            message = str(error)
+            named = isinstance(error, CallMismatchError) and "made different calls" in message and \
+                f"rank 0: {_description(first, world)}" in message and \
+                f"rank {world - 1}: {_description(other, world)}" in message
+            report[f"different/{name}/raised"] = True if named else f"{type(error).__name__}: {message}"
+            report.check(f"different/{name}/in_time", seconds < DIFFERENT_CALLS_BOUND)
+            report.check(f"different/{name}/nan", all(t.isnan().all() for t in _written(ctx, mine, tensors[mine])))
+            report.check(f"different/{name}/failed", ctx.failed)
+            ctx.destroy()
+            dist.barrier()
+    return report.packed()
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_ranks_making_different_calls_raise_at_once_naming_both_calls(world):
+    device = rank_device(world)
+    started = time.monotonic()
+    reports = spawn_reports(_different_calls_worker, world, device, DIFFERENT_CALLS, device=device,
+                            timeout=DIFFERENT_CALLS_TIMEOUT)
+    seconds = {name: max(r.get(f"seconds/{name}", -1) for r in reports) for name, *_ in DIFFERENT_CALLS}
+    print(f"world {world}: {time.monotonic() - started:.1f} s in all; slowest raise per case: {seconds}")
+    assert_rank_checks(reports, "different/", minimum=world * 4 * len(DIFFERENT_CALLS))
 
 
 # -- a destroyed context ------------------------------------------------------------------------------------
