@@ -12,7 +12,9 @@ where exactly one GPU is visible (on more, each module's own tests spawn a GPU p
 
 from __future__ import annotations
 
+import os
 import pickle
+import time
 import zlib
 
 import pytest
@@ -26,22 +28,98 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() != 1, reason="runs ran
 WORLDS = (3, 4, 8)
 
 
-def _ccl(rank, world):
-    from test_ccl import _ccl_worker
-
-    return _ccl_worker(rank, "triton", "cuda")
-
-
-def _rooted(rank, world):
-    from test_ccl_rooted import _worker
-
-    return _worker(rank, world)
+#: Elements per rank of the collectives' calls: not a multiple of any world size checked, more than
+#: one block of every launch shape's programs, small enough for time-sliced ranks.
+ELEMENTS = 4099
 
 
-def _fused(rank, world):
-    from test_fused import _fused_worker
+def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
+    return torch.randn(n, generator=seeded_generator(*seed)).to(dtype)
 
-    return _fused_worker(rank, "cuda")
+
+def _collectives(rank: int, world: int) -> bytes:
+    """Every collective by the automatic choice and by each algorithm that applies, bf16 and
+    float32, against torch on every rank's data (roots: the last rank)."""
+    report = RankReport(rank)
+    ctx = iris.create("triton", heap_size="512MiB")
+    root = world - 1
+    for dtype in (torch.bfloat16, torch.float32):
+        tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+        n = ELEMENTS * world  # the whole input of the collectives that split it into ranks' segments
+        inputs = [_data(dtype, n, "ccl", str(dtype), r) for r in range(world)]
+        total = sum(x.float() for x in inputs)
+        segment = n // world
+        mine = inputs[rank]
+        expected = {
+            "all_reduce": total,
+            "all_gather": torch.cat([x[:segment].float() for x in inputs]),
+            "reduce_scatter": total[rank * segment:(rank + 1) * segment],
+            "all_to_all": torch.cat([x[rank * segment:(rank + 1) * segment].float() for x in inputs]),
+            "broadcast": inputs[root].float(),
+            "reduce": total,
+            "gather": torch.cat([x[:segment].float() for x in inputs]),
+            "scatter": inputs[root][rank * segment:(rank + 1) * segment].float(),
+        }
+        for collective, reference in expected.items():
+            probe = mine if collective not in ("all_gather", "gather") else mine[:segment]
+            names = [None] + ctx.ccl.algorithms(collective, applying_to=probe.to(ctx.device),
+                                                op="sum" if collective in ("all_reduce", "reduce_scatter",
+                                                                           "reduce") else None)
+            for algorithm in names:
+                key = f"ccl/{collective}/{algorithm}/{str(dtype).removeprefix('torch.')}"
+                with report.section(key):
+                    result = _call(ctx, collective, mine, segment, root, algorithm)
+                    if result is not None:
+                        report.check(key, torch.allclose(result.float().cpu(), reference, **tolerance))
+    with report.section("uneven"):
+        rows = [[1 + (r + q) % 3 for q in range(world)] for r in range(world)]  # rows[r][q]: r sends q
+        sources = [_data(torch.float32, sum(rows[r]) * 8, "uneven", r).view(-1, 8) for r in range(world)]
+        sends, receives = rows[rank], [rows[q][rank] for q in range(world)]
+        out = torch.zeros(sum(receives), 8, device=ctx.device)  # sizes differ between ranks: off the heap
+        ctx.ccl.all_to_all_single(out, sources[rank].to(ctx.device), receives, sends)
+        expected = torch.cat([sources[q][sum(rows[q][:rank]):sum(rows[q][:rank + 1])] for q in range(world)])
+        report.check("ccl/uneven/all_to_all_single", torch.equal(out.cpu(), expected))
+    with report.section("send_recv"):
+        data = [_data(torch.bfloat16, 70001, "p2p", r) for r in range(world)]
+        received = ctx.zeros(70001, dtype=torch.bfloat16)
+        if rank % 2 == 0:  # even ranks send first, so a ring of any size makes progress
+            ctx.ccl.send(ctx.as_symmetric(data[rank]), (rank + 1) % world)
+            ctx.ccl.recv(received, (rank - 1) % world)
+        else:
+            ctx.ccl.recv(received, (rank - 1) % world)
+            ctx.ccl.send(ctx.as_symmetric(data[rank]), (rank + 1) % world)
+        report.check("ccl/send_recv/ring", torch.equal(received.cpu(), data[(rank - 1) % world]))
+    ctx.barrier()
+    report.check("ccl/no_wait_gave_up", not ctx.failed)
+    ctx.destroy()
+    return report.packed()
+
+
+def _call(ctx, collective: str, mine: torch.Tensor, segment: int, root: int, algorithm):
+    """``collective`` of this rank's ``mine`` (its first ``segment`` for the gathering ones); its
+    result on this rank (None where it has none: reduce's and gather's ranks but the root)."""
+    world, rank, ccl = ctx.world_size, ctx.rank, ctx.ccl
+    x = ctx.as_symmetric(mine)
+    if collective == "all_reduce":
+        return ccl.all_reduce(x, algorithm=algorithm)
+    if collective == "all_gather":
+        out = ctx.zeros(world * segment, dtype=x.dtype)
+        return ccl.all_gather(out, x[:segment], algorithm=algorithm)
+    if collective == "reduce_scatter":
+        return ccl.reduce_scatter(ctx.zeros(segment, dtype=x.dtype), x, algorithm=algorithm)
+    if collective == "all_to_all":
+        return ccl.all_to_all(ctx.zeros(world * segment, dtype=x.dtype), x, algorithm=algorithm)
+    if collective == "broadcast":
+        return ccl.broadcast(x, src=root, algorithm=algorithm)
+    if collective == "reduce":
+        ccl.reduce(x, dst=root, algorithm=algorithm)
+        return x if rank == root else None
+    if collective == "gather":
+        out = ctx.zeros(world * segment, dtype=x.dtype)  # on every rank: allocations are collective
+        ccl.gather(out if rank == root else None, x[:segment], dst=root, algorithm=algorithm)
+        return out if rank == root else None
+    out = ctx.zeros(segment, dtype=x.dtype)
+    return ccl.scatter(out, x if rank == root else None, src=root, algorithm=algorithm)
 
 
 def _fused_rounding(rank, world):
@@ -72,18 +150,6 @@ def _gluon_tiles(rank, world):
     from test_tile_collectives import _worker
 
     return _worker(rank, world, "gluon")
-
-
-def _uneven(rank, world):
-    from test_all_to_all_v import _worker
-
-    return _worker(rank, "triton", "cuda")
-
-
-def _p2p(rank, world):
-    from test_p2p import _p2p_worker
-
-    return _p2p_worker(rank, "cuda")
 
 
 def _hierarchical(rank, world):
@@ -122,21 +188,27 @@ def _subgroups(rank, world):
     return report.packed()
 
 
-#: Family: (worker, the worlds it runs at). Each worker makes its own context and destroys it.
+#: Family: (worker, the worlds it runs at). Each worker makes its own context and destroys it; the
+#: sizes are small (the GPU time-slices the ranks, and each rank compiles its own kernels).
 FAMILIES = {
-    "collectives": (_ccl, WORLDS),
-    "rooted": (_rooted, WORLDS),
-    "fused": (_fused, WORLDS),
+    "collectives": (_collectives, WORLDS),
     "fused_rounding": (_fused_rounding, WORLDS),
     "all_reduce_rmsnorm": (_rmsnorm, WORLDS),
     "moe": (_moe, WORLDS),
     "tile_collectives": (_tiles, WORLDS),
     "tile_collectives_gluon": (_gluon_tiles, WORLDS),
-    "uneven_all_to_all": (_uneven, WORLDS),
-    "send_recv": (_p2p, WORLDS),
     "subgroups": (_subgroups, (4, 8)),
     "hierarchical": (_hierarchical, (4, 8)),
 }
+
+
+def _progress(world: int, rank: int, line: str) -> None:
+    """A line of how far the ranks got, in ``$IRIS_PROGRESS`` (rank 0's): what a run cut off by
+    its time limit still tells."""
+    path = os.environ.get("IRIS_PROGRESS")
+    if path and rank == 0:
+        with open(path, "a") as file:
+            file.write(f"world {world}: {line} at {time.strftime('%H:%M:%S')}\n")
 
 
 def _every_family(rank: int, world: int) -> bytes:
@@ -146,15 +218,18 @@ def _every_family(rank: int, world: int) -> bytes:
     for family, (worker, worlds) in FAMILIES.items():
         if world not in worlds:
             continue
+        _progress(world, rank, f"{family} starts")
         with report.section(family):
             found = pickle.loads(zlib.decompress(worker(rank, world)))
             report.update({f"{family}/{name}": value for name, value in found.items()})
+        failed = sum(1 for k, v in report.items() if k.startswith(f"{family}/") and v is not True)
+        _progress(world, rank, f"{family} done, {failed} failed on rank 0")
     return report.packed()
 
 
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"world{w}")
 def test_every_path_matches_torch_on_ranks_sharing_one_gpu(world):
-    reports = reports_on_available_ranks(_every_family, world, world, timeout=150)
+    reports = reports_on_available_ranks(_every_family, world, world, timeout=120)
     problems = []
     for family, (_, worlds) in FAMILIES.items():
         if world in worlds:
