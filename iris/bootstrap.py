@@ -119,10 +119,7 @@ class Communicator:
             work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._barrier_group, async_op=True)
             work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as error:
-            raise IrisTimeoutError(
-                f"host exchange on rank {self.rank}: not every rank took part within {self.timeout:g} s "
-                f"({str(error).splitlines()[0][:200]}). Check that every rank is alive and makes the same iris "
-                f"calls, or raise the timeout with create(timeout=...) / IRIS_TIMEOUT") from error
+            raise self._exchange_failed(error) from error
         return extremes.tolist()
 
     def exchange_calls(self, value: int, description: str, on_slow: Callable[[], None] | None = None,
@@ -148,12 +145,16 @@ class Communicator:
                     on_slow()
             work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as error:
-            raise IrisTimeoutError(
-                f"host exchange on rank {self.rank}: not every rank took part within {self.timeout:g} s "
-                f"({str(error).splitlines()[0][:200]}). Check that every rank is alive and makes the same iris "
-                f"calls, or raise the timeout with create(timeout=...) / IRIS_TIMEOUT") from error
+            raise self._exchange_failed(error) from error
         return [(int(part[:8].view(torch.int64)), bytes(part[8:].tolist()).rstrip(b"\0").decode(errors="replace"))
                 for part in everyone]
+
+    def _exchange_failed(self, error: RuntimeError) -> IrisTimeoutError:
+        """What a host exchange that not every rank took part in within the timeout raises."""
+        return IrisTimeoutError(
+            f"host exchange on rank {self.rank}: not every rank took part within {self.timeout:g} s "
+            f"({str(error).splitlines()[0][:200]}). Check that every rank is alive and makes the same iris "
+            f"calls, or raise the timeout with create(timeout=...) / IRIS_TIMEOUT")
 
     def barrier(self) -> None:
         """Wait until every rank arrives (host side); IrisTimeoutError naming the ranks that did

@@ -107,6 +107,23 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+def _all_reduce_or_refusal(ctx, report: RankReport, t: torch.Tensor, op: str, algorithm, key: str) -> bool:
+    """All-reduce ``t`` in place by ``algorithm`` and return True; or, where the algorithm does
+    not apply to ``t``, check that the call is refused with the reason (``key/refused``) and return
+    False."""
+    refusal = _refusal(algorithm, t)
+    if refusal is None:
+        ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+        return True
+    try:
+        ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
+        refused = False
+    except IrisError as error:
+        refused = refusal in str(error)
+    report.check(f"{key}/refused", refused)
+    return False
+
+
 def _check_matrix(ctx, report: RankReport) -> None:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     on_the_heap = []
@@ -126,16 +143,8 @@ def _check_matrix(ctx, report: RankReport) -> None:
             expected = _reference_reduce(mine, op)
             for algorithm in ALL_REDUCE_ALGORITHMS[device.type]:
                 t = _tensor(ctx, mine[rank], on_heap)
-                refusal = _refusal(algorithm, t)
-                if refusal is not None:
-                    try:
-                        ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
-                        refused = False
-                    except IrisError as error:
-                        refused = refusal in str(error)
-                    report.check(f"all_reduce/{algorithm}/{op}/{name}/refused", refused)
+                if not _all_reduce_or_refusal(ctx, report, t, op, algorithm, f"all_reduce/{algorithm}/{op}/{name}"):
                     continue
-                ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
                 result = t.cpu()
                 report.check(f"all_reduce/{algorithm or 'auto'}/{op}/{name}", _same(result, expected))
                 everyone = ctx.comm.all_gather_object(result)
@@ -289,16 +298,8 @@ def _check_world5(ctx, report: RankReport) -> None:
         expected = _reference_reduce(mine, op)
         for algorithm in ALL_REDUCE_ALGORITHMS["cpu"]:
             t = tensor(mine[rank][:size], on_heap)
-            refusal = _refusal(algorithm, t)
-            if refusal is not None:
-                try:
-                    ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
-                    refused = False
-                except IrisError as error:
-                    refused = refusal in str(error)
-                report.check(f"world5/all_reduce/{algorithm}/{op}/{name}/refused", refused)
+            if not _all_reduce_or_refusal(ctx, report, t, op, algorithm, f"world5/all_reduce/{algorithm}/{op}/{name}"):
                 continue
-            ctx.ccl.all_reduce(t, op=op, algorithm=algorithm)
             report.check(f"world5/all_reduce/{algorithm}/{op}/{name}",
                          _same(t.cpu(), _reference_reduce([m[:size] for m in mine], op)))
         if size in WORLD5_ALL_REDUCE_ONLY:
