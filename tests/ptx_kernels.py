@@ -284,7 +284,8 @@ def signal_wait_ctx(context, flag, out, peer, timeout_ns, CTX: tl.constexpr, RAN
 # -- what to compile -----------------------------------------------------------------------------------
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
-              "flag": "*i32", "out": "*i32", "state_ptr": "*i32", "faults": "*i32", "host_faults": "*i32"}
+              "flag": "*i32", "out": "*i32", "state_ptr": "*i32", "faults": "*i32", "host_faults": "*i32",
+              "headers": "*i32"}
 _INT_ARGS = {"n", "m", "words", "stride", "slot_stride", "peer", "rank", "world_size", "programs", "out_numel",
              "capacity", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride", "signature"}
 #: 64-bit integer arguments: a context's timeout in nanoseconds passes 2**31 from about 2.1 s on

@@ -291,9 +291,16 @@ DIFFERENT_CALLS_TIMEOUT = 60
 #: it (the ranks then arrive together; the point is that nobody waits for the timeout).
 DIFFERENT_CALLS_BOUND = 10
 
-#: A call: (what, elements, dtype, options). ``what`` is a collective of ctx.ccl or
-#: "all_reduce_rmsnorm" (elements: tokens, of rows of 32).
+#: A call: (what, elements, dtype, options). ``what`` is a collective of ctx.ccl,
+#: "all_reduce_rmsnorm" (elements: tokens, of rows of 32) or a matrix product of ctx.ops (elements:
+#: rows of A on this rank for all_gather_matmul, in all for the others; options: its method, and
+#: ``cols`` and ``depth``, N and K, by default 16).
 AR = "all_reduce"
+AGM = "all_gather_matmul"
+MRS = "matmul_reduce_scatter"
+BF16 = torch.bfloat16
+#: ctx.ops's matrix products.
+PRODUCTS = (AGM, MRS, "matmul_all_reduce")
 
 
 def _call(what, n, dtype=torch.float32, **options):
@@ -327,6 +334,26 @@ DIFFERENT_CALLS = [
     ("all_reduce_rmsnorm/tokens", _call("all_reduce_rmsnorm", 6), _call("all_reduce_rmsnorm", 9), "rank 0's"),
     ("all_reduce_rmsnorm/method", _call("all_reduce_rmsnorm", 6, method="one_shot"),
      _call("all_reduce_rmsnorm", 6, method="two_shot"), "both"),
+    # The fused matrix products, after a warm-up that sized their workspaces for both calls.
+    ("all_gather_matmul/rows", _call(AGM, 5, BF16, method="fused"), _call(AGM, 6, BF16, method="fused"), "both"),
+    ("all_gather_matmul/depth", _call(AGM, 5, BF16, method="fused"), _call(AGM, 5, BF16, method="fused", depth=32),
+     "both"),
+    ("all_gather_matmul/tile", _call(AGM, 5, BF16, method="fused"), _call(AGM, 5, BF16, method="fused/32x32x16"),
+     "both"),
+    ("all_gather_matmul/dtype", _call(AGM, 5, BF16, method="fused"), _call(AGM, 5, torch.float16, method="fused"),
+     "both"),
+    ("matmul_reduce_scatter/cols", _call(MRS, 30, BF16, method="fused"),
+     _call(MRS, 30, BF16, method="fused", cols=32), "both"),
+    ("matmul_reduce_scatter/rows", _call(MRS, 30, BF16, method="fused"), _call(MRS, 60, BF16, method="fused"),
+     "both"),
+    ("matmul_all_reduce/dtype", _call("matmul_all_reduce", 30, BF16, method="fused"),
+     _call("matmul_all_reduce", 30, torch.float16, method="fused"), "both"),
+    ("all_gather_matmul/copy_engine_rows", _call(AGM, 5, BF16, method="copy_engine"),
+     _call(AGM, 6, BF16, method="copy_engine"), "both"),
+    ("matmul_reduce_scatter/copy_engine_cols", _call(MRS, 30, BF16, method="copy_engine"),
+     _call(MRS, 30, BF16, method="copy_engine", cols=32), "both"),
+    ("matmul_all_reduce/copy_engine_depth", _call("matmul_all_reduce", 30, BF16, method="copy_engine"),
+     _call("matmul_all_reduce", 30, BF16, method="copy_engine", depth=32), "both"),
 ]
 
 
@@ -335,6 +362,10 @@ def _tensors(ctx, call) -> tuple:
     what, n, dtype, options = call
     if what == "all_reduce_rmsnorm":
         return ctx.ones(n, 32, dtype=dtype), ctx.empty(n, 32, dtype=dtype)
+    if what in PRODUCTS:
+        cols, depth = _extents(options)
+        rows = {AGM: n * ctx.world_size, MRS: n // ctx.world_size}.get(what, n)
+        return ctx.ones(n, depth, dtype=dtype), ctx.ones(depth, cols, dtype=dtype), ctx.empty(rows, cols, dtype=dtype)
     if what in ("all_reduce", "broadcast", "reduce"):
         return (ctx.ones(n, dtype=dtype),)
     world = ctx.world_size
@@ -342,11 +373,20 @@ def _tensors(ctx, call) -> tuple:
                                                if what == "reduce_scatter" else n, dtype=dtype)
 
 
+def _extents(options) -> tuple[int, int]:
+    """N and K of a matrix product's call (its options ``cols`` and ``depth``)."""
+    options = dict(options)
+    return options.get("cols", 16), options.get("depth", 16)
+
+
 def _run_call(ctx, call, tensors) -> None:
     """Make ``call`` with its ``tensors``."""
     what, n, dtype, options = call
     options = dict(options)
-    if what == "all_reduce_rmsnorm":
+    if what in PRODUCTS:
+        a, b, out = tensors
+        getattr(ctx.ops, what)(out, a, b, method=options["method"])
+    elif what == "all_reduce_rmsnorm":
         x, out = tensors
         ctx.ops.all_reduce_rmsnorm(out, x, torch.ones_like(x), torch.ones(32, dtype=dtype, device=ctx.device),
                                    **options)
@@ -359,6 +399,8 @@ def _run_call(ctx, call, tensors) -> None:
 def _written(ctx, call, tensors) -> tuple:
     """The float outputs ``call`` writes on this rank."""
     what, _, _, options = call
+    if what in PRODUCTS:
+        return tensors[2:]
     if what in ("all_reduce", "broadcast"):
         return tensors
     if what == "reduce":
@@ -373,6 +415,13 @@ def _description(call, world: int) -> str:
     name = str(dtype).removeprefix("torch.")
     if what == "all_reduce_rmsnorm":
         return f"all_reduce_rmsnorm(x ({n}, 32) {name}"
+    if what in PRODUCTS:
+        cols, depth = _extents(options)
+        rows = {AGM: n * world, MRS: n // world}.get(what, n)
+        method = options["method"]
+        if method.startswith("fused"):
+            method = f"fused/{method.partition('/')[2] or '16x16x16'}"  # the built-in tile, by name
+        return f"{what}(({rows}, {cols}) {name}, ({n}, {depth}) {name}, ({depth}, {cols}) {name}, method={method!r})"
     out = n * world if what == "all_gather" else n // world if what == "reduce_scatter" else n
     root = options.get("src", options.get("dst", 0))
     return f"{what}(output ({out},) {name}, input ({n},) {name}, op={options.get('op', 'sum')}, src={root}"

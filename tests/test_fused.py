@@ -312,8 +312,9 @@ def _slow_peer_worker(rank: int) -> dict[tuple[str, str], list[bool]]:
             return original(*args, **kwargs)
         return wait
 
-    fused.wait_or_record = held_up(fused.wait_or_record)
+    fused.wait_for_peer_call = held_up(fused.wait_for_peer_call)
     copy_engine.wait_or_record = held_up(copy_engine.wait_or_record)
+    copy_engine.wait_for_peer_call = held_up(copy_engine.wait_for_peer_call)
     results = {}
     for kind, shapes in SHRINKING.items():
         for method in SLOW_PEER_METHODS:

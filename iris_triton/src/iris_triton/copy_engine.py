@@ -20,7 +20,13 @@ and ``calls`` (this rank's count of copies and of products: each stream advances
 ``arrived[q]`` (set by peer ``q`` when its data for this rank's call landed) and ``freed[q]``
 (set by peer ``q`` when it no longer needs what this rank sent it). A rank copies into a peer
 only after the peer freed the previous call's data, so one buffer serves every call; the counts
-live on the device, so calls need no host work and can be captured in CUDA graphs. Every wait is
+live on the device, so calls need no host work and can be captured in CUDA graphs. A call
+announces itself as the collectives' calls do (:mod:`iris_triton.calls`): once the peers freed
+the previous call's data, before its copies, this rank writes the call's header (its number, the
+``pushes`` count, and its signature: operation, shapes, dtypes, method) into every peer's header
+row of the call (``headers[call & 1]``), and the wait for the peers' data reads the headers while
+it spins and checks the header of each peer whose flag arrived: a peer in a different call is
+recorded as a mismatch with both headers, and the output is NaN. Every wait is
 bounded and records a give-up in the context's fault words; the last kernel of a call fills its
 output with NaN when a failure is recorded (:mod:`iris_triton.waits`).
 """
@@ -34,9 +40,10 @@ import triton
 import triton.language as tl
 
 from iris_triton import device
+from iris_triton.calls import announce, header_value
 from iris_triton.context import DeviceContext
 from iris_triton.reductions import reduce_in_rank_order
-from iris_triton.waits import failed, poison, site_code, wait_or_record
+from iris_triton.waits import failed, poison, site_code, wait_for_peer_call, wait_or_record
 
 __all__ = ["CopyEngineOps", "sum_partials"]
 
@@ -45,13 +52,29 @@ SUM_BLOCK = 2048
 
 
 @triton.jit
-def wait_for_peers_kernel(counter, flags, heap_bases, faults, host_faults, timeout_ns, AHEAD: tl.constexpr,
-                          RANK: tl.constexpr, WORLD: tl.constexpr, SITE: tl.constexpr):
-    """Wait until every peer's ``flags[q]`` here reaches this rank's ``counter`` plus ``AHEAD``."""
-    target = tl.load(counter) + AHEAD
+def wait_for_peers_kernel(counter, flags, headers, signature, heap_bases, faults, host_faults, timeout_ns,
+                          AHEAD: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, SITE: tl.constexpr,
+                          ANNOUNCE: tl.constexpr):
+    """Wait until every peer's ``flags[q]`` here reaches this rank's ``counter`` (the call's number)
+    plus ``AHEAD``. With ``ANNOUNCE`` (the wait before this rank's copies, for the peers to free
+    the previous call's data: then no peer still reads the header two calls back), then announce
+    the call (``signature``) in header ``RANK`` of its row of ``headers`` on every peer; without
+    (the wait for the peers' data), read the peers' headers while waiting, and check each peer's
+    once its flag arrived (:func:`iris_triton.waits.wait_for_peer_call`)."""
+    call = tl.load(counter)
+    target = call + AHEAD
+    row = headers + (call & 1) * WORLD
+    announced = header_value(call, signature)
     for q in tl.static_range(WORLD):
         if q != RANK:
-            wait_or_record(flags + q, target, RANK, heap_bases, timeout_ns, faults, host_faults, WORLD, q, SITE)
+            if ANNOUNCE:
+                wait_or_record(flags + q, target, RANK, heap_bases, timeout_ns, faults, host_faults, WORLD, q, SITE)
+            else:
+                wait_for_peer_call(flags + q, target, timeout_ns, faults, host_faults, q, row, announced, RANK, WORLD,
+                                   SITE)
+    if ANNOUNCE:
+        if not failed(faults):
+            announce(DeviceContext(RANK, WORLD, heap_bases), row, announced, RANK, WORLD)
 
 
 @triton.jit
@@ -116,13 +139,16 @@ def sum_partials(out: torch.Tensor, own: torch.Tensor, parts: torch.Tensor, posi
 
 
 class _Sync:
-    """The synchronisation words of one operation on this rank's heap (see the module's doc)."""
+    """The synchronisation words of one operation on this rank's heap (see the module's doc):
+    ``[pushes, calls, arrived[world], freed[world], headers[3, world]]`` (the headers: a row per
+    call parity, then a row of announcements that stays 0, which the waits also read)."""
 
     def __init__(self, context, name: str):
         world = context.world_size
-        words = context.workspaces.get(f"{name}_sync", 4 * (2 + 2 * world), fill=0).view(torch.int32)
+        words = context.workspaces.get(f"{name}_sync", 4 * (2 + 5 * world), fill=0).view(torch.int32)
         self.pushes, self.calls = words[0:1], words[1:2]
         self.arrived, self.freed = words[2:2 + world], words[2 + world:2 + 2 * world]
+        self.headers = words[2 + 2 * world:2 + 5 * world]
 
 
 class CopyEngineOps:
@@ -136,18 +162,20 @@ class CopyEngineOps:
         self._syncs: dict[str, _Sync] = {}
         self._scratch_space: torch.Tensor | None = None
 
-    def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor,
+                          signature: int) -> torch.Tensor:
+        """``all_gather(a_shard) @ b`` into ``out``, a call of ``signature`` (what it announces)."""
         ctx, rank, world = self._context, self._context.rank, self._context.world_size
         m, K = a_shard.shape
         gathered = self._buffer("all_gather_matmul", (world * m, K), a_shard.dtype)
         sync = self._sync("all_gather_matmul")
         with self._alongside():
-            self._wait(sync.pushes, sync.freed, 0, "all_gather_matmul")
+            self._wait(sync, sync.pushes, sync.freed, 0, "all_gather_matmul", signature)
             for q in self._peers():
                 ctx.heap.peer_view(gathered[rank * m:(rank + 1) * m], q).copy_(a_shard)
             self._signal(sync.pushes, sync.arrived)
         torch.matmul(a_shard, b, out=out[rank * m:(rank + 1) * m])
-        self._wait(sync.calls, sync.arrived, 1, "all_gather_matmul")
+        self._wait(sync, sync.calls, sync.arrived, 1, "all_gather_matmul", signature)
         for q in self._peers():
             torch.matmul(gathered[q * m:(q + 1) * m], b, out=out[q * m:(q + 1) * m])
         self._signal(sync.calls, sync.freed)
@@ -155,7 +183,9 @@ class CopyEngineOps:
         self._poison_if_failed(out)
         return out
 
-    def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                              signature: int) -> torch.Tensor:
+        """``reduce_scatter(a @ b)`` into ``out``, a call of ``signature`` (what it announces)."""
         ctx, rank, world = self._context, self._context.rank, self._context.world_size
         m, N = out.shape
         received = self._buffer("matmul_reduce_scatter", (world, m, N), out.dtype)
@@ -165,12 +195,12 @@ class CopyEngineOps:
         for k, q in enumerate(peers):
             torch.matmul(a[q * m:(q + 1) * m], b, out=partial[k])
         with self._alongside():
-            self._wait(sync.pushes, sync.freed, 0, "matmul_reduce_scatter")
+            self._wait(sync, sync.pushes, sync.freed, 0, "matmul_reduce_scatter", signature)
             for k, q in enumerate(peers):
                 ctx.heap.peer_view(received[rank], q).copy_(partial[k])
             self._signal(sync.pushes, sync.arrived)
         torch.matmul(a[rank * m:(rank + 1) * m], b, out=out)
-        self._wait(sync.calls, sync.arrived, 1, "matmul_reduce_scatter")
+        self._wait(sync, sync.calls, sync.arrived, 1, "matmul_reduce_scatter", signature)
         sum_partials(out, out, received, rank)  # out, this rank's own product, in place of received[rank]
         self._signal(sync.calls, sync.freed)
         self._join()
@@ -208,11 +238,14 @@ class CopyEngineOps:
             self._syncs[name] = _Sync(self._context, f"copy_engine_{name}")
         return self._syncs[name]
 
-    def _wait(self, counter, flags, ahead: int, site: str) -> None:
+    def _wait(self, sync: _Sync, counter, flags, ahead: int, site: str, signature: int) -> None:
+        """Wait for ``flags`` to reach ``counter`` plus ``ahead``: for the peers' data (``ahead``
+        1), or before the copies, for the peers to free the previous call's (0; then announce the
+        call of ``signature``)."""
         ctx = self._context
-        wait_for_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), ctx.faults, ctx.host_faults, ctx.timeout_ns,
-                                    AHEAD=ahead, RANK=ctx.rank, WORLD=ctx.world_size, SITE=site_code(site),
-                                    num_warps=1)
+        wait_for_peers_kernel[(1,)](counter, flags, sync.headers, signature, ctx.get_heap_bases(), ctx.faults,
+                                    ctx.host_faults, ctx.timeout_ns, AHEAD=ahead, RANK=ctx.rank, WORLD=ctx.world_size,
+                                    SITE=site_code(site), ANNOUNCE=ahead == 0, num_warps=1)
 
     def _poison_if_failed(self, out: torch.Tensor) -> None:
         ctx = self._context

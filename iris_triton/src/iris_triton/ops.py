@@ -63,8 +63,10 @@ SLOT_ALIGNMENT = 128
 @attrs.frozen
 class _Buffers:
     """Heap buffers of one fused kernel, views of two of the context's named workspaces: data
-    (two slots, ``slot_stride`` elements apart) and int32 state words ``[calls of the GEMM
-    programs, calls of the push programs, flags[world, flag_stride]]``. Both layouts follow the
+    (two slots, ``slot_stride`` elements apart) and int32 state words ``[headers[3, world], calls
+    of the GEMM programs, calls of the push programs, flags[world, flag_stride]]`` (the headers: a
+    row per call parity in which the peers announce their calls, then a row of announcements that
+    stays 0, which the waits also read: :mod:`iris_triton.calls`). Both layouts follow the
     buffers' sizes, which only grow (collectively), not the call's shape: calls of different shapes
     use the same slots, and a later call never reads a flag where an earlier one wrote a count (the
     state is zeroed when allocated)."""
@@ -73,6 +75,7 @@ class _Buffers:
     flag_stride: int
     slot_stride: int
     data: torch.Tensor
+    headers: torch.Tensor
     gemm_calls: torch.Tensor
     push_calls: torch.Tensor
     flags: torch.Tensor
@@ -83,11 +86,13 @@ class _Buffers:
         programs, world = context.get_cu_count(), context.world_size
         data_bytes = 2 * (slot_elements + SLOT_ALIGNMENT) * dtype.itemsize
         data = context.workspaces.get(f"{name}_data", data_bytes).view(dtype)
-        state = context.workspaces.get(f"{name}_state", 4 * (2 * programs + world * flag_stride),
+        state = context.workspaces.get(f"{name}_state", 4 * (3 * world + 2 * programs + world * flag_stride),
                                        fill=0).view(torch.int32)
-        return cls(programs=programs, flag_stride=(state.numel() - 2 * programs) // world,
+        calls = state[3 * world:]
+        return cls(programs=programs, flag_stride=(calls.numel() - 2 * programs) // world,
                    slot_stride=data.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT, data=data,
-                   gemm_calls=state[:programs], push_calls=state[programs:2 * programs], flags=state[2 * programs:])
+                   headers=state[:3 * world], gemm_calls=calls[:programs], push_calls=calls[programs:2 * programs],
+                   flags=calls[2 * programs:])
 
 
 def _guarded(operation):
@@ -112,6 +117,21 @@ def _guarded(operation):
                 ctx._end_call(outer)
 
     return call
+
+
+@contextlib.contextmanager
+def _announced_call(ctx, name: str, args: tuple, method: str):
+    """The call of the operation ``name`` with tensors ``args`` by ``method`` (``"fused/<tile>"``
+    or ``"copy_engine"``), described to the context (:meth:`iris.mixins.FailStopMixin._describe_call`)
+    for its kernels to announce to their peers: yields the signature, which covers the operation,
+    the tensors' shapes and dtypes, the method and the tile."""
+    description = _describe(name, args, {"method": method})
+    signature = signature_of(description)
+    outer = ctx._describe_call(f"ops.{name}", signature, description)
+    try:
+        yield signature
+    finally:
+        ctx._end_call(outer)
 
 
 def _describe(name: str, args: tuple, kwargs: dict) -> str:
@@ -164,29 +184,34 @@ class FusedOps:
                               sent=(ctx.world_size - 1) * a_shard.numel() * a_shard.element_size(),
                               dtype=a_shard.dtype, extents=(N, K, m))
         if method == "copy_engine":
-            return self._copy_engine.all_gather_matmul(out, a_shard, b)
+            with _announced_call(ctx, "all_gather_matmul", (out, a_shard, b), method) as signature:
+                return self._copy_engine.all_gather_matmul(out, a_shard, b, signature)
         if method == "sequential":
             gathered = torch.empty(ctx.world_size * m, K, dtype=a_shard.dtype, device=ctx.device)
             ctx._torch_ccl.all_gather(gathered, a_shard.contiguous())
             return torch.matmul(gathered, b, out=out)
         config = self._tile(method)
+        tile = self._tile_name(method)
         block_m = config["BLOCK_M"]
         buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype, triton.cdiv(m, block_m))
         push_programs = min(PUSH_PROGRAMS[ctx.kernel_device_type], triton.cdiv(m, block_m))
         tiles = ctx.world_size * triton.cdiv(m, block_m) * triton.cdiv(N, config["BLOCK_N"])
         gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.kernel_device_type], tiles))
-        common = dict(flags=buffers.flags, heap_bases=ctx.get_heap_bases(), faults=ctx.faults,
-                      capacity=buffers.programs, flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride,
-                      RANK=ctx.rank, WORLD=ctx.world_size, TRACING=ctx.tracing.enabled)
-        with self._alongside():
-            push_rows_kernel[(push_programs,)](
-                a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
-                stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.kernel_device_type], **common)
-        all_gather_matmul_kernel[(gemm_programs,)](
-            buffers.data, b, out, calls=buffers.gemm_calls, host_faults=ctx.host_faults, m=m, N=N,
-            K=K, stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
-            timeout_ns=ctx.timeout_ns, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
-        self._join()
+        with _announced_call(ctx, "all_gather_matmul", (out, a_shard, b), f"fused/{tile}") as signature:
+            common = dict(flags=buffers.flags, headers=buffers.headers, signature=signature,
+                          heap_bases=ctx.get_heap_bases(), faults=ctx.faults, capacity=buffers.programs,
+                          flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride, RANK=ctx.rank,
+                          WORLD=ctx.world_size, TRACING=ctx.tracing.enabled)
+            with self._alongside():
+                push_rows_kernel[(push_programs,)](
+                    a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
+                    stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.kernel_device_type],
+                    **common)
+            all_gather_matmul_kernel[(gemm_programs,)](
+                buffers.data, b, out, calls=buffers.gemm_calls, host_faults=ctx.host_faults, m=m, N=N,
+                K=K, stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
+                timeout_ns=ctx.timeout_ns, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
+            self._join()
         return out
 
     @traceable("matmul_reduce_scatter")
@@ -210,17 +235,28 @@ class FusedOps:
                               sent=(ctx.world_size - 1) * m * N * out.element_size(), dtype=out.dtype,
                               extents=(N, K, M))
         if method == "copy_engine":
-            return self._copy_engine.matmul_reduce_scatter(out, a, b)
+            with _announced_call(ctx, "matmul_reduce_scatter", (out, a, b), method) as signature:
+                return self._copy_engine.matmul_reduce_scatter(out, a, b, signature)
         if method == "sequential":
             return ctx._torch_ccl.reduce_scatter(out, torch.matmul(a, b))
+        return self._fused_reduce_scatter(out, a, b, method, "matmul_reduce_scatter", (out, a, b))
+
+    def _fused_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, method: str, name: str,
+                              described: tuple) -> torch.Tensor:
+        """:meth:`matmul_reduce_scatter` by a fused ``method`` (checked), as the operation ``name``
+        with tensors ``described`` (what its kernel announces, and errors name)."""
+        ctx = self._context
+        m, N, K = out.shape[0], out.shape[1], a.shape[1]
         config = self._tile(method)
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
         buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
-        matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
-            a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, ctx.get_heap_bases(), ctx.faults,
-            ctx.host_faults, buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            out.stride(0), out.stride(1), buffers.flag_stride, buffers.slot_stride, ctx.timeout_ns, RANK=ctx.rank,
-            WORLD=ctx.world_size, TRACING=ctx.tracing.enabled, EVEN_K=K % config["BLOCK_K"] == 0, **config)
+        with _announced_call(ctx, name, described, f"fused/{self._tile_name(method)}") as signature:
+            matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
+                a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, buffers.headers, signature,
+                ctx.get_heap_bases(), ctx.faults, ctx.host_faults, buffers.programs, m, N, K, a.stride(0),
+                a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), buffers.flag_stride,
+                buffers.slot_stride, ctx.timeout_ns, RANK=ctx.rank, WORLD=ctx.world_size,
+                TRACING=ctx.tracing.enabled, EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
     @traceable("matmul_all_reduce")
@@ -248,7 +284,11 @@ class FusedOps:
         if method == "sequential":
             return ctx._torch_ccl.all_reduce(torch.matmul(a, b, out=out))
         mine = torch.empty(M // ctx.world_size, N, dtype=out.dtype, device=ctx.device)
-        self.matmul_reduce_scatter(mine, a, b, method=method)
+        if method == "copy_engine":
+            with _announced_call(ctx, "matmul_all_reduce", (out, a, b), method) as signature:
+                self._copy_engine.matmul_reduce_scatter(mine, a, b, signature)
+        else:  # its kernel announces (and errors name) this call, not the reduce-scatter inside it
+            self._fused_reduce_scatter(mine, a, b, method, "matmul_all_reduce", (out, a, b))
         return ctx._torch_ccl.all_gather(out, mine)
 
     @traceable("matmul_all_gather")
@@ -394,7 +434,11 @@ class FusedOps:
     def _tile(self, method: str) -> dict:
         """The GEMM tile of a fused ``method`` (``"fused"`` or ``"fused/<tile>"``)."""
         tiles = GEMM_TILES[self._context.kernel_device_type]
-        return tiles[method.partition("/")[2] or next(iter(tiles))]  # the first is the built-in one
+        return tiles[self._tile_name(method)]
+
+    def _tile_name(self, method: str) -> str:
+        """The name of a fused ``method``'s GEMM tile (``"fused"``: the built-in one, the first)."""
+        return method.partition("/")[2] or next(iter(GEMM_TILES[self._context.kernel_device_type]))
 
     def _method(self, name: str, method: str | None, flops: int, sent: int, dtype: torch.dtype,
                 extents: tuple[int, int, int]) -> str:

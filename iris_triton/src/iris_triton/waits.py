@@ -38,7 +38,7 @@ from iris_triton.clock import INTERPRETING, now_ns
 __all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
            "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
            "read_published", "read_when_arrived", "record_failure", "record_mismatch", "site_code", "wait_for_call",
-           "wait_or_record"]
+           "wait_for_peer_call", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -223,6 +223,23 @@ def wait_for_call(flag, value, timeout_ns, faults, host_faults, peer, headers, a
                 stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, RANK, WORLD, SITE)
             if (not ok) & (not failed(faults)):
                 record_failure(faults, host_faults, WORLD, peer, TIMEOUT * 256 + SITE)
+    return ok
+
+
+@triton.jit
+def wait_for_peer_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD,
+                       SITE: tl.constexpr):
+    """:func:`wait_for_call` for a flag that ``peer`` sets after it announced its call in
+    ``headers`` (released before the flag): once the flag arrived, ``peer``'s header must be
+    ``announced``; another header is a mismatch (the flag is of a different call of this number),
+    recorded with both headers, and the wait fails. ``peer`` may be ``RANK`` (this rank's own flag,
+    set by another kernel of the call): no header to check."""
+    ok = wait_for_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD, SITE)
+    if ok & (peer != RANK):
+        seen = tl.load(headers + peer, volatile=True)
+        if seen != announced:
+            record_mismatch(faults, host_faults, WORLD, peer, seen, announced, SITE)
+            ok = False
     return ok
 
 
