@@ -22,6 +22,7 @@ import torch
 
 import iris
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
+from test_ccl import _data
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() != 1, reason="runs ranks sharing exactly one visible GPU")
 
@@ -31,10 +32,6 @@ WORLDS = (3, 4, 8)
 #: Elements per rank of the collectives' calls: not a multiple of any world size checked, more than
 #: one block of every launch shape's programs, small enough for time-sliced ranks.
 ELEMENTS = 4099
-
-
-def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
-    return torch.randn(n, generator=seeded_generator(*seed)).to(dtype)
 
 
 def _collectives(rank: int, world: int) -> bytes:

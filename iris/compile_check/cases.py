@@ -6,7 +6,8 @@ is covered without touching this module:
 - every collective's registered algorithms (:func:`iris.collectives.algorithm_registry`, plugins
   included) that apply at the world size, each with each of its GPU launch shapes
   (:attr:`iris.collectives.Algorithm.launch_shapes`) and with its own choice, and the automatic
-  choice; with each dtype and reduction it takes; rooted ones with each root;
+  choice; with each dtype and reduction it takes; rooted ones with this rank as the root and with
+  another;
 - the uneven all-to-alls, send and recv (to the next rank, from the previous one);
 - every method of ``ctx.ops``'s products (:meth:`method_names`: the fused tiles included), with
   an even and an uneven ``K``, all_reduce_rmsnorm by each of its methods, with and without
@@ -14,9 +15,9 @@ is covered without touching this module:
 - the device barrier, and the backend's own kernels that no public call launches
   (``DeviceOps._compile_check_calls``: tile collectives inside a kernel, clocks, the demo).
 
-A context's calls are *focused* or *full*: every rank's context makes the focused calls (each
-algorithm, launch shape, method and root, one dtype and reduction); the full calls add every
-dtype and reduction each takes, and odd sizes, on the ranks :func:`ranks_checked` marks full.
+A context's calls are *focused* or *full*: every context makes the focused calls (each
+algorithm, method and root, one dtype and reduction); the full calls add every launch shape, tile,
+dtype and reduction each takes, and odd sizes, on the contexts :func:`contexts_checked` marks full.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import attrs
 import torch
 
 from iris.collectives import (MOVED_ONLY_DTYPES, REDUCE_OPS, REDUCIBLE_DTYPES, REDUCING, ROOT_ONLY, SUPPORTED_DTYPES,
-                              CallShape, algorithm_registry)
+                              algorithm_registry)
 
 __all__ = ["Call", "Checked", "calls", "contexts_checked", "ranks_checked"]
 
@@ -102,12 +103,6 @@ def _name(dtype: torch.dtype) -> str:
 # -- collectives ----------------------------------------------------------------------------------
 
 
-def _applies(ctx, algorithm, collective: str, nbytes: int, dtype: torch.dtype, op: str | None) -> bool:
-    shape = CallShape(collective=collective, nbytes=nbytes, world_size=ctx.world_size, dtype=dtype,
-                      device_type=ctx.kernel_device_type, language=ctx.kernel_language, op=op)
-    return algorithm.refusal(shape) is None
-
-
 def _variants(collective: str, full: bool) -> Iterator[tuple[torch.dtype, str | None, int]]:
     """(dtype, op, elements per rank) of the calls of ``collective``: the focused one, then (full)
     every other dtype, every other reduction and an odd size."""
@@ -133,16 +128,16 @@ def _collective_calls(ctx, full: bool) -> Iterator[Call]:
         rooted = collective in ROOT_ONLY or collective == "broadcast"
         registry = algorithm_registry(collective)
         for index, (dtype, op, elements) in enumerate(_variants(collective, full)):
-            nbytes = elements * ctx.world_size * dtype.itemsize
+            # The input of the call (:func:`_collective`): a rank's part, or world parts of it.
+            count = elements if collective in ("all_gather", "gather") else elements * ctx.world_size
             choices: list[tuple[str | None, list[int]]] = [(None, [0])]
-            for name in registry.names():
+            for name in ctx.ccl.algorithms(collective, applying_to=torch.empty(count, dtype=dtype), op=op):
                 algorithm = registry.get(name)
-                if not _applies(ctx, algorithm, collective, nbytes, dtype, op):
-                    continue
                 if index == 0:  # the focused call: this rank as the root, and another rank
                     choices.append((name, sorted({ctx.rank, (ctx.rank + 1) % ctx.world_size}) if rooted else [0]))
                     if full:
-                        choices += [(f"{name}/{shape}", [0]) for shape in algorithm.launch_shapes.get("cuda", {})]
+                        shapes = algorithm.launch_shapes.get(ctx.kernel_device_type, {})
+                        choices += [(f"{name}/{shape}", [0]) for shape in shapes]
                 else:
                     choices.append((name, [0]))
             for algorithm, roots in choices:
