@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-#: The marker's name; :data:`iris.testing.MARKER` is the same.
+#: The marker's name.
 MARKER = "iris_ranks"
 
 
@@ -29,9 +29,10 @@ def rank_ctx(request):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-    if pyfuncitem.get_closest_marker(MARKER) is None:
+    marker = pyfuncitem.get_closest_marker(MARKER)
+    if marker is None:
         return None
     from iris.testing import run_marked_test  # torch and iris load here, for marked tests only
 
-    run_marked_test(pyfuncitem)
+    run_marked_test(pyfuncitem, marker)
     return True

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 import iris
 from benchmarks.common import interleaved_per_call_us, resolve, run_as_this_rank, synchronize, write_results
-from iris_triton.rmsnorm import choose_method
+from iris_triton.operations.rmsnorm import choose_method
 
 EPS = 1e-6
 #: The torch.distributed backend of the baseline, per device type.
@@ -47,7 +47,7 @@ def heap_bytes(world: int, tokens: int, hidden: int) -> int:
     """Heap for the largest size: the fused operation's workspace (two slots of every rank's
     rows, three parts of them for two-shot), the collectives' (the same order), the unfused
     buffers, and the smaller workspaces that graphs captured before they grew keep alive until
-    the size's graphs are gone (:meth:`iris.workspaces.Workspaces.release_graph_buffers`)."""
+    the size's graphs are gone (:meth:`iris.collectives.workspaces.Workspaces.release_graph_buffers`)."""
     row_bytes = tokens * hidden * 2
     return 32 * max(world, 2) * row_bytes + (512 << 20)
 

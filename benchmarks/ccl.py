@@ -39,7 +39,8 @@ from benchmarks.common import (
     write_results,
 )
 from iris.config import parse_size
-from iris_triton import low_latency, sentinel
+from iris_triton.collectives import low_latency
+from iris_triton.collectives import sentinel
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: The torch.distributed backend every implementation is checked against, per device type.

@@ -31,7 +31,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from iris_triton.ops import METHODS
+from iris_triton.operations.fused_ops import METHODS
 
 import iris
 from benchmarks.common import (

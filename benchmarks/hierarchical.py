@@ -2,7 +2,7 @@
 
 Two nodes of one GPU each are simulated on one machine (``iris.create(node_size=1)`` on 2 ranks:
 each rank's heap is mapped by itself only), so ``ctx.ccl.all_reduce(t)`` runs hierarchically
-(:class:`iris.hierarchical.Hierarchy`): iris's reduce_scatter inside the node (a node of one: a
+(:class:`iris.collectives.hierarchical.Hierarchy`): iris's reduce_scatter inside the node (a node of one: a
 copy), NCCL's all_reduce of the shard across the nodes (here the whole tensor), iris's all_gather
 inside the node (a copy again). It is compared with plain NCCL (``dist.all_reduce``) on the same
 two GPUs, and with iris's ordinary all_reduce over one node of both GPUs (a second context, made

@@ -1,7 +1,7 @@
 """Host time per kernel launch, one GPU: the two ways an iris collective's kernel is enqueued.
 
 - ``jit``: ``kernel[grid](...)``, the first call of any shape (binding, specializing, lookup);
-- ``repeat``: the repeat that :meth:`iris_triton.frontend.Frontend.launch` returns, which later
+- ``repeat``: the repeat that :meth:`iris_triton.device.frontend.Frontend.launch` returns, which later
   identical calls use (the compiled kernel's runner, stream handed in).
 
 Each round enqueues ``--launches`` launches of a tiny kernel back to back and divides the host
@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("launch_overhead needs a GPU")
-    from iris_triton.frontend import TRITON
+    from iris_triton.device.frontend import TRITON
     from benchmarks.common import write_results
 
     n = 1024

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 import iris
-import iris_triton.device as device
+import iris_triton.device.functions as device
 from benchmarks.rma_bandwidth import transfer_kernel
 from iris.config import parse_size
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 import iris
-from iris_triton.gemm import tile_coordinates, tile_product
+from iris_triton.operations.gemm import tile_coordinates, tile_product
 from iris_triton.tuning import GEMM_SHAPES
 
 

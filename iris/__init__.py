@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from iris.backend import Backend, DeviceOps
+from iris.compat import install_aliases
 from iris.config import DEFAULT_BACKEND
 from iris.context import Context, create
 from iris.errors import (
@@ -26,7 +27,9 @@ from iris.errors import (
     RankFailedError,
 )
 from iris.registry import available_backends, get_backend, is_backend_available, register_backend
-from iris.spawn import spawn
+from iris.tools.spawn import spawn
+
+install_aliases()  # upstream iris's module names (iris.x, iris.ops, ...): iris.compat
 
 # Upstream's module ``iris.iris`` (``from iris.iris import DeviceContext``); loading it sets the
 # package's attribute ``iris`` to the module, which then becomes the function again, as upstream's.
@@ -43,7 +46,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 #: them; imported on first use, so that ``import iris`` stays light (``iris.logging`` configures the
 #: ``iris`` logger as upstream's does, only when its names are used).
 UPSTREAM_NAMES = {
-    "Iris": "iris.upstream.context",
+    "Iris": "iris.compat.context",
     "do_bench": "iris.timing",
     **{name: "iris.logging" for name in ("set_logger_level", "logger", "DEBUG", "INFO", "WARNING", "ERROR")},
 }

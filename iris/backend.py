@@ -9,10 +9,10 @@ What the core provides to a backend's DeviceOps (attributes of the context it is
 
 - identity: ``rank``, ``world_size``, ``device`` (a ``torch.device``), ``config``
   (:class:`iris.config.ContextConfig`: ``timeout``, ``on_timeout``, ``debug``, ...), ``comm``
-  (:class:`iris.bootstrap.Communicator`: host collectives over torch.distributed);
+  (:class:`iris.context.bootstrap.Communicator`: host collectives over torch.distributed);
 - the heap: ``heap``, ``get_heap_bases()``, ``get_device_context()``, ``zeros``/``empty``/... (tensors
   on the heap), ``free``;
-- ``workspaces`` (:class:`iris.workspaces.Workspaces`): named heap buffers grown collectively,
+- ``workspaces`` (:class:`iris.collectives.workspaces.Workspaces`): named heap buffers grown collectively,
   CUDA-graph aware, for the backend's protocols;
 - ``barrier()`` (host), ``_call(name, outputs)`` (the fail-stop guard every iris call runs
   inside), logging (``debug``/``info``/``warning``/``error``);
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Callable, ClassVar
 
 import attrs
@@ -59,7 +60,7 @@ class DeviceOps(metaclass=abc.ABCMeta):
         return None
 
     def _recorded_call_mismatch(self):
-        """A different call of a peer that this rank's kernels found (:mod:`iris.mixins.failstop`):
+        """A different call of a peer that this rank's kernels found (:mod:`iris.context.failstop`):
         ``(comm, world ranks, signature, {world rank: signature})``, the host communicator and the
         world ranks of the ranks involved, this rank's call's signature and the one each peer
         announced instead; None when none was found. The default: nothing is recorded on the
@@ -89,7 +90,7 @@ class DeviceOps(metaclass=abc.ABCMeta):
 
     def _compile_check_calls(self, full: bool) -> Iterator[tuple[str, Callable[[], object]]]:
         """Calls that launch the backend's kernels no public call launches (kernels users call
-        from their own, say), for ``iris compile-check`` (:mod:`iris.compile_check.cases`):
+        from their own, say), for ``iris compile-check`` (:mod:`iris.tools.compile_check.cases`):
         ``(what, call)`` pairs; ``full`` asks for every dtype and option, not one of each. The
         default: none."""
         return iter(())
@@ -138,6 +139,11 @@ class Backend:
     device_api: str | None = None
     """The module whose ``__all__`` lists the functions kernels call (``iris.load`` and the other
     upstream-compatible names resolve there for the default backend), or None."""
+    device_modules: Mapping[str, str] = attrs.field(factory=dict, hash=False,
+                                                 converter=lambda modules: MappingProxyType(dict(modules)))
+    """Modules of the backend that upstream iris's programs import under iris's names, by the name
+    after ``iris.`` (``{"x": "iris_triton.x"}`` makes ``import iris.x`` that module): see
+    :mod:`iris.compat`."""
 
     @device_ops.validator
     def _check_device_ops(self, attribute, value) -> None:

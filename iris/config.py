@@ -126,7 +126,7 @@ class ContextConfig:
     gives up (``IRIS_TIMEOUT``)."""
     node_size: int | None = None
     """Ranks per node (machine) when the world spans several: the heap is shared within a node and
-    world collectives run hierarchically (:mod:`iris.mixins.nodes`). None: from
+    world collectives run hierarchically (:mod:`iris.context.nodes`). None: from
     ``IRIS_LOCAL_WORLD_SIZE``, torchrun's ``LOCAL_WORLD_SIZE`` or the host names."""
     on_timeout: str = attrs.field(default="raise", converter=_on_timeout)
     """``"raise"``: a device-side wait that gives up fails the call (``IrisTimeoutError``, outputs

@@ -2,7 +2,7 @@
 unchanged, as torch's ``torch.distributed._functional_collectives`` do.
 
 This is the traceable spelling for ``torch.compile``: every function is one custom operator
-(``torch.ops.iris.<name>``, :mod:`iris.custom_ops`), so the compiled graph has no break and
+(``torch.ops.iris.<name>``, :mod:`iris.collectives.custom_ops`), so the compiled graph has no break and
 the compiler sees a pure function of its inputs::
 
     import iris.functional as F
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from iris.custom_ops import _op_name, _split_list
+from iris.collectives.algorithms import reduce_op_name
+from iris.collectives.custom_ops import _split_list
 
 __all__ = ["all_gather", "all_gather_matmul", "all_reduce", "all_to_all", "all_to_all_single", "broadcast",
            "matmul_all_gather", "matmul_all_reduce", "matmul_reduce_scatter", "reduce", "reduce_scatter"]
@@ -48,13 +49,13 @@ def _fused(ctx, group):
 
 def all_reduce(tensor: torch.Tensor, ctx, op="sum", *, algorithm: str | None = None, group=None) -> torch.Tensor:
     """The reduction (sum, max, min, ...) of ``tensor`` over the ranks, as a new tensor."""
-    return torch.ops.iris.all_reduce(tensor, _collectives(ctx, group), _op_name(op), algorithm)
+    return torch.ops.iris.all_reduce(tensor, _collectives(ctx, group), reduce_op_name(op), algorithm)
 
 
 def reduce(tensor: torch.Tensor, ctx, dst: int = 0, op="sum", *, algorithm: str | None = None,
            group=None) -> torch.Tensor:
     """On rank ``dst``, the reduction of ``tensor`` over the ranks; elsewhere a copy of ``tensor``."""
-    return torch.ops.iris.reduce(tensor, _collectives(ctx, group), dst, _op_name(op), algorithm)
+    return torch.ops.iris.reduce(tensor, _collectives(ctx, group), dst, reduce_op_name(op), algorithm)
 
 
 def all_to_all_single(tensor: torch.Tensor, ctx, output_split_sizes=None, input_split_sizes=None, *,
@@ -74,7 +75,7 @@ def reduce_scatter(tensor: torch.Tensor, ctx, op="sum", *, algorithm: str | None
                    group=None) -> torch.Tensor:
     """This rank's block of dim 0 of the reduction of ``tensor`` over the ranks (shape
     ``(d0 / world, ...)``; dim 0 must divide by the world size)."""
-    return torch.ops.iris.reduce_scatter(tensor, _collectives(ctx, group), _op_name(op), algorithm)
+    return torch.ops.iris.reduce_scatter(tensor, _collectives(ctx, group), reduce_op_name(op), algorithm)
 
 
 def all_to_all(tensor: torch.Tensor, ctx, *, algorithm: str | None = None, group=None) -> torch.Tensor:

@@ -50,7 +50,6 @@ import torch
 
 import iris
 from iris.config import DEFAULT_BACKEND
-from iris_pytest_plugin import MARKER
 
 __all__ = [
     "RankReport",
@@ -284,7 +283,7 @@ def run_on_ranks(test: Callable, nprocs: int, *, timeout: float = 120, arguments
             pickle.dumps(value)
         except Exception as error:
             raise pytest.UsageError(f"{getattr(test, '__name__', test)}: its argument {name!r} cannot be sent to the "
-                                    f"ranks ({type(error).__name__}: {error}); tests marked @pytest.mark.{MARKER} take "
+                                    f"ranks ({type(error).__name__}: {error}); tests run on ranks take "
                                     f"parameters and fixtures whose values pickle (tmp_path does; a lock or an open "
                                     f"file does not: make such things inside the test)") from error
     backend = options.get("backend") or DEFAULT_BACKEND
@@ -297,16 +296,13 @@ def run_on_ranks(test: Callable, nprocs: int, *, timeout: float = 120, arguments
         pytest.fail(f"the test failed on {len(report)} of {nprocs} ranks:\n" + "\n".join(report), pytrace=False)
 
 
-def run_marked_test(pyfuncitem) -> None:
-    """Run a test marked ``@pytest.mark.iris_ranks(n, **options)`` on its ranks (what the plugin's
-    ``pytest_pyfunc_call`` does for such tests): the marker's options go to
-    :func:`run_on_ranks`, the test's other arguments (parameters, fixture values) to every rank."""
-    marker = pyfuncitem.get_closest_marker(MARKER)
-    if marker is None:
-        raise pytest.UsageError(f"{pyfuncitem.nodeid} is not marked @pytest.mark.{MARKER}(n)")
+def run_marked_test(pyfuncitem, marker) -> None:
+    """Run a test marked ``@pytest.mark.iris_ranks(n, **options)`` (``marker``, the plugin's, found on
+    ``pyfuncitem``) on its ranks, as the plugin's ``pytest_pyfunc_call`` does: the marker's options
+    go to :func:`run_on_ranks`, the test's other arguments (parameters, fixture values) to every rank."""
     nprocs = marker.args[0] if marker.args else marker.kwargs.get("n")
     if not isinstance(nprocs, int) or nprocs < 1:
-        raise pytest.UsageError(f"@pytest.mark.{MARKER} needs a number of ranks >= 1, got {nprocs!r}")
+        raise pytest.UsageError(f"@pytest.mark.{marker.name} needs a number of ranks >= 1, got {nprocs!r}")
     options = {k: v for k, v in marker.kwargs.items() if k != "n"}
     arguments = {name: pyfuncitem.funcargs[name] for name in inspect.signature(pyfuncitem.obj).parameters
                  if name != "rank_ctx"}

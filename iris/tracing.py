@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["EVENT_FIELDS", "EVENT_IDS", "OPERATION_EVENTS", "TRACE_HEADER", "Tracing", "chrome_trace"]
+__all__ = ["EVENT_FIELDS", "EVENT_IDS", "OPERATION_EVENTS", "TRACE_HEADER", "Tracing", "TracingMixin", "chrome_trace"]
 
 #: Words of the trace buffer before the first event (word 0: events appended).
 TRACE_HEADER = 8
@@ -288,3 +288,15 @@ def _lanes(device_events: list[dict]):
 def _end(event: dict) -> int:
     return max(event["end_ns"], event["start_ns"])
 
+
+class TracingMixin:
+    """Adds ``tracing``, made once the heap (and the device-context tensor it points into the
+    trace buffer) exists; group views share it. Requires ``_device_context``, ``comm``,
+    ``device`` and ``info``."""
+
+    tracing: Tracing
+
+    def _setup(self) -> None:
+        super()._setup()
+        self.tracing = Tracing(self)
+        self.tracing.attach(self._device_context)

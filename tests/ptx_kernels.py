@@ -27,10 +27,12 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 import iris
 from iris_gluon.frontend import GLUON
-from iris_triton import ccl, low_latency, sentinel
-from iris_triton.barrier import device_barrier_kernel
-from iris_triton.frontend import TRITON
-from iris_triton.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
+from iris_triton.collectives import kernels as ccl
+from iris_triton.collectives import low_latency
+from iris_triton.collectives import sentinel
+from iris_triton.protocol.barrier import device_barrier_kernel
+from iris_triton.device.frontend import TRITON
+from iris_triton.operations.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.tuning import GEMM_SHAPES, LOW_LATENCY_SHAPES, SENTINEL_SHAPES, collective_shape
 from tile_kernels import COLLECTIVES as TILE_COLLECTIVES
 from tile_kernels import tile_collective, unsynchronised_all_gather
@@ -341,7 +343,7 @@ def _ctx_specs(frontend) -> dict:
     return {prefix + name: spec for name, spec in out.items()}
 
 
-#: The collectives' (push, middle, consume) steps, as the algorithms of iris_triton.ccl pass them.
+#: The collectives' (push, middle, consume) steps, as the algorithms of iris_triton.collectives.kernels pass them.
 CCL_STEPS = {
     "all_gather": (ccl._push_own_and_keep, None, ccl._collect),
     "all_to_all": (ccl._push_segments_and_keep, None, ccl._collect),

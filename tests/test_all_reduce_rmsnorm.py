@@ -239,7 +239,7 @@ def test_torch_compile_calls_the_custom_operator_without_a_graph_break(ctx):
 
 
 def test_the_automatic_method_follows_the_tuning_threshold():
-    from iris_triton.rmsnorm import choose_method
+    from iris_triton.operations.rmsnorm import choose_method
     from iris_triton.tuning import ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO as limits
 
     for world in (2, 3, 8):
@@ -303,10 +303,10 @@ def _compile_ptx() -> dict:
 
     import ptx_kernels
     from iris_gluon.frontend import GLUON
-    from iris_triton.frontend import TRITON
-    from iris_triton.rmsnorm import SITE, all_reduce_rmsnorm_kernel
+    from iris_triton.device.frontend import TRITON
+    from iris_triton.operations.rmsnorm import SITE, all_reduce_rmsnorm_kernel
     from iris_triton.tuning import RMSNORM_SHAPES
-    from iris_triton.waits import site_code
+    from iris_triton.protocol.waits import site_code
 
     shape = RMSNORM_SHAPES["cuda"]
     types = {name: "*bf16" for name in ("x", "residual", "weight", "out", "residual_out", "ws")}

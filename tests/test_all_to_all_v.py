@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import iris
-import iris.workspaces as workspaces_module
+import iris.collectives.workspaces as workspaces_module
 from iris.collectives import SUPPORTED_DTYPES
 from iris.errors import IrisError
 from iris.testing import RankReport, assert_rank_checks, interpreted_device, seeded_generator, spawn_reports

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import iris
-import iris.workspaces as workspaces_module
+import iris.collectives.workspaces as workspaces_module
 from iris.testing import (
     RankReport,
     assert_rank_checks,
@@ -32,7 +32,9 @@ from iris.testing import (
 )
 from iris.collectives import Algorithm, algorithm_registry, choose, register_algorithm
 from iris.errors import IrisError
-from iris_triton import low_latency, sentinel, tuning
+from iris_triton import tuning
+from iris_triton.collectives import low_latency
+from iris_triton.collectives import sentinel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 OPS = ("sum", "max", "min")

@@ -139,7 +139,7 @@ def test_run_stops_the_other_ranks_when_one_fails_and_exits_with_its_status(tmp_
 
 
 def test_run_across_machines_goes_through_torchrun_at_the_endpoint():
-    from iris.cli import _parser, torchrun_command
+    from iris.tools.cli import _parser, torchrun_command
 
     args = _parser().parse_args(["run", "-n", "2", "--nnodes", "3", "--rdzv-endpoint", "10.0.0.1:29400", "train.py",
                                  "--lr", "0.1"])
@@ -177,7 +177,7 @@ def test_bench_without_gpus_says_what_it_needs():
 
 
 def test_bench_without_matplotlib_names_the_bench_extra(monkeypatch, capsys):
-    from iris.cli import main
+    from iris.tools.cli import main
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -188,11 +188,11 @@ def test_bench_without_matplotlib_names_the_bench_extra(monkeypatch, capsys):
 
 
 def test_bench_outside_a_source_checkout_says_where_the_benchmarks_are(tmp_path, monkeypatch, capsys):
-    import iris.cli
+    import iris.tools.cli
 
     monkeypatch.chdir(tmp_path)  # no benchmarks/ here, nor beside an installed (not editable) iris
-    monkeypatch.setattr(iris.cli, "__file__", str(tmp_path / "site-packages" / "iris" / "cli.py"))
-    assert iris.cli.main(["bench", "--cpu"]) == 2
+    monkeypatch.setattr(iris.tools.cli, "__file__", str(tmp_path / "site-packages" / "iris" / "cli.py"))
+    assert iris.tools.cli.main(["bench", "--cpu"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("iris: error: iris bench runs the benchmarks/ folder of an iris source checkout, which "
                             "is not installed with the package: run it from the root of a clone"), error

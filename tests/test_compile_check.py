@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import pytest
 
 import iris_triton
-from iris.bootstrap import Communicator
-from iris.compile_check.ptx import ptx_violations
-from iris.compile_check.world import StandInCommunicator
+from iris.context.bootstrap import Communicator
+from iris.tools.compile_check.ptx import ptx_violations
+from iris.tools.compile_check.world import StandInCommunicator
 
 #: What the compiler said of the fused kernel's loop before it was fixed.
 REASSIGNED = "cannot be reassigned"
@@ -35,7 +35,7 @@ def _compiling_environment(pythonpath: Path | None = None) -> dict:
 
 
 def _check(*options: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "iris.cli", "compile-check", "--quiet", *options],
+    return subprocess.run([sys.executable, "-m", "iris.tools.cli", "compile-check", "--quiet", *options],
                           env=_compiling_environment(pythonpath), capture_output=True, text=True, timeout=900)
 
 
@@ -57,7 +57,7 @@ def test_it_catches_the_fused_kernels_constexpr_reassigned_at_world_3(tmp_path):
     check of the kernel as it is passes."""
     overlay = tmp_path / "iris_triton"
     shutil.copytree(Path(iris_triton.__file__).parent, overlay, ignore=shutil.ignore_patterns("__pycache__"))
-    fused = overlay / "fused.py"
+    fused = overlay / "operations" / "fused.py"
     fixed = "owner = (RANK + step) % WORLD"
     source = fused.read_text()
     assert fixed in source, "the fused kernel's loop changed: update this test"
@@ -85,7 +85,7 @@ def test_registered_algorithms_are_compiled_at_every_rank(tmp_path):
         import json
         import triton, triton.language as tl
         from iris.collectives import Algorithm, register_algorithm
-        from iris.compile_check import compile_check
+        from iris.tools.compile_check import compile_check
 
         @triton.jit
         def plugin_gather_kernel(inp, out, n, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
@@ -126,7 +126,7 @@ def test_every_launch_site_is_found_and_an_unreached_one_fails(tmp_path):
     sources, by both launch forms, and reports a site whose kernel no call launched."""
     found = _script('''
         import json
-        from iris.compile_check.coverage import launch_sites, uncovered_launch_sites
+        from iris.tools.compile_check.coverage import launch_sites, uncovered_launch_sites
         sites = list(launch_sites(["triton", "gluon"]))
         names = sorted({name for _, _, name in sites})
         missing = uncovered_launch_sites(["triton"], set(names) - {"collective_kernel"})

@@ -20,7 +20,10 @@ import iris
 from iris.backend import DeviceOps
 from iris.context import Context, ContextBase, context_class
 from iris.errors import BackendNotFoundError, IrisError
-from iris.mixins import CCLMixin, FailStopMixin, HeapMixin, LoggingMixin, TensorMixin, TracingMixin, WorkspacesMixin
+from iris.collectives.workspaces import WorkspacesMixin
+from iris.context.failstop import FailStopMixin
+from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
+from iris.tracing import TracingMixin
 from iris.registry import get_backend
 from iris.testing import mapped_heap_segments
 
@@ -413,7 +416,7 @@ def test_gluon_device_context_shares_the_triton_methods():
     # One implementation of the device API: Gluon's IrisDeviceCtx carries the very functions of
     # the Triton DeviceContext (compiled in the caller's language), not copies.
     from iris_gluon import IrisDeviceCtx
-    from iris_triton.context import DeviceContext, DeviceMethods
+    from iris_triton.device.context import DeviceContext, DeviceMethods
 
     shared = [name for name in vars(DeviceMethods) if not name.startswith("_")]
     assert {"load", "store", "get", "put", "copy", "atomic_add", "atomic_cas", "signal", "wait_until"} <= set(shared)

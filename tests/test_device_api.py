@@ -32,8 +32,8 @@ import iris
 import iris_triton
 from iris.errors import IrisTimeoutError
 from iris.testing import RankReport, backend_rank_device, seeded_generator, spawn_reports
-from iris_triton.clock import now_ns
-from iris_triton.context import DeviceContext, method_source
+from iris_triton.device.clock import now_ns
+from iris_triton.device.context import DeviceContext, method_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -911,7 +911,7 @@ def _python_function(fn):
 
 def _parameters(fn) -> list[tuple[str, str, str]]:
     """``(kind, name, "annotation = default")`` of every parameter of ``fn``. Annotations are compared
-    by name (the free functions' are strings: iris_triton.device postpones them), defaults by repr."""
+    by name (the free functions' are strings: iris_triton.device.functions postpones them), defaults by repr."""
     out = []
     for p in inspect.signature(_python_function(fn)).parameters.values():
         annotation = "" if p.annotation is p.empty else getattr(p.annotation, "__name__", p.annotation)
@@ -922,24 +922,24 @@ def _parameters(fn) -> list[tuple[str, str, str]]:
 
 
 def test_the_device_functions_are_one_list():
-    names = list(iris_triton.device.DEVICE_FUNCTIONS)
-    assert iris_triton.device.__all__ == names
-    assert iris_triton.DEVICE_FUNCTIONS is iris_triton.device.DEVICE_FUNCTIONS
+    names = list(iris_triton.device.functions.DEVICE_FUNCTIONS)
+    assert iris_triton.device.functions.__all__ == names
+    assert iris_triton.DEVICE_FUNCTIONS is iris_triton.device.functions.DEVICE_FUNCTIONS
     assert set(names) <= set(iris_triton.__all__)
     assert set(UPSTREAM_METHODS) <= set(names)
     for name in names:
-        assert getattr(iris_triton, name) is getattr(iris_triton.device, name), name
+        assert getattr(iris_triton, name) is getattr(iris_triton.device.functions, name), name
         # ``iris.<name>``, as kernels written for upstream iris call them.
-        assert getattr(iris, name) is getattr(iris_triton.device, name), f"iris.{name}"
+        assert getattr(iris, name) is getattr(iris_triton.device.functions, name), f"iris.{name}"
 
 
-@pytest.mark.parametrize("name", list(iris_triton.device.DEVICE_FUNCTIONS))
+@pytest.mark.parametrize("name", list(iris_triton.device.functions.DEVICE_FUNCTIONS))
 def test_context_method_is_the_device_function_less_heap_bases_and_the_callers_rank(name):
-    caller = iris_triton.device.DEVICE_FUNCTIONS[name]
-    free = _parameters(getattr(iris_triton.device, name))
+    caller = iris_triton.device.functions.DEVICE_FUNCTIONS[name]
+    free = _parameters(getattr(iris_triton.device.functions, name))
     filled = {caller: "self.rank", "heap_bases": "self.heap_bases"}
     assert set(filled) <= {param for _, param, _ in free}, f"{name} has no parameter {caller} or heap_bases"
-    renamed = iris_triton.device.METHOD_PARAMETER_NAMES.get(name, {})  # upstream's method names
+    renamed = iris_triton.device.functions.METHOD_PARAMETER_NAMES.get(name, {})  # upstream's method names
     expected = [("POSITIONAL_OR_KEYWORD", "self", " = ")] + [(kind, renamed.get(param, param), rest)
                                                                for kind, param, rest in free if param not in filled]
     for cls_name, cls in _device_contexts().items():

@@ -147,7 +147,7 @@ def _failed_sender_worker(rank: int, device: str) -> bytes:
     failure recorded (as an earlier kernel leaves it on a GPU, before the host sees it) and launches
     the call's kernel as the host does before it checks, while rank 1 makes the call. Rank 0's
     kernel sends nothing, so rank 1's call gives up (NaN output) rather than take its data."""
-    from iris_triton.waits import TIMEOUT, site_code
+    from iris_triton.protocol.waits import TIMEOUT, site_code
 
     report = RankReport(rank)
     data = [torch.randint(-8, 9, (600,), generator=torch.Generator().manual_seed(q)).float() for q in range(2)]

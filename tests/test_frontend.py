@@ -18,7 +18,7 @@ def _add_one(x, n, BLOCK: tl.constexpr):
 def test_a_launch_repeat_runs_the_kernel_again(hooked, monkeypatch):
     from triton import knobs
 
-    from iris_triton.frontend import TRITON
+    from iris_triton.device.frontend import TRITON
 
     seen = []
     if hooked:  # a hook set before the first launch sees every repeat

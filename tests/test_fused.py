@@ -31,7 +31,7 @@ from iris.testing import (
     spawn_reports,
 )
 from iris.errors import IrisError
-from iris_triton.ops import COPY_ENGINE_MIN_SHARE, METHODS, communication_share
+from iris_triton.operations.fused_ops import COPY_ENGINE_MIN_SHARE, METHODS, communication_share
 
 #: (rows per rank m, K, N): ragged against the tiles (CPU 16 x 16 x 16, GPU 128 x 256 x 64).
 SHAPES = {"cpu": ((5, 16, 24), (21, 40, 33)), "cuda": ((1000, 1024, 1536), (2048, 4096, 2560))}
@@ -266,7 +266,7 @@ def test_sum_partials_adds_in_float32_and_rounds_once(ctx):
     # The copy-engine method's reduction, on its own: eight parts (a world of eight), one of them
     # this rank's own product, in bf16 and fp16; exact integer parts, so the float32 sum is exact.
     # The same check fails for a sum rounded after each addition (the data shows per-step rounding).
-    from iris_triton.copy_engine import sum_partials
+    from iris_triton.operations.copy_engine import sum_partials
 
     g = seeded_generator("sum_partials")
     for dtype, high in ((torch.bfloat16, 256), (torch.float16, 2048)):
@@ -300,7 +300,8 @@ def _slow_peer_worker(rank: int) -> dict[tuple[str, str], list[bool]]:
     0 still reads. ``{(kind, method): [first call right, second call right]}``."""
     import time
 
-    from iris_triton import copy_engine, fused
+    from iris_triton.operations import copy_engine
+    from iris_triton.operations import fused
 
     waits = []
 
@@ -378,7 +379,7 @@ def test_automatic_choice_overlaps_where_there_is_communication_to_hide(layer, m
     # GPU context makes it (no GPU needed: it reads only the device type).
     from types import SimpleNamespace
 
-    from iris_triton.ops import FusedOps
+    from iris_triton.operations.fused_ops import FusedOps
 
     flops, sent = 2 * 2 * m * N * K, m * K * 2
     gpu_context = SimpleNamespace(device=torch.device("cuda", 0), kernel_device_type="cuda",

@@ -1,4 +1,4 @@
-"""Hierarchical collectives (:mod:`iris.hierarchical`) on CPU ranks, against torch.distributed's
+"""Hierarchical collectives (:mod:`iris.collectives.hierarchical`) on CPU ranks, against torch.distributed's
 world collectives on gloo with the same random data.
 
 Nodes are simulated on one machine: 4 ranks as 2 nodes of 2 and 6 ranks as 3 nodes of 2 (one
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import iris
 from iris.errors import IrisError
-from iris.hierarchical import Hierarchy, NodeLayout, layout_for, node_size_from
+from iris.collectives.hierarchical import Hierarchy, NodeLayout, layout_for, node_size_from
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
 #: torch.distributed's reduction of each op; avg is the world sum divided by the world size.

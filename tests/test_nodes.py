@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import iris
 from iris.errors import IrisError
-from iris.hierarchical import Hierarchy, NodeLayout
+from iris.collectives.hierarchical import Hierarchy, NodeLayout
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
 NODE_SIZE = 2

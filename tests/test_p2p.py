@@ -21,7 +21,7 @@ import iris
 from iris.collectives import SUPPORTED_DTYPES
 from iris.errors import IrisError, IrisTimeoutError
 from iris.testing import RankReport, assert_rank_checks, rank_device, seeded_generator, spawn_reports
-from iris_triton import p2p
+from iris_triton.collectives import p2p
 
 WORLDS = (2, 3, 4)
 #: dtypes checked: float32, bfloat16, int32, and the 8-bit ones where the collectives take them.

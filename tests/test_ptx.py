@@ -365,8 +365,8 @@ _METHODS_SCRIPT = """
 import json
 import triton
 from iris_gluon import IrisDeviceCtx
-from iris_triton.context import DeviceContext, method_source
-from iris_triton.device import DEVICE_FUNCTIONS
+from iris_triton.device.context import DeviceContext, method_source
+from iris_triton.device.functions import DEVICE_FUNCTIONS
 print(json.dumps({name: {"jit": isinstance(getattr(DeviceContext, name), triton.runtime.JITFunction),
                          "source": getattr(DeviceContext, name).src == method_source(name),
                          "gluon_shares": getattr(IrisDeviceCtx, name) is getattr(DeviceContext, name)}

@@ -136,7 +136,7 @@ def test_triton_imported_before_triton_interpret_is_a_clear_error(tmp_path):
         """
         import json, os
         import iris
-        from iris.spawn import backend_environment
+        from iris.tools.spawn import backend_environment
         environment = backend_environment("cpu")
         os.environ.update(environment)
         try:
@@ -204,8 +204,8 @@ def test_a_minimal_third_party_backend_runs_collectives_on_two_ranks(plugin_site
     script.write_text(_ECHO_RANK_SCRIPT)
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_")}
     child_env["PYTHONPATH"] = str(site)
-    proc = subprocess.run([sys.executable, "-m", "iris.cli", "run", "--cpu", "-n", "2", str(script)], cwd=tmp_path,
-                          env=child_env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run([sys.executable, "-m", "iris.tools.cli", "run", "--cpu", "-n", "2", str(script)],
+                          cwd=tmp_path, env=child_env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"ranks failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     results = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
                      key=lambda r: r["rank"])

@@ -29,7 +29,7 @@ import iris
 from iris.errors import IrisError, IrisTimeoutError
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 from iris_triton.backend import interpreter_runs_kernel_loops
-from iris_triton.frontend import TRITON
+from iris_triton.device.frontend import TRITON
 
 M, N = 37, 45
 BLOCK_M, BLOCK_N = 16, 16

@@ -20,7 +20,7 @@ import iris
 import iris.functional as F
 from iris.testing import RankReport, assert_rank_checks, interpreted_device, run_sharing_one_gpu, seeded_generator, \
     spawn_reports
-from iris.work import CompletedWork
+from iris.collectives.work import CompletedWork
 
 #: Rows of activations per rank, model width, hidden width (divisible by 2 ranks).
 M, D, H = 4, 24, 32
@@ -410,7 +410,7 @@ def test_on_two_cpu_ranks(cpu_reports, prefix, minimum):
 def test_every_public_method_routes_to_an_operator():
     """Each public collective of ctx.ccl and ctx.ops carries the decorator, naming an operator that exists."""
     from iris.mixins.ccl import Collectives
-    from iris_triton.ops import FusedOps
+    from iris_triton.operations.fused_ops import FusedOps
 
     for cls in (Collectives, FusedOps):
         for name, value in vars(cls).items():

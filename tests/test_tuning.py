@@ -42,7 +42,7 @@ ELEMENTS = SMALL // 4
 
 
 def _one_shot():
-    from iris_triton.ccl import ALL_REDUCE_ONE_SHOT
+    from iris_triton.collectives.kernels import ALL_REDUCE_ONE_SHOT
 
     return ALL_REDUCE_ONE_SHOT
 
@@ -101,7 +101,7 @@ def _check_launch_shapes(ctx, report: RankReport) -> None:
                          and "['narrow', 'wide']" in str(error))
     result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True)).cpu()  # "shaped" is gone again
     report.check("shapes/a tuned algorithm that is gone falls back", torch.allclose(result, expected, atol=1e-5))
-    from iris_triton.ccl import ALL_REDUCE_TWO_SHOT
+    from iris_triton.collectives.kernels import ALL_REDUCE_TWO_SHOT
 
     for name in ALL_REDUCE_TWO_SHOT.launch_shapes[ctx.device.type]:  # the collective kernel's own, by name
         result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True), algorithm=f"two_shot/{name}").cpu()
@@ -265,7 +265,7 @@ def _rmsnorm_reference(xs, residual, weight, eps=1e-6):
 
 def _rmsnorm_method(ctx, tokens: int, hidden: int) -> tuple[str, bool]:
     """(the method an automatic all_reduce_rmsnorm of ``tokens x hidden`` float32 launched, whether it was right)."""
-    import iris_triton.rmsnorm as rmsnorm
+    import iris_triton.operations.rmsnorm as rmsnorm
 
     g = seeded_generator("rmsnorm", tokens, hidden)
     xs = [torch.randn(tokens, hidden, generator=g) for _ in range(ctx.world_size)]
@@ -446,7 +446,7 @@ def test_the_table_survives_json_and_malformed_files_are_refused():
 
 
 def test_lookups_fall_back_where_the_entry_does_not_apply():
-    from iris_triton.ccl import ALL_REDUCE_ONE_SHOT
+    from iris_triton.collectives.kernels import ALL_REDUCE_ONE_SHOT
 
     table = _table()
 

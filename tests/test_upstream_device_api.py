@@ -60,7 +60,7 @@ from iris.testing import RankReport, reports_on_available_ranks, seeded_generato
 try:  # upstream: ``from iris import DeviceContext, TraceEvent`` (test_trace_event_is_importable_from_iris)
     from iris import TraceEvent
 except ImportError:
-    from iris_triton.tracing import TraceEvent
+    from iris_triton.device.tracing import TraceEvent
 
 HEAP = 1 << 20  # upstream's ``iris.iris(1 << 20)``
 WORLDS = (2, 3)
@@ -1007,7 +1007,7 @@ def test_trace_event_ids_are_upstreams():
 
 def test_trace_event_is_importable_from_iris():
     # Upstream's test_device_context: ``from iris import DeviceContext, TraceEvent``.
-    from iris_triton.tracing import TraceEvent as backend_trace_event
+    from iris_triton.device.tracing import TraceEvent as backend_trace_event
 
     assert DeviceContext is iris.DeviceContext
     assert getattr(iris, "TraceEvent", None) is backend_trace_event, "iris does not export TraceEvent"

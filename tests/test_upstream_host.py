@@ -119,7 +119,7 @@ def test_hip_rejects_devices_that_are_not_there():
 
 def test_device_utils_reexports_the_triton_backend():
     import iris.device_utils as device_utils
-    import iris_triton.device_utils as backend
+    import iris_triton.device.utils as backend
 
     for name in ("read_realtime", "get_cu_id", "get_xcc_id", "get_se_id"):
         assert getattr(device_utils, name) is getattr(backend, name)
@@ -127,10 +127,16 @@ def test_device_utils_reexports_the_triton_backend():
 
 
 def test_device_utils_without_the_triton_backend(monkeypatch):
-    monkeypatch.setitem(sys.modules, "iris_triton.device_utils", None)  # as if not installed
+    """``iris.device_utils`` is the Triton backend's module: without that backend installed, its
+    import names the distribution to install."""
+    from iris.registry import backends
+
     monkeypatch.delitem(sys.modules, "iris.device_utils", raising=False)
-    with pytest.raises(BackendNotFoundError, match="pip install iris-triton"):
-        importlib.import_module("iris.device_utils")
+    with backends.restored():
+        backends._entries.pop("triton")  # as if iris-triton were not installed
+        backends._loaded.pop("triton", None)
+        with pytest.raises(BackendNotFoundError, match="pip install iris-triton"):
+            importlib.import_module("iris.device_utils")
 
 
 @triton.jit

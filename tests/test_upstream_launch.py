@@ -19,7 +19,7 @@ import json
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import compiler
-from iris_triton.launch_options import AMD_LAUNCH_OPTIONS, accept_amd_launch_options
+from iris_triton.device.launch_options import AMD_LAUNCH_OPTIONS, accept_amd_launch_options
 
 @triton.jit
 def scale(x, y, n, BLOCK: tl.constexpr):
@@ -68,7 +68,7 @@ def test_an_upstream_style_launch_with_amd_options_runs_on_a_gpu():
     import triton
     import triton.language as tl
 
-    from iris_triton.launch_options import accept_amd_launch_options
+    from iris_triton.device.launch_options import accept_amd_launch_options
 
     @triton.jit
     def double(x, y, n, BLOCK: tl.constexpr):

@@ -1,9 +1,9 @@
 """Kernel sources that call the tile collectives (``iris.x``), shared by tests/test_tile_collectives.py
 (run by Triton's interpreter on CPU ranks, or compiled on GPUs) and tests/ptx_kernels.py (compiled
 for sm_90 by both front ends). Each is an undecorated source taking the device-context class as
-``CTX``, compiled by a front end (``iris_triton.frontend.TRITON`` or ``iris_gluon.frontend.GLUON``).
+``CTX``, compiled by a front end (``iris_triton.device.frontend.TRITON`` or ``iris_gluon.frontend.GLUON``).
 
-``tile_collective`` (the library's, :mod:`iris_triton.tile_kernel`) runs one collective over every
+``tile_collective`` (the library's, :mod:`iris_triton.tiles.kernel`) runs one collective over every
 ``BLOCK_M x BLOCK_N`` tile of an ``M x N`` matrix; ``unsynchronised_all_gather`` is upstream's form.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton.language as tl
 
 import iris.x as x
-from iris_triton.tile_kernel import COLLECTIVES, tile_collective
+from iris_triton.tiles.kernel import COLLECTIVES, tile_collective
 
 __all__ = ["COLLECTIVES", "tile_collective", "unsynchronised_all_gather"]
 

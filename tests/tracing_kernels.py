@@ -5,7 +5,7 @@ upstream iris's kernels do (``record_event_start`` with a mask) and an instant `
 import triton
 import triton.language as tl
 
-from iris_triton.kernel_api import DeviceContext, TraceEvent
+from iris_triton.device.kernel_api import DeviceContext, TraceEvent
 
 #: The call number the kernel's events carry.
 OP = tl.constexpr(7)

@@ -26,8 +26,9 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 import ptx_kernels
 from iris_gluon.frontend import GLUON
-from iris_triton import ccl, fused
-from iris_triton.frontend import TRITON
+from iris_triton.collectives import kernels as ccl
+from iris_triton.operations import fused
+from iris_triton.device.frontend import TRITON
 from iris_triton.tuning import GEMM_SHAPES, collective_shape
 
 

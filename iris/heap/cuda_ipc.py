@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from iris.bootstrap import Communicator
+from iris.context.bootstrap import Communicator
 from iris.errors import IrisError, format_bytes
 from iris.heap.mapping import HeapMapping, HeapProvider
 

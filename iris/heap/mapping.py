@@ -8,7 +8,7 @@ import attrs
 import torch
 
 if TYPE_CHECKING:
-    from iris.bootstrap import Communicator
+    from iris.context.bootstrap import Communicator
 
 __all__ = ["HeapMapping", "HeapProvider"]
 

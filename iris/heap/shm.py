@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from iris.bootstrap import Communicator
+from iris.context.bootstrap import Communicator
 from iris.errors import IrisError, IrisTimeoutError, format_bytes
 from iris.heap.mapping import HeapMapping, HeapProvider
 

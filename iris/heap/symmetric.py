@@ -8,7 +8,7 @@ import struct
 import attrs
 import torch
 
-from iris.bootstrap import Communicator
+from iris.context.bootstrap import Communicator
 from iris.errors import AsymmetricHeapError, IrisError
 from iris.heap.allocator import HeapAllocator
 from iris.heap.mapping import HeapMapping

@@ -3,7 +3,7 @@
 ``ctx.ccl`` checks a call (devices, dtypes, sizes, contiguity), then dispatches it to a
 registered algorithm (:mod:`iris.collectives`): the one named, or the automatic choice (the
 tuned one of :mod:`iris.tuning` where the tuning cache has one, else the built-in choice). The
-algorithms keep their buffers in the context's workspaces (:mod:`iris.workspaces`), so calls
+algorithms keep their buffers in the context's workspaces (:mod:`iris.collectives.workspaces`), so calls
 after the first of a given size and dtype allocate nothing and never wait on the host, and can
 be captured in a CUDA graph.
 
@@ -21,21 +21,22 @@ from typing import Callable
 
 import torch
 
-from iris.collectives import (COLLECTIVES, MOVED_ONLY_DTYPES, POINT_TO_POINT, REDUCE_OPS, REDUCING, ROOT_ONLY,
-                               SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall, algorithm_registry, choose)
-from iris.custom_ops import forget as forget_operator_handles
-from iris.custom_ops import register as register_operator_handle
-from iris.custom_ops import traceable
+from iris.collectives import (COLLECTIVES, MOVED_ONLY_DTYPES, POINT_TO_POINT, REDUCING, ROOT_ONLY,
+                               SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall, algorithm_registry, choose,
+                               reduce_op_name)
+from iris.collectives.custom_ops import forget as forget_operator_handles
+from iris.collectives.custom_ops import register as register_operator_handle
+from iris.collectives.custom_ops import traceable
 from iris.errors import IrisError
-from iris.groups import namespace_for
+from iris.collectives.groups import namespace_for
 from iris.registry import PluginRegistry
 from iris.tuning import load as load_tuning
 from iris.tuning import tune_collectives
-from iris.uneven import SplitTensors, check_apart, check_counts, check_rows, same_on_every_rank, split_sizes
+from iris.collectives.uneven import SplitTensors, check_apart, check_counts, check_rows, same_on_every_rank, split_sizes
 
 __all__ = ["CCLMixin", "Collectives"]
 
-#: The world collectives a world of several nodes runs hierarchically (iris.hierarchical), as
+#: The world collectives a world of several nodes runs hierarchically (iris.collectives.hierarchical), as
 #: ``(hierarchy, output, input, op, src) -> output``.
 HIERARCHICAL = {
     "all_reduce": lambda h, output, input, op, src: h.all_reduce(output, op),
@@ -78,20 +79,10 @@ def _refuse_upstream_keywords(collective: str, keywords: dict) -> None:
 
 
 def _reduce_op_name(op) -> str:
-    """One of :data:`~iris.collectives.REDUCE_OPS` from a string or a ``torch.distributed.ReduceOp``."""
+    """:func:`~iris.collectives.algorithms.reduce_op_name`, after refusing upstream's ``all_reduce(out, inp)``."""
     if isinstance(op, torch.Tensor):
         _refuse_upstream_call("all_reduce", "a second tensor (all_reduce(out, inp))", {})
-    if isinstance(op, str):
-        name = op.lower()
-    else:
-        reduce_op = torch.distributed.ReduceOp
-        known = {reduce_op.SUM: "sum", reduce_op.PRODUCT: "prod", reduce_op.MAX: "max", reduce_op.MIN: "min",
-                 reduce_op.AVG: "avg"}
-        name = known.get(op, repr(op))
-    if name not in REDUCE_OPS:
-        raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)} (or torch.distributed.ReduceOp.SUM, PRODUCT, "
-                         f"MAX, MIN or AVG), got {op!r}")
-    return name
+    return reduce_op_name(op)
 
 
 def _alike_on_every_rank(collective: str, output, input, world_size: int) -> tuple:
@@ -141,11 +132,11 @@ class Collectives:
         self._repeats: dict[tuple, Callable[[], None]] = {}
         #: (workspaces' generation, registries' changes, tracing's epoch) when the repeats were made.
         self._repeats_made_with = (0, PluginRegistry.changes, 0)
-        #: This object's handle for the custom operators (torch.ops.iris.*, iris.custom_ops).
+        #: This object's handle for the custom operators (torch.ops.iris.*, iris.collectives.custom_ops).
         self._iris_handle = register_operator_handle(self)
 
     def _for_group(self, group) -> "Collectives":
-        """The collectives that run calls with ``group=group`` (:mod:`iris.groups`)."""
+        """The collectives that run calls with ``group=group`` (:mod:`iris.collectives.groups`)."""
         return namespace_for(self, group)
 
     # -- discovery ------------------------------------------------------------------------------
@@ -274,7 +265,7 @@ class Collectives:
              op: str = "sum", src: int = 0, splits: tuple = ()) -> None:
         """Run one call: the repeat of an identical earlier call, or else ``validate()`` it and
         hand it to its algorithm (keeping the launch's repeat). ``splits``: the uneven
-        collectives' (input_splits, output_splits) device tensors (:mod:`iris.uneven`)."""
+        collectives' (input_splits, output_splits) device tensors (:mod:`iris.collectives.uneven`)."""
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
         ctx = self._context

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from iris.errors import IrisError
-from iris.timing import do_bench
+from iris.compat.timing import do_bench
 from iris.tuning.cache import _save
 from iris.tuning.table import Entry, TuningTable, _dtype_name, _entry_key
 

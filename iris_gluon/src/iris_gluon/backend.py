@@ -27,6 +27,7 @@ GluonBackend = Backend(
     name="gluon",
     device_ops=GluonDeviceOps,
     context_class=GluonContext,
+    device_modules={"experimental.iris_gluon": "iris_gluon"},
     device_types={"cuda"},
     unsupported_device_hint=(
         "Gluon kernels compile only for GPUs and Gluon has no interpreter; on CPU ranks use "

@@ -7,8 +7,8 @@ Built from ``ctx.get_device_context()`` as in upstream iris's Gluon kernels::
     x = dctx.load(buf + offs, from_rank=peer, mask=offs < n)
 
 Its methods are those of the Triton backend's ``DeviceContext``, one per device function
-(``iris_triton.device.DEVICE_FUNCTIONS``): the very functions of
-:class:`iris_triton.context.DeviceMethods`, generated there, not written again. What differs:
+(``iris_triton.device.functions.DEVICE_FUNCTIONS``): the very functions of
+:class:`iris_triton.device.context.DeviceMethods`, generated there, not written again. What differs:
 rank and world size are read from the context tensor at run time, so one compiled kernel serves
 every rank, and ``block_offsets`` lays a block out explicitly, as Gluon requires. Upstream
 iris's field names ``cur_rank`` and ``num_ranks`` hold the same values as ``rank`` and
@@ -22,8 +22,8 @@ from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
 from iris_gluon.layouts import block_layout, tile_layout
-from iris_triton.context import with_device_methods
-from iris_triton.tracing import DeviceTracing
+from iris_triton.device.context import with_device_methods
+from iris_triton.device.tracing import DeviceTracing
 
 __all__ = ["IrisDeviceCtx"]
 

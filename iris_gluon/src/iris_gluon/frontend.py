@@ -3,7 +3,7 @@
 from triton.experimental import gluon
 
 from iris_gluon.context import IrisDeviceCtx
-from iris_triton.frontend import Frontend
+from iris_triton.device.frontend import Frontend
 
 __all__ = ["GLUON"]
 

@@ -12,10 +12,10 @@ import torch
 from iris.backend import Backend, DeviceOps
 from iris.context import Context
 from iris.errors import IrisError
-from iris_triton.frontend import TRITON
-from iris_triton.p2p import PeerRegions
+from iris_triton.device.frontend import TRITON
+from iris_triton.collectives.p2p import PeerRegions
 from iris_triton.tuning import COMPILE_ONLY_PROGRAMS, CPU_PROGRAMS
-from iris_triton.waits import ARGUMENT_FAILURES, MISMATCHES, describe_failure, fault_words
+from iris_triton.protocol.waits import ARGUMENT_FAILURES, MISMATCHES, describe_failure, fault_words
 
 __all__ = ["TritonBackend", "TritonContext", "TritonDeviceOps", "interpreter_runs_kernel_loops"]
 
@@ -46,17 +46,17 @@ class _MappedHostMemory:
 class TritonDeviceOps(DeviceOps):
     """Host side of the Triton backend: ``device_barrier()``, the fused operations ``ops``, the
     collectives' protocol state (``programs``, :meth:`collective_sync`), and the fault words its
-    kernels record give-ups in (:mod:`iris_triton.waits`). On CPU ranks, kernels run in Triton's
+    kernels record give-ups in (:mod:`iris_triton.protocol.waits`). On CPU ranks, kernels run in Triton's
     interpreter. Uses what the core provides to a backend (:mod:`iris.backend`).
     """
 
-    #: The front end this backend compiles iris's kernel sources with (:mod:`iris_triton.frontend`).
+    #: The front end this backend compiles iris's kernel sources with (:mod:`iris_triton.device.frontend`).
     frontend = TRITON
     kernel_language = TRITON.name
 
     @classmethod
     def check_environment(cls, device: torch.device) -> None:
-        from iris_triton.compiled import INTERPRETING
+        from iris_triton.device.compiled import INTERPRETING
 
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise IrisError(
@@ -75,7 +75,7 @@ class TritonDeviceOps(DeviceOps):
     @classmethod
     def accept_upstream_launch_options(cls, device: torch.device) -> None:
         if device.type == "cuda":
-            from iris_triton.launch_options import accept_amd_launch_options
+            from iris_triton.device.launch_options import accept_amd_launch_options
 
             accept_amd_launch_options()
 
@@ -107,12 +107,12 @@ class TritonDeviceOps(DeviceOps):
                          CPU_PROGRAMS if self.kernel_device_type == "cpu" else COMPILE_ONLY_PROGRAMS)
 
     def tile_sync(self, num_tiles: int) -> torch.Tensor:
-        """The synchronisation state of the tile collectives (:mod:`iris_triton.tile_collectives`,
+        """The synchronisation state of the tile collectives (:mod:`iris_triton.tiles.collectives`,
         ``iris.x``) for tile numbers ``[0, num_tiles)``: a small int64 tensor to pass to the kernel
         and on to the collectives as ``sync``. It counts calls per tile on the device, so one
         sync serves every launch of a kernel, CUDA-graph replays included; kernels that may run at
         the same time need one each. Collective (it allocates on the heap)."""
-        from iris_triton.tile_collectives import allocate_tile_sync
+        from iris_triton.tiles.collectives import allocate_tile_sync
 
         self._refuse_across_nodes("tile_sync")
         with self._call("tile_sync"):
@@ -122,14 +122,14 @@ class TritonDeviceOps(DeviceOps):
         """What this context's (or group view's) kernels keep per peer, for kernels numbering
         ``peers`` (world ranks) by their place in it: the fault words (kept where
         :meth:`_recorded_failure` reads them), the device barrier's state and the fixed per-peer
-        regions of send/recv (:mod:`iris_triton.p2p`: a pair cannot grow the symmetric heap, so
+        regions of send/recv (:mod:`iris_triton.collectives.p2p`: a pair cannot grow the symmetric heap, so
         every rank allocates them here). Heap state goes on this context's heap (a group view's
         arena)."""
-        from iris_triton.barrier import state_words
+        from iris_triton.protocol.barrier import state_words
 
-        # First failure, one per peer, trap on failure, the headers of a different call (iris_triton.waits).
+        # First failure, one per peer, trap on failure, the headers of a different call (iris_triton.protocol.waits).
         words = fault_words(len(peers))
-        #: The fault words kernels record give-ups in, on the device (:mod:`iris_triton.waits`).
+        #: The fault words kernels record give-ups in, on the device (:mod:`iris_triton.protocol.waits`).
         self.faults = torch.zeros(words, dtype=torch.int32, device=self.device)
         self.faults[1 + len(peers)] = int(self.config.on_timeout == "trap")
         if self.device.type == "cuda":
@@ -153,7 +153,7 @@ class TritonDeviceOps(DeviceOps):
         and its signal count, then one flag per program and peer (written by that peer), then two
         rows (by call parity) of one header per peer, where that peer announces its call (its number
         and signature), then one announcement per peer, of a call waiting on the host
-        (:mod:`iris_triton.calls`). Zeroed once, never reset."""
+        (:mod:`iris_triton.protocol.calls`). Zeroed once, never reset."""
         words = self.programs * (2 + self.world_size) + 3 * self.world_size
         return self.workspaces.get("collective_sync", 4 * words, fill=0).view(torch.int32)
 
@@ -183,7 +183,7 @@ class TritonDeviceOps(DeviceOps):
 
     def _recorded_call_mismatch(self):
         """The different call a kernel of this rank found, where it recorded the headers of both
-        (:func:`iris_triton.waits.record_mismatch`); None when there is none (a timeout, say)."""
+        (:func:`iris_triton.protocol.waits.record_mismatch`); None when there is none (a timeout, say)."""
         for host_words, peers, comm in self._fault_word_sets:
             world = len(peers)
             if not host_words[0]:
@@ -196,9 +196,9 @@ class TritonDeviceOps(DeviceOps):
 
     def _announce_call(self, signature: int) -> None:
         """Announce this rank's next call with ``signature`` (0: take the announcement back) where
-        the collectives' kernels read their peers' calls (:func:`iris_triton.calls.announce_kernel`);
+        the collectives' kernels read their peers' calls (:func:`iris_triton.protocol.calls.announce_kernel`);
         nothing before their sync words exist (no peer is in a collective then)."""
-        from iris_triton.calls import announce_kernel
+        from iris_triton.protocol.calls import announce_kernel
 
         sync = self.workspaces.existing("collective_sync")
         if sync is None or self.world_size == 1:
@@ -208,8 +208,8 @@ class TritonDeviceOps(DeviceOps):
 
     @cached_property
     def ops(self):
-        """Matrix products fused with their communication (:class:`iris_triton.ops.FusedOps`)."""
-        from iris_triton.ops import FusedOps
+        """Matrix products fused with their communication (:class:`iris_triton.operations.fused_ops.FusedOps`)."""
+        from iris_triton.operations.fused_ops import FusedOps
 
         return self._ops_namespace(FusedOps(self))
 
@@ -220,7 +220,7 @@ class TritonDeviceOps(DeviceOps):
         captured in a CUDA graph. A peer that does not arrive within the context's timeout fails
         the context: this call (CPU ranks) or the next iris call raises IrisTimeoutError naming
         it. Collective."""
-        from iris_triton.barrier import device_barrier_kernel
+        from iris_triton.protocol.barrier import device_barrier_kernel
 
         self._refuse_across_nodes("device_barrier")
         with self._call("device_barrier"):
@@ -229,27 +229,27 @@ class TritonDeviceOps(DeviceOps):
                                         num_warps=1)
 
     def _trace_event_names(self) -> dict[int, str]:
-        """Every operation whose kernels wait on peers, by its code (:mod:`iris_triton.waits`)."""
+        """Every operation whose kernels wait on peers, by its code (:mod:`iris_triton.protocol.waits`)."""
         from iris.tracing import OPERATION_EVENTS
-        from iris_triton.waits import WAIT_SITES, site_code
+        from iris_triton.protocol.waits import WAIT_SITES, site_code
 
         return {OPERATION_EVENTS + site_code(name): name for name in WAIT_SITES}
 
     def _device_clock_ns(self) -> int | None:
         if self.device.type != "cuda":
             return None  # the interpreter's clock is the host's
-        from iris_triton.clock import read_device_clock
+        from iris_triton.device.clock import read_device_clock
 
         return read_device_clock(torch.empty(1, dtype=torch.int64, device=self.device))
 
     def _compile_check_calls(self, full: bool):
-        """The tile collectives inside :mod:`iris_triton.tile_kernel`'s kernel (each, with each
+        """The tile collectives inside :mod:`iris_triton.tiles.kernel`'s kernel (each, with each
         reduction in the full calls, with tracing as the context has it), the device clock's read,
         the demo's ring store and the announcement of a call that waits on the host (and its
         taking back)."""
-        from iris_triton.clock import read_device_clock
+        from iris_triton.device.clock import read_device_clock
         from iris_triton.demo import ring_store_step
-        from iris_triton.tile_kernel import COLLECTIVES, launch_tile_collective
+        from iris_triton.tiles.kernel import COLLECTIVES, launch_tile_collective
 
         world = self.world_size
         sync = self.tile_sync(16)
@@ -280,4 +280,5 @@ class TritonContext(TritonDeviceOps, Context):
 
 
 TritonBackend = Backend(name="triton", device_ops=TritonDeviceOps, device_types={"cuda", "cpu"},
-                        context_class=TritonContext, device_api="iris_triton.kernel_api")
+                        context_class=TritonContext, device_api="iris_triton.device.kernel_api",
+                        device_modules={"x": "iris_triton.x", "device_utils": "iris_triton.device.utils"})

@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from iris_triton import device
-from iris_triton.tracing import DeviceTracing, TraceEvent
+from iris_triton.device import functions as device
+from iris_triton.device.tracing import DeviceTracing, TraceEvent
 
 __all__ = ["ring_store_kernel", "ring_store_step"]
 

@@ -40,11 +40,11 @@ __all__ = [
 
 #: Programs (thread blocks) per collective kernel on CPU ranks (on GPUs: one per multiprocessor).
 CPU_PROGRAMS = 2
-#: Programs per collective kernel of a compile-only context (:mod:`iris.compile_check`), which
+#: Programs per collective kernel of a compile-only context (:mod:`iris.tools.compile_check`), which
 #: has no GPU to count multiprocessors on: an H100's or H200's 132.
 COMPILE_ONLY_PROGRAMS = 132
 
-# -- collectives (iris_triton.ccl) --------------------------------------------------------------------
+# -- collectives (iris_triton.collectives.kernels) --------------------------------------------------------------------
 
 #: Launch shapes of the collective kernel by the call's input bytes per rank: the first entry whose
 #: limit (None: any size) holds it. A shape is elements per block, blocks per round (unrolled),
@@ -78,7 +78,7 @@ ALL_REDUCE_CHOSEN_UP_TO = {
 }
 
 
-#: For the automatic method of ``ctx.ops.all_reduce_rmsnorm`` (:mod:`iris_triton.rmsnorm`): the
+#: For the automatic method of ``ctx.ops.all_reduce_rmsnorm`` (:mod:`iris_triton.operations.rmsnorm`): the
 #: most bytes of ``x`` per rank that take ``"one_shot"`` (one exchange, every rank receiving every
 #: peer's whole input), by world size (``None``: the other sizes); larger inputs take
 #: ``"two_shot"`` (two exchanges, each rank receiving about twice its share). It is the trade-off
@@ -116,7 +116,7 @@ COLLECTIVE_LAUNCH_SHAPES = {device: {_shape_name(shape): shape for _, shape in s
                             for device, shapes in COLLECTIVE_SHAPES.items()}
 
 
-# -- fused operations (iris_triton.ops, iris_triton.fused) ------------------------------------------------
+# -- fused operations (iris_triton.operations.fused_ops, iris_triton.operations.fused) ------------------------------
 
 #: Tile shape and launch options of the fused kernels' matrix product. The GPU tile is from
 #: ``benchmarks/fused.py`` (``results/fused-2026-11-30-v7.json``); the CPU one is the smallest

@@ -1,0 +1,72 @@
+"""Front ends: one kernel source, compiled as a Triton kernel or as a Gluon kernel.
+
+iris writes each of its kernels once, as an undecorated function that takes the device-context
+class as a constexpr argument (``CTX``) and uses only what both languages accept: the context
+(``CTX.initialize(context, RANK, WORLD)``, ``dctx.block_offsets(...)``, its remote accesses,
+atomics and flags) and ``tl`` operations on the tensors it returns. A :class:`Frontend` compiles
+such a function with its language's ``jit`` and supplies its context class; the Triton backend
+uses :data:`TRITON`, the Gluon backend its own. Nothing of a kernel is written twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import torch
+import triton
+from triton.runtime import driver
+
+from iris_triton.device.context import DeviceContext
+
+__all__ = ["Frontend", "SHARED_SOURCE_LANGUAGES", "TRITON"]
+
+#: The kernel languages iris's shared kernel sources compile in (the Triton backend's and the
+#: Gluon backend's front ends): what the collective algorithms written that way declare.
+SHARED_SOURCE_LANGUAGES = frozenset({"triton", "gluon"})
+
+
+@attrs.frozen(eq=False)
+class Frontend:
+    """A language to compile iris kernels in."""
+
+    name: str
+    """``"triton"`` or ``"gluon"``."""
+    jit: Callable[[Callable], Any]
+    """The language's decorator (``triton.jit`` or ``gluon.jit``)."""
+    device_context: type
+    """The device-context class kernels receive as ``CTX``."""
+    _kernels: dict = attrs.field(factory=dict, init=False, repr=False)
+
+    def kernel(self, fn: Callable):
+        """``fn`` compiled by this front end (wrapped once, then reused)."""
+        compiled = self._kernels.get(fn)
+        if compiled is None:
+            compiled = self._kernels[fn] = self.jit(fn)
+        return compiled
+
+    def launch(self, fn: Callable, grid: tuple, **arguments) -> Callable[[], None] | None:
+        """Launch ``fn`` (compiled by this front end) on ``grid`` with ``arguments`` (every
+        parameter by name, constexprs included), and return a callable that launches it again
+        with the same arguments on the then-current stream.
+
+        The repeat skips the JIT's per-launch work (binding and specializing the arguments,
+        looking the kernel up): it calls the compiled kernel directly, with tensors passed as
+        their addresses, so it holds no reference to them; callers must repeat it only while
+        those tensors are alive. It also hands the kernel the current stream of the device it
+        was first launched on, read straight from torch (a few microseconds less per launch than
+        letting the kernel look up the current device and stream). Under the Triton interpreter
+        there is no compiled kernel, and the result is None."""
+        jitted = self.kernel(fn)
+        compiled = jitted[grid](**arguments)
+        if compiled is None or not hasattr(compiled, "run"):
+            return None
+        ordered = [arguments[name] for name in jitted.arg_names]
+        values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in ordered]
+        runner = compiled[(*grid, 1, 1)[:3]]
+        device = driver.active.get_current_device()
+        current_stream = driver.active.get_current_stream
+        return lambda: runner(*values, stream=current_stream(device))
+
+
+TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)

@@ -1,0 +1,346 @@
+"""Expert-parallel MoE token routing: ``ctx.ops.moe_dispatch`` and ``ctx.ops.moe_combine``.
+
+Experts are split evenly over the ranks: rank ``r`` holds the ``L = E / W`` experts
+``[r * L, (r + 1) * L)``. Every shape is static and every count stays on the device, so a call
+needs no host synchronisation and can be captured in a CUDA graph (after one eager call of the
+largest size, which sizes the workspaces of the collectives it runs on).
+
+Dispatch, on each rank:
+
+1. The ``(token, expert)`` pairs of ``topk_ids`` are sorted by expert, then token, with torch ops
+   that do not synchronise (a sort, cumulative sums, scatters). A token that names one expert
+   twice is sent there once (combine adds both weights); ``-1`` routes a slot nowhere. Each sent
+   row packs the token's index, its fp8 scale and its data (:data:`HEADER_BYTES`).
+2. One ``all_gather`` of every rank's per-expert counts (and whether its ids were in range) gives
+   every rank the whole routing table: every rank reaches the same verdict on it. A table where
+   an expert would receive more than ``capacity`` rows, or where a rank passed ids out of range,
+   fails the call on every rank: nothing is sent (the send counts become 0), the failure is
+   recorded in the fault words naming the rank concerned, and the result is poisoned.
+3. ``all_to_all_vdev`` (:mod:`iris_triton.collectives.all_to_all_v`) moves the rows, packed by destination
+   rank; each rank receives them in (source rank, expert, token) order.
+4. The receiver copies each received row's data into its expert's slot (one scatter, of the rows
+   received only) and gathers the small fields into ``[L, capacity]``; each expert's rows are in
+   (source rank, source token index) order.
+
+Combine runs it backwards: gather each received row's expert output back into received order,
+``all_to_all_vdev`` it back to its source (where it lands at the row it was sent from), and sum
+``topk_weights[t, j] * out[row of (t, j)]`` over ``j`` in float32.
+
+Layout, and why ``[L, capacity, hidden]`` with device counts rather than a flat buffer: each
+expert's rows start at a fixed place, so a grouped (masked) GEMM takes the tensor as it is and
+its shape never depends on the routing. The price is memory for the worst case: the default
+capacity, ``W * T`` (every rank's every token, once per expert), always holds.
+
+A failure (a peer that never calls, a routing that overflows, ids out of range) fills the
+result's tensors (or combine's output) with all-ones bits: NaN, integers -1
+(:func:`finish_kernel`), and the host raises IrisTimeoutError at the call (CPU ranks) or at the
+next iris call (GPUs).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import triton
+import triton.language as tl
+
+from iris.collectives import SAME_SIZE_INTEGER
+from iris.errors import IrisError
+from iris_triton.protocol.waits import failure_code, record_failure
+
+__all__ = ["DTYPES", "FP8_MAX", "HEADER_BYTES", "MoeDispatch", "MoeHandle", "combine", "dispatch", "finish_kernel"]
+
+#: Element types of ``tokens`` and of combine's expert outputs.
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: The largest finite float8_e4m3fn: a token's scale is its largest magnitude over this.
+FP8_MAX = 448.0
+#: Bytes in front of each moved row's data: the source token's index (int32), its fp8 scale (float32).
+HEADER_BYTES = 8
+#: Moved rows are padded to a multiple of this many bytes (they move as int32 words).
+ROW_ALIGNMENT = 16
+#: Bytes one program of :func:`finish_kernel` poisons per step.
+POISON_BLOCK = 1024
+
+
+@attrs.frozen(eq=False)
+class MoeHandle:
+    """What :func:`combine` needs to send the expert outputs back (opaque; from
+    :attr:`MoeDispatch.handle`)."""
+
+    ops: object
+    """The ``ctx.ops`` object of the dispatch (combine runs on the same context)."""
+    num_tokens: int
+    topk: int
+    num_experts: int
+    capacity: int
+    pair_rows: torch.Tensor
+    """int64 [T, k]: the sent row of each (token, slot) pair; ``T * k`` for a pair sent nowhere."""
+    weights: torch.Tensor
+    """float32 [T, k]: ``topk_weights``, 0 where the pair is sent nowhere."""
+    row_slots: torch.Tensor
+    """int64 [rows any rank can receive]: the slot (``expert * capacity + position``) of each received row (rows
+    beyond the counts: any slot; they are not sent back)."""
+    received: torch.Tensor
+    """int64 [world_size]: the rows received from each rank."""
+
+
+@attrs.frozen(eq=False)
+class MoeDispatch:
+    """The tokens one rank's experts received (:func:`dispatch`). Slot ``[e, i]`` for ``i <
+    counts[e]`` holds a row for local expert ``e`` (global expert ``rank * L + e``), in
+    (source rank, source token index) order. The slots after them are not written in ``tokens``
+    (whatever the memory held: a grouped GEMM masks them by ``counts``) and hold -1 in
+    ``source_rank`` / ``source_index`` (0 in ``scales``). After a failed call every tensor holds
+    all-ones bits (NaN, integers -1)."""
+
+    tokens: torch.Tensor
+    """[L, capacity, hidden]: the tokens' dtype, or float8_e4m3fn with ``fp8=True``."""
+    scales: torch.Tensor | None
+    """float32 [L, capacity] with ``fp8=True`` (token = tokens.float() * scales[..., None]), else None."""
+    counts: torch.Tensor
+    """int32 [L]: the rows each local expert received."""
+    source_rank: torch.Tensor
+    """int32 [L, capacity]: the rank each row came from."""
+    source_index: torch.Tensor
+    """int32 [L, capacity]: the row's token index on that rank."""
+    handle: MoeHandle
+
+
+@triton.jit
+def finish_kernel(out, numel, verdict, faults, host_faults, WORLD: tl.constexpr, RECORD: tl.constexpr,
+                  IDS_CODE: tl.constexpr, CAPACITY_CODE: tl.constexpr, BLOCK: tl.constexpr):
+    """The end of a call: with ``RECORD``, record the routing table's verdict (``verdict``: int32
+    [2 * WORLD], the ranks that passed ids out of range, then those with an expert over
+    capacity); then, if the verdict or any earlier failure of this rank failed the call, fill
+    ``out`` (``numel`` bytes) with all-ones bits. No wait: every rank has the same verdict."""
+    lanes = tl.arange(0, BLOCK)
+    bad = tl.load(faults, volatile=True) != 0
+    if RECORD:
+        found = tl.sum(tl.load(verdict + lanes, mask=lanes < 2 * WORLD, other=0), axis=0) != 0
+        if tl.program_id(0) == 0:
+            for q in tl.static_range(WORLD):
+                if tl.load(verdict + q) != 0:
+                    record_failure(faults, host_faults, WORLD, q, IDS_CODE)
+                if tl.load(verdict + WORLD + q) != 0:
+                    record_failure(faults, host_faults, WORLD, q, CAPACITY_CODE)
+        bad = bad | found
+    if bad:
+        for start in range(tl.program_id(0) * BLOCK, numel, tl.num_programs(0) * BLOCK):
+            tl.store(out + start + lanes, tl.full((BLOCK,), -1, tl.int8), mask=start + lanes < numel)
+
+
+def _finish(ctx, out: torch.Tensor, verdict: torch.Tensor | None) -> None:
+    """Launch :func:`finish_kernel` over ``out``'s bytes (``verdict``: None in combine, which
+    records nothing: its failures are those of the collectives it runs on)."""
+    flat = out.view(-1).view(torch.int8)
+    programs = max(1, min(ctx.programs, triton.cdiv(flat.numel(), POISON_BLOCK)))
+    finish_kernel[(programs,)](
+        flat, flat.numel(), ctx.faults if verdict is None else verdict, ctx.faults, ctx.host_faults,
+        WORLD=ctx.world_size, RECORD=verdict is not None, IDS_CODE=failure_code("moe_dispatch", "expert_ids"),
+        CAPACITY_CODE=failure_code("moe_dispatch", "expert_capacity"), BLOCK=POISON_BLOCK)
+
+
+# -- checks ------------------------------------------------------------------------------------------
+
+
+def _tensor(what: str, tensor, ctx, dtypes: tuple, dims: int) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"moe: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device != ctx.device:
+        raise IrisError(f"moe: {what} is on {tensor.device}, but this context runs on {ctx.device}; move it with "
+                        f".to({str(ctx.device)!r})")
+    if tensor.dim() != dims:
+        raise IrisError(f"moe: {what} must have {dims} dimensions, got shape {tuple(tensor.shape)}")
+    if tensor.dtype not in dtypes:
+        raise IrisError(f"moe: {what} has dtype {tensor.dtype}; supported: "
+                        f"{', '.join(str(d) for d in dtypes)}")
+
+
+def _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8) -> None:
+    world = ctx.world_size
+    _tensor("tokens", tokens, ctx, DTYPES, 2)
+    _tensor("topk_ids", topk_ids, ctx, (torch.int32, torch.int64), 2)
+    _tensor("topk_weights", topk_weights, ctx, (torch.float32,), 2)
+    T = tokens.shape[0]
+    if T == 0 or tokens.shape[1] == 0:
+        raise IrisError(f"moe_dispatch: tokens has shape {tuple(tokens.shape)}; it needs at least one token and one "
+                        f"element per token (a rank with nothing to send passes topk_ids of -1)")
+    if topk_ids.shape[0] != T or topk_ids.shape[1] == 0:
+        raise IrisError(f"moe_dispatch: topk_ids has shape {tuple(topk_ids.shape)}; it needs one row per token "
+                        f"({T}) and at least one expert per row")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise IrisError(f"moe_dispatch: topk_weights has shape {tuple(topk_weights.shape)}; it must match topk_ids "
+                        f"{tuple(topk_ids.shape)}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise IrisError(f"moe_dispatch: num_experts must be a positive int, got {num_experts!r}")
+    if num_experts % world:
+        raise IrisError(f"moe_dispatch: num_experts={num_experts} is not divisible by the world size {world}; the "
+                        f"experts are split evenly over the ranks: use a multiple of {world}")
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+        raise IrisError(f"moe_dispatch: capacity must be a positive int (rows per expert) or None (the most an "
+                        f"expert can receive, world_size * num_tokens = {world * T}), got {capacity!r}")
+    if not isinstance(fp8, bool):
+        raise IrisError(f"moe_dispatch: fp8 must be True or False, got {fp8!r}")
+    if ctx.config.debug:  # a host synchronisation and exchange: only in debug mode (the device checks anyway)
+        ids = topk_ids.cpu()
+        bad = ctx.comm.all_gather_object(bool(((ids < -1) | (ids >= num_experts)).any()))
+        if any(bad):
+            raise IrisError(f"moe_dispatch: topk_ids on world rank(s) {[q for q, b in enumerate(bad) if b]} hold ids "
+                            f"outside [-1, {num_experts}) (-1: the slot goes to no expert); check the router's output")
+
+
+# -- dispatch ----------------------------------------------------------------------------------------
+
+
+def _packed_rows(tokens: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, int]:
+    """Every token as one row of bytes: its index (int32), its fp8 scale (float32; 0 without
+    fp8), its data (fp8 or as given), zeros to :data:`ROW_ALIGNMENT`. ``(rows, data bytes)``."""
+    T, H = tokens.shape
+    if fp8:
+        x = tokens.float()
+        amax = x.abs().amax(dim=1)
+        scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        data = (x / scales[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    else:
+        scales, data = torch.zeros(T, device=tokens.device), tokens.contiguous().view(torch.uint8)
+    data_bytes = data.shape[1]
+    row_bytes = triton.cdiv(HEADER_BYTES + data_bytes, ROW_ALIGNMENT) * ROW_ALIGNMENT
+    rows = torch.zeros(T, row_bytes, dtype=torch.uint8, device=tokens.device)
+    rows[:, 0:4] = torch.arange(T, dtype=torch.int32, device=tokens.device).view(torch.uint8).view(T, 4)
+    rows[:, 4:8] = scales.view(torch.uint8).view(T, 4)
+    rows[:, HEADER_BYTES:HEADER_BYTES + data_bytes] = data
+    return rows, data_bytes
+
+
+def dispatch(ops, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+             capacity: int | None, fp8: bool) -> MoeDispatch:
+    """``ctx.ops.moe_dispatch`` (the module's steps 1-4)."""
+    ctx = ops._context
+    _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
+    device, world, rank = ctx.device, ctx.world_size, ctx.rank
+    (T, H), k = tokens.shape, topk_ids.shape[1]
+    E, L = num_experts, num_experts // world
+    capacity = world * T if capacity is None else capacity
+    pairs = T * k
+
+    # 1. The pairs by (expert, token); duplicates and ids out of range are sent nowhere.
+    ids = topk_ids.reshape(-1).long()
+    routed = (ids >= 0) & (ids < E)
+    out_of_range = ((ids < -1) | (ids >= E)).any()
+    token = torch.arange(pairs, device=device) // k
+    keys, order = torch.sort(torch.where(routed, ids * T + token, E * T), stable=True)
+    first = keys < E * T
+    first[1:] &= keys[1:] != keys[:-1]
+    position = torch.cumsum(first, 0) - 1  # a duplicate has its first's row
+    pair_rows = torch.empty(pairs, dtype=torch.int64, device=device).scatter_(
+        0, order, torch.where(keys < E * T, position, pairs)).view(T, k)
+    expert = (keys // T).clamp(max=E - 1)
+    counts = torch.zeros(E, dtype=torch.int64, device=device).scatter_add_(0, expert, first.long())
+    sources = torch.zeros(pairs + 1, dtype=torch.int64, device=device).scatter_(
+        0, torch.where(first, position, pairs), keys % T)[:pairs]
+    packed, data_bytes = _packed_rows(tokens, fp8)
+    words = packed.shape[1] // 4
+    send = packed.view(torch.int32).index_select(0, sources)
+
+    # 2. The routing table on every rank, and its verdict.
+    table = torch.empty(world, E + 1, dtype=torch.int32, device=device)
+    ctx._torch_ccl.all_gather(table, torch.cat([counts.int(), out_of_range.int().view(1)]))
+    per_expert = table[:, :E].long()
+    over = (per_expert.sum(0).view(world, L) > capacity).any(1)
+    verdict = torch.cat([table[:, E] != 0, over]).int()
+    go = ~verdict.bool().any()
+    from_rank = per_expert[:, rank * L:(rank + 1) * L] * go  # [source, local expert]
+
+    # 3. The rows, to their experts' ranks.
+    bound = min(world * T * min(k, L), L * capacity)
+    received = torch.empty(bound + 1, words, dtype=torch.int32, device=device)
+    received[bound].zero_()  # what an empty slot gathers
+    received_splits = torch.empty(world, dtype=torch.int64, device=device)
+    ctx._torch_ccl.all_to_all_vdev(received[:bound], send, counts.view(world, L).sum(1) * go, received_splits)
+
+    # 4. Regrouped by local expert: slot [e, i] takes received row rows[e, i].
+    upto = from_rank.cumsum(0)  # [source, expert]: rows of the expert from sources <= source
+    slots = torch.arange(capacity, device=device).expand(L, capacity).contiguous()
+    source = torch.searchsorted(upto.t().contiguous(), slots, right=True)
+    filled = source < world
+    source = source.clamp(max=world - 1)
+    flat = from_rank.reshape(-1)
+    segment_start = (flat.cumsum(0) - flat).view(world, L).t()  # [expert, source]: its first received row
+    before = (upto - from_rank).t()
+    rows = torch.gather(segment_start, 1, source) + slots - torch.gather(before, 1, source)
+    rows = torch.where(filled, rows, bound).view(-1)
+
+    slots_total = L * capacity
+    # The result's fields in one buffer (one poison covers them); the data has one slot more,
+    # where the received rows beyond the counts go.
+    field_bytes = (4 * L, 4 * slots_total, 4 * slots_total, 4 * slots_total if fp8 else 0,
+                   data_bytes * (slots_total + 1))
+    arena = torch.empty(triton.cdiv(sum(field_bytes), 4) * 4, dtype=torch.uint8, device=device)
+    fields, start = [], 0
+    for size in field_bytes:
+        fields.append(arena[start:start + size])
+        start += size
+    counts_out, source_rank, source_index, scales, data = fields
+    row_slots = torch.full((bound + 1,), slots_total, dtype=torch.int64, device=device).scatter_(
+        0, rows, torch.arange(slots_total, device=device))[:bound]
+    unit = next(size for size in (4, 2, 1) if data_bytes % size == 0)  # the data move in the widest words
+    as_units = received.view(torch.uint8).view(SAME_SIZE_INTEGER[unit])
+    data.view(SAME_SIZE_INTEGER[unit]).view(slots_total + 1, -1).index_copy_(
+        0, row_slots, as_units[:bound, HEADER_BYTES // unit:(HEADER_BYTES + data_bytes) // unit])
+    as_bytes = received.view(torch.uint8)
+    torch.index_select(as_bytes[:, 0:4], 0, rows, out=source_index.view(slots_total, 4))
+    source_index = source_index.view(torch.int32).view(L, capacity)
+    source_index.masked_fill_(~filled, -1)
+    source_rank = source_rank.view(torch.int32).view(L, capacity)
+    source_rank.copy_(torch.where(filled, source, -1))
+    counts_out = counts_out.view(torch.int32)
+    counts_out.copy_(from_rank.sum(0))
+    if fp8:
+        torch.index_select(as_bytes[:, 4:8], 0, rows, out=scales.view(slots_total, 4))
+        scales = scales.view(torch.float32).view(L, capacity)
+    else:
+        scales = None
+    _finish(ctx, arena, verdict)
+
+    weights = torch.where(pair_rows < pairs, topk_weights, 0.0)
+    handle = MoeHandle(ops=ops, num_tokens=T, topk=k, num_experts=E, capacity=capacity,
+                       pair_rows=pair_rows, weights=weights, row_slots=row_slots.clamp(max=slots_total - 1),
+                       received=received_splits)
+    dtype = torch.float8_e4m3fn if fp8 else tokens.dtype
+    return MoeDispatch(tokens=data.view(dtype)[:slots_total * H].view(L, capacity, H), scales=scales, counts=counts_out,
+                       source_rank=source_rank, source_index=source_index, handle=handle)
+
+
+# -- combine -----------------------------------------------------------------------------------------
+
+
+def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
+    """``ctx.ops.moe_combine``: ``[T, hidden]`` in ``expert_out``'s dtype, token ``t`` :=
+    ``sum_j topk_weights[t, j] * expert_out[slot of (t, j)]`` (float32 sums)."""
+    ctx = ops._context
+    if isinstance(handle, MoeDispatch):
+        handle = handle.handle
+    if not isinstance(handle, MoeHandle):
+        raise TypeError(f"moe_combine: handle must be the result of ctx.ops.moe_dispatch (or its .handle), got "
+                        f"{type(handle).__name__}")
+    if handle.ops is not ops:
+        raise IrisError("moe_combine: handle comes from a dispatch on another context or group; combine on the "
+                        "ctx.ops that dispatched")
+    _tensor("expert_out", expert_out, ctx, DTYPES, 3)
+    L = handle.num_experts // ctx.world_size
+    if expert_out.shape[:2] != (L, handle.capacity):
+        raise IrisError(f"moe_combine: expert_out has shape {tuple(expert_out.shape)}; it needs [local experts, "
+                        f"capacity, hidden] = [{L}, {handle.capacity}, hidden], as the dispatch's tokens")
+    T, k, H = handle.num_tokens, handle.topk, expert_out.shape[2]
+    pairs = T * k
+    back = expert_out.reshape(L * handle.capacity, H).index_select(0, handle.row_slots)
+    returned = torch.empty(pairs + 1, H, dtype=expert_out.dtype, device=ctx.device)
+    returned[pairs].zero_()  # what a pair sent nowhere reads
+    splits = torch.empty(ctx.world_size, dtype=torch.int64, device=ctx.device)
+    ctx._torch_ccl.all_to_all_vdev(returned[:pairs], back, handle.received, splits)
+    total = torch.zeros(T, H, dtype=torch.float32, device=ctx.device)
+    for j in range(k):
+        total.addcmul_(returned.index_select(0, handle.pair_rows[:, j]).float(), handle.weights[:, j:j + 1])
+    out = total.to(expert_out.dtype)
+    _finish(ctx, out, None)
+    return out

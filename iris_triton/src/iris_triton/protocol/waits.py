@@ -1,0 +1,403 @@
+"""Device-side waits of iris's kernels: bounded in wall-clock time, recorded when they give up.
+
+Every kernel of iris that waits on peers receives the context's *fault words* (``ctx.faults``, int32
+on the device: word 0 holds the code of the first failure on this rank, word ``1 + q`` the code of
+a failure while waiting for peer ``q``, word ``1 + world`` asks for a trap; where peer ``q`` made a
+different call, word ``2 + world + q`` holds the header it announced and word ``2 + 2 * world``
+this rank's: :func:`record_mismatch`), a host-visible copy of them (``ctx.host_faults``: pinned
+host memory on GPUs, which the host reads without a synchronisation; the same words on CPU ranks)
+and the timeout in nanoseconds.
+
+A wait that gives up writes its code (:func:`failure_code`: the operation and the kind of failure)
+into both, and the kernel then fills the call's output with all-ones bits (NaN for floating-point
+types, -1 for integers: :func:`poison`), so that nothing queued behind it can pass for a correct
+result; the host raises :class:`iris.errors.IrisTimeoutError` at the next iris call. Once a failure
+is recorded, every later wait of this rank gives up at once: the context is failed, and a dead peer
+costs one timeout, not one per wait.
+
+Protocols whose calls announce themselves (a *header* per source rank: the call's number and
+signature, :mod:`iris_triton.protocol.calls`) wait with :func:`wait_for_call` and :func:`read_when_arrived`,
+which also read the headers while they wait: a peer that announced another call of the same number
+is recorded as a mismatch as soon as its header lands, with both headers (the host then names both
+calls: :class:`iris.errors.CallMismatchError`), and a wait gives up as soon as another program of
+this rank recorded a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import constexpr_function
+
+from iris_triton.device import functions as device
+from iris_triton.protocol.calls import announcements_of
+from iris_triton.device.clock import INTERPRETING, now_ns
+
+__all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
+           "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
+           "read_published", "read_when_arrived", "record_failure", "record_mismatch", "site_code", "wait_for_call",
+           "wait_for_peer_call", "wait_or_record"]
+
+#: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
+WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+              "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "send", "recv",
+              "all_to_all_single", "all_to_all_vdev", "reduce", "gather", "scatter", "tile all_reduce",
+              "tile all_gather", "tile reduce_scatter", "tile all_to_all", "tile broadcast", "all_reduce_rmsnorm",
+              "moe_dispatch", "tile gather")
+#: Kinds of failure, by code: a peer did not deliver within the timeout, or it delivered a
+#: different call (another collective, size, dtype, op or root).
+KINDS = {1: "timeout", 2: "mismatch", 3: "overflow", 4: "capacity", 5: "bounds", 6: "splits", 7: "unmatched",
+         8: "tiles", 9: "expert_ids", 10: "expert_capacity"}
+#: What the kinds of failure that a call's own arguments cause (found on the device, in the
+#: split counts every rank published: iris_triton.collectives.all_to_all_v) say about the ranks recorded.
+ARGUMENT_FAILURES = {
+    "overflow": "would receive more rows than their output holds (the rows every rank sends there add up to more "
+                "than output.shape[0]); size the output for the most rows a rank can receive",
+    "capacity": "would receive more rows than the receive workspace holds (a call captured in a CUDA graph uses the "
+                "workspace as earlier calls left it); make an eager call of the largest size before capturing",
+    "bounds": "passed an output with another number of rows than this rank's; all_to_all_vdev needs the same "
+              "output bound on every rank",
+    "splits": "passed split counts that are negative or add up to more rows than their input has",
+    "expert_ids": "passed topk_ids outside [-1, num_experts) (-1: a slot routed to no expert); check the router's "
+                  "output (IRIS_DEBUG=1 checks it on the host at the call)",
+    "expert_capacity": "would receive more rows for one of their experts than capacity holds; pass a larger "
+                       "capacity to moe_dispatch (the default, world_size * num_tokens, always holds)",
+    "tiles": "synchronised a tile whose number is outside the tile sync it was given (ctx.tile_sync(num_tiles) "
+             "must cover every tile number of the views the kernel passes)",
+    "unmatched": "passed output_split_sizes that differ from the rows their peers send them (output_split_sizes[s] "
+                 "on rank d must equal input_split_sizes[d] on rank s)",
+}
+#: What a mismatch recorded for a peer means, where it is not "made a different call" (a pair
+#: compares only its two messages: iris_triton.collectives.p2p).
+MISMATCHES = {
+    "recv": "sent a message of another size or dtype than this recv's (a send and the recv that matches it must "
+            "have the same number of elements and dtype)",
+    "send": "refused this rank's message: its recv has another size or dtype (a send and the recv that matches it "
+            "must have the same number of elements and dtype)",
+}
+TIMEOUT: tl.constexpr = tl.constexpr(1)
+MISMATCH: tl.constexpr = tl.constexpr(2)
+OVERFLOW: tl.constexpr = tl.constexpr(3)
+CAPACITY: tl.constexpr = tl.constexpr(4)
+BOUNDS: tl.constexpr = tl.constexpr(5)
+SPLITS: tl.constexpr = tl.constexpr(6)
+UNMATCHED: tl.constexpr = tl.constexpr(7)
+TILES: tl.constexpr = tl.constexpr(8)
+
+
+def fault_words(world: int) -> int:
+    """How many fault words a context of ``world`` ranks has (the module's layout)."""
+    return 3 + 2 * world
+
+
+def site_code(name: str) -> int:
+    return WAIT_SITES.index(name) + 1
+
+
+def failure_code(site: str, kind: str = "timeout") -> int:
+    """The int32 a kernel records: the operation in the low byte, the kind above it."""
+    return site_code(site) | {v: k for k, v in KINDS.items()}[kind] << 8
+
+
+def describe_failure(code: int) -> tuple[str, str]:
+    """``(operation, kind)`` of a recorded code."""
+    site, kind = code & 0xFF, code >> 8
+    name = WAIT_SITES[site - 1] if 1 <= site <= len(WAIT_SITES) else f"operation #{site}"
+    return name, KINDS.get(kind, f"failure #{kind}")
+
+
+if INTERPRETING:
+
+    def _trap():
+        """Triton's interpreter has no trap instruction: end the process as a trapped kernel would."""
+        print("iris: a device-side wait gave up and the context asks for a trap (on_timeout='trap')", flush=True)
+        os.abort()
+
+else:
+
+    @triton.jit
+    def _trap():
+        tl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def record_failure(faults, host_faults, world, peer, code):
+    """Record ``code`` for ``peer`` in the fault words and their host-visible copy, unless a
+    failure is recorded for that peer already (the first says what happened: later waits give up
+    because of it); trap if asked."""
+    if tl.load(faults + 1 + peer, volatile=True) == 0:
+        tl.store(faults + 1 + peer, code)
+        tl.store(host_faults + 1 + peer, code, cache_modifier=".wt")
+    tl.store(faults, code)
+    tl.store(host_faults, code, cache_modifier=".wt")
+    if tl.load(faults + 1 + world, volatile=True) != 0:
+        _trap()
+
+
+@triton.jit
+def record_mismatch(faults, host_faults, world, peer, seen, announced, SITE: tl.constexpr):
+    """Record that ``peer`` announced ``seen`` where this rank's call announced ``announced`` (a
+    different call of the same number): a mismatch of ``SITE``, with both headers, unless a failure
+    is recorded for that peer already."""
+    if tl.load(faults + 1 + peer, volatile=True) == 0:
+        tl.store(faults + 2 + world + peer, seen)
+        tl.store(host_faults + 2 + world + peer, seen, cache_modifier=".wt")
+        tl.store(faults + 2 + 2 * world, announced)
+        tl.store(host_faults + 2 + 2 * world, announced, cache_modifier=".wt")
+    record_failure(faults, host_faults, world, peer, MISMATCH * 256 + SITE)
+
+
+@triton.jit
+def failed(faults):
+    """Whether a failure is recorded on this rank (the context is failed)."""
+    return tl.load(faults, volatile=True) != 0
+
+
+@triton.jit
+def wait_or_record(flag, value, rank, heap_bases, timeout_ns, faults, host_faults, world, peer, SITE: tl.constexpr):
+    """Wait until this rank's ``flag`` >= ``value`` (acquire, system scope) and return True; give
+    up (False) after ``timeout_ns`` or at once when the context has failed, recording a timeout of
+    ``SITE`` for ``peer``."""
+    ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
+    if not ok:
+        if not failed(faults):  # else give up at once: the context failed, and said why already
+            ok = device.wait_until(flag, value, rank, rank, heap_bases, timeout_ns)
+            if not ok:
+                record_failure(faults, host_faults, world, peer, TIMEOUT * 256 + SITE)
+    return ok
+
+
+@triton.jit
+def _differs(seen, announced):
+    """Whether header ``seen`` is of another call of the number ``announced`` is of."""
+    return ((seen >> 16) == (announced >> 16)) & (seen != announced)
+
+
+@triton.jit
+def other_call(headers, announced, faults, host_faults, rank, world, SITE: tl.constexpr):
+    """Whether a peer announced another call of this call's number than ``announced``, in
+    ``headers`` (one per source rank: :func:`iris_triton.protocol.calls.announce`) or in its announcement
+    of a call that waits on the host (:func:`iris_triton.protocol.calls.announce_kernel`); the first such
+    peer is recorded as a mismatch (:func:`record_mismatch`). A header of an earlier call is no
+    verdict: the peer has not announced this call yet. ``rank`` and ``world`` may be run-time
+    values (a loop, not unrolled: it runs only while a wait spins)."""
+    announcements = announcements_of(headers, announced, world)
+    found = tl.program_id(0) < 0
+    for q in range(0, world):
+        seen = tl.load(headers + q, volatile=True)
+        pending = tl.load(announcements + q, volatile=True)
+        seen = tl.where(_differs(seen, announced), seen, pending)
+        other = _differs(seen, announced) & (q != rank)
+        if other & (not found):
+            record_mismatch(faults, host_faults, world, q, seen, announced, SITE)
+        found = found | other
+    return found
+
+
+@triton.jit
+def _give_up(start, timeout_ns, headers, announced, faults, host_faults, rank, world, SITE: tl.constexpr):
+    """Whether a wait that began at ``start`` gives up now: a peer announced another call
+    (:func:`other_call`), this rank recorded a failure (another program, say), or the timeout
+    passed."""
+    return other_call(headers, announced, faults, host_faults, rank, world, SITE) | failed(faults) | \
+        (now_ns() - start >= timeout_ns)
+
+
+@triton.jit
+def wait_for_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD,
+                  SITE: tl.constexpr):
+    """:func:`wait_or_record` for protocols whose calls announce themselves in ``headers``: wait
+    until this rank's ``flag`` >= ``value`` (acquire, system scope) and return True; give up
+    (False) after ``timeout_ns`` (recording a timeout of ``SITE`` for ``peer``), at once when the
+    context has failed, and as soon as a peer announced another call (:func:`other_call`: a
+    mismatch) or another program of this rank recorded a failure."""
+    ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
+    if not ok:
+        if not failed(faults):  # else give up at once: the context failed, and said why already
+            start = now_ns()
+            stop = other_call(headers, announced, faults, host_faults, RANK, WORLD, SITE)
+            while (not ok) & (not stop):
+                ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
+                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, RANK, WORLD, SITE)
+            if (not ok) & (not failed(faults)):
+                record_failure(faults, host_faults, WORLD, peer, TIMEOUT * 256 + SITE)
+    return ok
+
+
+@triton.jit
+def wait_for_peer_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD,
+                       SITE: tl.constexpr):
+    """:func:`wait_for_call` for a flag that ``peer`` sets after it announced its call in
+    ``headers`` (released before the flag): once the flag arrived, ``peer``'s header must be
+    ``announced``; another header is a mismatch (the flag is of a different call of this number),
+    recorded with both headers, and the wait fails. ``peer`` may be ``RANK`` (this rank's own flag,
+    set by another kernel of the call): no header to check."""
+    ok = wait_for_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD, SITE)
+    if ok & (peer != RANK):
+        seen = tl.load(headers + peer, volatile=True)
+        if seen != announced:
+            record_mismatch(faults, host_faults, WORLD, peer, seen, announced, SITE)
+            ok = False
+    return ok
+
+
+@triton.jit
+def _landed(word, expected, CMP: tl.constexpr):
+    """Whether the 32-bit ``word`` (a pointer) compares ``CMP`` (``"eq"`` or ``"ne"``) against
+    ``expected``, read with acquire semantics at system scope."""
+    seen = tl.atomic_add(word, 0, sem="acquire", scope="sys")
+    if CMP == "eq":
+        landed = seen == expected
+    else:
+        tl.static_assert(CMP == "ne", "CMP must be 'eq' or 'ne'")
+        landed = seen != expected
+    return landed
+
+
+if INTERPRETING:
+
+    def _halfword(ptr):
+        """The 32-bit words holding the 16-bit elements at ``ptr``, and each element's bit shift."""
+        address = ptr.to(tl.int64)
+        return (address & ~3).to(tl.pointer_type(tl.int32)), ((address & 2) * 8).to(tl.int32)
+
+    def publish(dctx, ptr, value, to_rank, mask):
+        """``value`` into ``to_rank``'s heap at ``ptr``, each element written whole: the
+        interpreter copies an element byte by byte, so a reader could see half of a plain store.
+        A 16-bit element is and-ed into its 32-bit word, whose half holds all-ones (the sentinel)
+        until then; a wider one is exchanged."""
+        if value.dtype.primitive_bitwidth == 16:
+            words, shift = _halfword(ptr)
+            keep = ~((~value.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << shift)
+            dctx.atomic_and(words, keep, to_rank, mask=mask, sem="relaxed")
+        else:
+            dctx.atomic_xchg(ptr, value, to_rank, mask=mask, sem="relaxed")
+
+    def read_published(ptr, mask):
+        """This rank's elements at ``ptr`` (0 where not ``mask``), each read whole (atomically)."""
+        if ptr.dtype.element_ty.primitive_bitwidth == 16:
+            words, shift = _halfword(ptr)
+            bits = (tl.atomic_add(words, shift * 0, mask=mask, sem="relaxed") >> shift) & 0xFFFF
+            values = bits.to(tl.int16).to(ptr.dtype.element_ty, bitcast=True)
+        else:
+            values = tl.atomic_add(ptr, tl.zeros(ptr.shape, ptr.dtype.element_ty), mask=mask, sem="relaxed")
+        return tl.where(mask, values, 0)
+
+else:
+
+    @triton.jit
+    def publish(dctx, ptr, value, to_rank, mask):
+        """``value`` into ``to_rank``'s heap at ``ptr``: plain (vector) stores, which a GPU makes
+        whole per aligned element."""
+        dctx.store(ptr, value, to_rank, mask=mask)
+
+    @triton.jit
+    def read_published(ptr, mask):
+        """This rank's elements at ``ptr`` (0 where not ``mask``): volatile loads."""
+        return tl.load(ptr, mask=mask, other=0, volatile=True)
+
+
+@triton.jit
+def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, peer, timeout_ns, headers, announced,
+                      MISSING: tl.constexpr, FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
+    """``(buffer[offs], ok)``: reads of this rank's memory (:func:`read_published`), once no lane
+    of ``mask`` is ``MISSING(values, expected)``, for protocols whose data announces itself,
+    without a flag; the data must be written by :func:`publish`.
+
+    While some lane is missing, it waits until ``FIRST_WORD(buffer, offs)`` (a pointer to an int32
+    word of the block that changes when the block lands) compares ``CMP`` against ``expected``,
+    then reads the block until no lane is missing, all within ``timeout_ns`` of wall-clock time
+    (a block's stores land one after another, and a peer's process may be descheduled between
+    them). It gives up at once when the context has failed, and as soon as a peer announced
+    another call in ``headers`` (this call's header: ``announced``; :func:`other_call`) or another
+    program of this rank recorded a failure; a give-up after the timeout records a timeout of
+    ``SITE`` for ``peer``."""
+    values = read_published(buffer + offs, mask)
+    missing = tl.sum(MISSING(values, expected) & mask, axis=0)
+    ok = missing == 0
+    if not ok:
+        if not failed(faults):
+            start = now_ns()
+            first = FIRST_WORD(buffer, offs)
+            landed = _landed(first, expected, CMP)
+            stop = other_call(headers, announced, faults, host_faults, dctx.rank, dctx.world_size, SITE)
+            while (not landed) & (not stop):
+                landed = _landed(first, expected, CMP)
+                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, dctx.rank,
+                                dctx.world_size, SITE)
+            while (missing > 0) & (not stop):
+                values = read_published(buffer + offs, mask)
+                missing = tl.sum(MISSING(values, expected) & mask, axis=0)
+                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, dctx.rank,
+                                dctx.world_size, SITE)
+            ok = missing == 0
+            if (not ok) & (not failed(faults)):
+                record_failure(faults, host_faults, dctx.world_size, peer, TIMEOUT * 256 + SITE)
+    return values, ok
+
+
+@constexpr_function
+def _signed_int(bitwidth):
+    """The signed integer type of ``bitwidth`` bits."""
+    return {8: tl.int8, 16: tl.int16, 32: tl.int32, 64: tl.int64}[bitwidth]
+
+
+@triton.jit
+def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    SITE: tl.constexpr, WAIT: tl.constexpr):
+    """Whether every peer announced ``value`` in ``headers`` (this program's row, one header per
+    source rank: :func:`iris_triton.protocol.calls.announce`). A peer that announced another call of the
+    same number made a different call: recorded as a mismatch. With ``WAIT`` (protocols without
+    a fence, whose header may land after the data), a header of an earlier call is waited on
+    within ``timeout_ns``; without it the header was released before the flag already waited
+    for, and any other value is a mismatch."""
+    ok = not failed(faults)  # a failed context checks nothing more (and names no one else)
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            seen = tl.load(headers + q, volatile=True)
+            if WAIT:
+                if (seen != value) & ((seen >> 16) != (value >> 16)) & (not failed(faults)):
+                    start = now_ns()
+                    while ((seen >> 16) != (value >> 16)) & (now_ns() - start < timeout_ns):
+                        seen = tl.load(headers + q, volatile=True)
+            same = seen == value
+            if ok & (not same):
+                if WAIT:
+                    if (seen >> 16) != (value >> 16):  # an earlier call's header: the peer never got to this call
+                        record_failure(faults, host_faults, WORLD, q, TIMEOUT * 256 + SITE)
+                    else:
+                        record_mismatch(faults, host_faults, WORLD, q, seen, value, SITE)
+                else:
+                    record_mismatch(faults, host_faults, WORLD, q, seen, value, SITE)
+            ok = ok & same
+    return ok
+
+
+@triton.jit
+def poisoned(values, ok):
+    """``values`` where ``ok``, else all-ones bits (NaN for floats, -1 for integers): what a call
+    whose wait gave up writes instead of its result."""
+    BITS: tl.constexpr = _signed_int(values.dtype.primitive_bitwidth)
+    return tl.where(ok, values.to(BITS, bitcast=True), -1).to(values.dtype, bitcast=True)
+
+
+@triton.jit
+def poison(dctx, out, numel, BLOCK: tl.constexpr):
+    """Fill ``out``'s ``numel`` elements with all-ones bits (NaN for floats, -1 for integers):
+    the output of a call whose wait gave up, so that no result computed from it looks valid."""
+    poison_blocks(dctx, out, numel, numel, 0, 1, BLOCK)
+
+
+@triton.jit
+def poison_blocks(dctx, out, numel, segment, first, step, BLOCK: tl.constexpr):
+    """:func:`poison` for the blocks ``first, first + step, ...`` of ``BLOCK`` elements of every
+    ``segment`` of ``out``'s ``numel`` elements: the blocks one program of a collective wrote,
+    so that it never overwrites what another program still reads (an in-place input it sends)."""
+    BITS: tl.constexpr = _signed_int(out.dtype.element_ty.primitive_bitwidth)
+    bits = out.to(tl.pointer_type(BITS))
+    for base in range(0, numel, segment):
+        for start in range(first * BLOCK, segment, step * BLOCK):
+            offs = dctx.block_offsets(bits, base + start, BLOCK)
+            tl.store(bits + offs, (offs * 0 - 1).to(BITS), mask=(offs < base + segment) & (offs < numel))
