@@ -27,7 +27,7 @@ import pytest
 import iris
 from iris.errors import IrisError, IrisTimeoutError
 from iris.heap import shm
-from iris.spawn import RankFailedError
+from iris.errors import RankFailedError
 from iris.testing import interpreted_device
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or sys.platform != "linux", reason="Linux only")

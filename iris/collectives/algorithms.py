@@ -27,6 +27,7 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from iris.calls.declarations import DECLARATIONS
 from iris.errors import IrisError
 from iris.registry import PluginRegistry
 
@@ -52,19 +53,17 @@ __all__ = [
 ]
 
 #: The collectives of ``ctx.ccl`` that dispatch to registered algorithms.
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
-               "send", "recv",
-               "all_to_all_single", "all_to_all_vdev")
+COLLECTIVES = tuple(d.name for d in DECLARATIONS.values() if d.algorithms)
 #: Those of them whose tensors' sizes differ between ranks (rows split by counts): every rank's
 #: rows have the same shape, their numbers differ.
-UNEVEN = ("all_to_all_single", "all_to_all_vdev")
+UNEVEN = tuple(d.name for d in DECLARATIONS.values() if d.uneven)
 #: Those of them that only two ranks make (a pair's calls: the others make none).
-POINT_TO_POINT = ("send", "recv")
+POINT_TO_POINT = tuple(d.name for d in DECLARATIONS.values() if d.pair)
 #: Those of them with a root rank (:attr:`CollectiveCall.src`), and what only the root passes:
 #: the other ranks pass None there (reduce's and gather's output, scatter's input).
-ROOT_ONLY = MappingProxyType({"reduce": "output", "gather": "output", "scatter": "input"})
+ROOT_ONLY = MappingProxyType({d.name: d.root_only for d in DECLARATIONS.values() if d.root_only})
 #: Those of them that reduce (they take ``op``).
-REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+REDUCING = tuple(d.name for d in DECLARATIONS.values() if d.reduces)
 #: Reductions, by the names the kernels use. ``avg`` is the sum divided by the world size, for
 #: floating-point types only.
 REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
@@ -82,6 +81,7 @@ def reduce_op_name(op) -> str:
             return name
     raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)} (or torch.distributed.ReduceOp.SUM, PRODUCT, MAX, "
                      f"MIN or AVG), got {op!r}")
+
 
 #: Element types the reductions take (16-bit floats accumulate in float32).
 REDUCIBLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.int8, torch.uint8)
