@@ -27,7 +27,8 @@ from typing import Any, Callable
 import attrs
 import torch
 
-__all__ = ["COPY", "DECLARATIONS", "LIKE", "REQUIRED", "Declaration", "Made", "Output", "Param", "declaration"]
+__all__ = ["COPY", "DECLARATIONS", "LIKE", "REDUCE_OPS", "REQUIRED", "Declaration", "Made", "Output", "Param",
+           "declaration", "reduce_op_name"]
 
 #: The default of a parameter that has none.
 REQUIRED = object()
@@ -194,11 +195,23 @@ def _rows_of_share(rows: int, world: int) -> int:
 
 # -- the declarations -------------------------------------------------------------------------------------
 
+#: Reductions, by the names the kernels use. ``avg`` is the sum divided by the world size, for
+#: floating-point types only.
+REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
 
-def _reduce_op(op) -> str:
-    from iris.collectives.algorithms import reduce_op_name
 
-    return reduce_op_name(op)
+def reduce_op_name(op) -> str:
+    """One of :data:`REDUCE_OPS`, from a name (any case) or a ``torch.distributed.ReduceOp``."""
+    if isinstance(op, str) and op.lower() in REDUCE_OPS:
+        return op.lower()
+    reduce_op = torch.distributed.ReduceOp
+    # By identity, not a dict: some Dynamo versions cannot hash a ReduceOp.
+    for member, name in ((reduce_op.SUM, "sum"), (reduce_op.PRODUCT, "prod"), (reduce_op.MAX, "max"),
+                         (reduce_op.MIN, "min"), (reduce_op.AVG, "avg")):
+        if op is member:
+            return name
+    raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)} (or torch.distributed.ReduceOp.SUM, PRODUCT, MAX, "
+                     f"MIN or AVG), got {op!r}")
 
 
 def _split_list(sizes):
@@ -209,7 +222,7 @@ def _tensor(name: str, optional: bool = False) -> Param:
     return Param(name, "Tensor?" if optional else "Tensor")
 
 
-OP = Param("op", "str", "sum", convert=_reduce_op)
+OP = Param("op", "str", "sum", convert=reduce_op_name)
 ALGORITHM = Param("algorithm", "str?", None, keyword_only=True)
 METHOD = Param("method", "str?", None, keyword_only=True)
 
