@@ -70,6 +70,17 @@ def debug_from_environment() -> bool:
     return _env_flag("IRIS_DEBUG")
 
 
+#: Seconds any wait on peers may take, unless ``create(timeout=...)`` or ``IRIS_TIMEOUT`` says otherwise.
+DEFAULT_TIMEOUT = 300.0
+
+
+def timeout_from_environment(default: float = DEFAULT_TIMEOUT) -> float:
+    """The timeout ``IRIS_TIMEOUT`` asks for (seconds), else ``default``: for what runs before a
+    context exists (a rank joining its process group)."""
+    value = os.environ.get("IRIS_TIMEOUT")
+    return default if value is None else _timeout(value)
+
+
 def _timeout(value: float | str) -> float:
     try:
         seconds = float(value)
@@ -121,7 +132,7 @@ class ContextConfig:
     """Check allocations for symmetry across ranks (``IRIS_DEBUG=1``)."""
     log_level: int | None = attrs.field(default=None, converter=_log_level)
     """Level of the context's logger; None leaves it to the logging configuration."""
-    timeout: float = attrs.field(default=300.0, converter=_timeout)
+    timeout: float = attrs.field(default=DEFAULT_TIMEOUT, converter=_timeout)
     """Seconds of wall-clock time any wait on peers, device-side or host-side, may take before it
     gives up (``IRIS_TIMEOUT``)."""
     node_size: int | None = None

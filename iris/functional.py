@@ -1,8 +1,8 @@
-"""Functional collectives and fused operations: each returns a new tensor and leaves its inputs
+"""Functional collectives and fused operations: each returns new tensors and leaves its inputs
 unchanged, as torch's ``torch.distributed._functional_collectives`` do.
 
 This is the traceable spelling for ``torch.compile``: every function is one custom operator
-(``torch.ops.iris.<name>``, :mod:`iris.collectives.custom_ops`), so the compiled graph has no break and
+(``torch.ops.iris.<name>``, :mod:`iris.calls.operators`), so the compiled graph has no break and
 the compiler sees a pure function of its inputs::
 
     import iris.functional as F
@@ -12,102 +12,71 @@ the compiler sees a pure function of its inputs::
         h = F.all_gather_matmul(x, w1, ctx)          # (world * m) x N
         return F.all_reduce(torch.relu(h) @ w2, ctx)
 
-``ctx`` is a context (its collectives with torch.distributed's conventions, and its ``ops``),
-or a ``ctx.ccl`` / ``ctx.ops`` object. ``group=`` runs the call among a group's ranks. The
-in-place methods ``ctx.ccl.all_reduce(t)`` and ``ctx.ops.all_gather_matmul(out, ...)`` compile
-too (they route to the in-place operators); these functions are for code written in the
-functional style.
+There is one function per call of ``ctx.ccl`` and ``ctx.ops``, made from its declaration
+(:mod:`iris.calls.declarations`): the method's arguments but the outputs it can make itself
+(``all_gather`` makes its output from its input; ``recv`` takes a tensor of the shape to
+receive), with ``ctx`` after the leading tensors, the method's ``algorithm=`` / ``method=``, and
+``group=``. ``ctx`` is a context (its collectives with torch.distributed's conventions, and its
+``ops``), or a ``ctx.ccl`` / ``ctx.ops`` object. Functional ``all_gather`` stacks along dim 0
+(``(world * d0, ...)``) and ``reduce_scatter`` splits dim 0, as torch's ``all_gather_tensor`` /
+``reduce_scatter_tensor`` do. The in-place methods compile too; these functions are for code
+written in the functional style.
 """
 
 from __future__ import annotations
 
+import inspect
+from typing import Callable
+
 import torch
 
-from iris.collectives.algorithms import reduce_op_name
-from iris.collectives.custom_ops import _split_list
-
-__all__ = ["all_gather", "all_gather_matmul", "all_reduce", "all_to_all", "all_to_all_single", "broadcast",
-           "matmul_all_gather", "matmul_all_reduce", "matmul_reduce_scatter", "reduce", "reduce_scatter"]
+from iris.calls.declarations import DECLARATIONS, REQUIRED, Declaration
+from iris.calls.operators import functional_params
 
 
-def _collectives(ctx, group):
-    """The handle of the Collectives object that runs a call of ``ctx`` with ``group=``."""
-    collectives = ctx._torch_ccl if hasattr(ctx, "_torch_ccl") else ctx
-    if group is not None:
-        collectives = collectives._for_group(group)
-    return collectives._iris_handle
+def _target(ctx, namespace: str, group):
+    """The ``ctx.ccl`` / ``ctx.ops`` object that runs a call of ``ctx`` with ``group=``."""
+    is_context = hasattr(ctx, "_torch_ccl")
+    if namespace == "ccl":
+        target = ctx._torch_ccl if is_context else ctx
+    else:
+        target = ctx.ops if is_context else ctx
+        target = getattr(target, "_ops", target)  # a context with upstream's conventions wraps its ops
+    return target if group is None else target._for_group(group)
 
 
-def _fused(ctx, group):
-    """The handle of the FusedOps object that runs a call of ``ctx`` with ``group=``."""
-    ops = ctx.ops if hasattr(ctx, "_torch_ccl") else ctx
-    ops = getattr(ops, "_ops", ops)  # a context with upstream's conventions wraps the FusedOps
-    if group is not None:
-        ops = ops._for_group(group)
-    return ops._iris_handle
+def _function(declaration: Declaration) -> Callable:
+    """``iris.functional.<name>`` of ``declaration``."""
+    params = {param.name: param for param in declaration.params}
+    names = ["ctx" if name == "handle" else name for name, _ in functional_params(declaration)]
+    keyword_only = {name for name in names if name in params and params[name].keyword_only}
+    positional = [name for name in names if name not in keyword_only]
+    defaults = {name: params[name].default for name in names
+                if name in params and params[name].default is not REQUIRED}
+    defaults.update({name: False for name in names if name.startswith("keep_")})
+    converts = {name: params[name].convert for name in names if name in params and params[name].convert}
+    operator = getattr(torch.ops.iris, declaration.name)
+
+    def function(*args, group=None, **kwargs):
+        values = dict(defaults)
+        values.update(zip(positional, args))
+        values.update(kwargs)
+        for name, convert in converts.items():
+            values[name] = convert(values[name])
+        target = _target(values["ctx"], declaration.namespace, group)
+        return operator(*[target._iris_handle if name == "ctx" else values[name] for name in names])
+
+    kind = inspect.Parameter
+    function.__signature__ = inspect.Signature(
+        [kind(name, kind.KEYWORD_ONLY if name in keyword_only else kind.POSITIONAL_OR_KEYWORD,
+              default=defaults.get(name, kind.empty)) for name in names]
+        + [kind("group", kind.KEYWORD_ONLY, default=None)])
+    function.__name__ = function.__qualname__ = declaration.name
+    function.__module__ = __name__
+    function.__doc__ = (f"{declaration.summary}\n\nThe functional form of ``ctx.{declaration.namespace}."
+                        f"{declaration.name}`` (``torch.ops.iris.{declaration.name}``).")
+    return function
 
 
-def all_reduce(tensor: torch.Tensor, ctx, op="sum", *, algorithm: str | None = None, group=None) -> torch.Tensor:
-    """The reduction (sum, max, min, ...) of ``tensor`` over the ranks, as a new tensor."""
-    return torch.ops.iris.all_reduce(tensor, _collectives(ctx, group), reduce_op_name(op), algorithm)
-
-
-def reduce(tensor: torch.Tensor, ctx, dst: int = 0, op="sum", *, algorithm: str | None = None,
-           group=None) -> torch.Tensor:
-    """On rank ``dst``, the reduction of ``tensor`` over the ranks; elsewhere a copy of ``tensor``."""
-    return torch.ops.iris.reduce(tensor, _collectives(ctx, group), dst, reduce_op_name(op), algorithm)
-
-
-def all_to_all_single(tensor: torch.Tensor, ctx, output_split_sizes=None, input_split_sizes=None, *,
-                      algorithm: str | None = None, group=None) -> torch.Tensor:
-    """torch's ``all_to_all_single``: ``input_split_sizes[j]`` rows of ``tensor`` go to rank j; the
-    result holds ``output_split_sizes[i]`` rows from each rank i, in rank order (None: equal splits)."""
-    return torch.ops.iris.all_to_all_single(tensor, _collectives(ctx, group), _split_list(output_split_sizes),
-                                            _split_list(input_split_sizes), algorithm)
-
-
-def all_gather(tensor: torch.Tensor, ctx, *, algorithm: str | None = None, group=None) -> torch.Tensor:
-    """Every rank's ``tensor`` concatenated along dim 0, in rank order (shape ``(world * d0, ...)``)."""
-    return torch.ops.iris.all_gather(tensor, _collectives(ctx, group), algorithm)
-
-
-def reduce_scatter(tensor: torch.Tensor, ctx, op="sum", *, algorithm: str | None = None,
-                   group=None) -> torch.Tensor:
-    """This rank's block of dim 0 of the reduction of ``tensor`` over the ranks (shape
-    ``(d0 / world, ...)``; dim 0 must divide by the world size)."""
-    return torch.ops.iris.reduce_scatter(tensor, _collectives(ctx, group), reduce_op_name(op), algorithm)
-
-
-def all_to_all(tensor: torch.Tensor, ctx, *, algorithm: str | None = None, group=None) -> torch.Tensor:
-    """Segment j of ``tensor`` (``world`` equal segments of its elements) sent to rank j, which
-    keeps it as its segment of this rank's number."""
-    return torch.ops.iris.all_to_all(tensor, _collectives(ctx, group), algorithm)
-
-
-def broadcast(tensor: torch.Tensor, ctx, src: int = 0, *, algorithm: str | None = None, group=None) -> torch.Tensor:
-    """Rank ``src``'s ``tensor``, on every rank."""
-    return torch.ops.iris.broadcast(tensor, _collectives(ctx, group), src, algorithm)
-
-
-def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, ctx, *, method: str | None = None,
-                      group=None) -> torch.Tensor:
-    """``all_gather(a_shard) @ b`` (``(world * m) x N``), the gather overlapped with the product."""
-    return torch.ops.iris.all_gather_matmul(a_shard, b, _fused(ctx, group), method)
-
-
-def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, ctx, *, method: str | None = None,
-                          group=None) -> torch.Tensor:
-    """This rank's block of rows of ``a @ b`` summed over the ranks (``(M / world) x N``)."""
-    return torch.ops.iris.matmul_reduce_scatter(a, b, _fused(ctx, group), method)
-
-
-def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, ctx, *, method: str | None = None,
-                      group=None) -> torch.Tensor:
-    """``a @ b`` summed over the ranks (``M x N``)."""
-    return torch.ops.iris.matmul_all_reduce(a, b, _fused(ctx, group), method)
-
-
-def matmul_all_gather(a: torch.Tensor, b: torch.Tensor, ctx, *, method: str | None = None,
-                      group=None) -> torch.Tensor:
-    """Every rank's ``a @ b`` stacked in rank order (``(world * m) x N``)."""
-    return torch.ops.iris.matmul_all_gather(a, b, _fused(ctx, group), method)
+globals().update({name: _function(declaration) for name, declaration in DECLARATIONS.items()})
+__all__ = sorted(DECLARATIONS)

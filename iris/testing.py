@@ -49,7 +49,7 @@ import pytest
 import torch
 
 import iris
-from iris.config import DEFAULT_BACKEND
+from iris.config import DEFAULT_BACKEND, timeout_from_environment
 
 __all__ = [
     "RankReport",
@@ -197,7 +197,7 @@ def _shared_gpu_rank(rank: int, world: int, port: int, worker: Callable, args: t
         import torch.distributed as dist
 
         torch.cuda.set_device(0)
-        timeout = float(os.environ.get("IRIS_TIMEOUT", "60"))
+        timeout = timeout_from_environment(default=60)
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
         results.put((rank, worker(rank, *args)))
     except BaseException:  # noqa: BLE001 - reported to the parent

@@ -20,7 +20,7 @@ import iris
 import iris.functional as F
 from iris.testing import RankReport, assert_rank_checks, interpreted_device, run_sharing_one_gpu, seeded_generator, \
     spawn_reports
-from iris.collectives.work import CompletedWork
+from iris.calls.work import CompletedWork
 
 #: Rows of activations per rank, model width, hidden width (divisible by 2 ranks).
 M, D, H = 4, 24, 32
@@ -419,8 +419,47 @@ def test_every_public_method_routes_to_an_operator():
             if name in getattr(cls, "EAGER_ONLY", ()):  # results that are not tensors: documented as eager
                 assert getattr(value, "__iris_operator__", None) is None, f"{cls.__name__}.{name} is eager only"
                 continue
-            assert getattr(value, "__iris_operator__", None) == name, f"{cls.__name__}.{name} is not @traceable"
+            assert getattr(value, "__iris_operator__", None) == name, f"{cls.__name__}.{name} is not @declared"
             assert hasattr(torch.ops.iris, name), f"torch.ops.iris.{name} is not registered"
+
+
+def test_every_declaration_has_its_method_operators_and_functional_form():
+    """Each declared call is a @declared method of its namespace, has its operators (the in-place
+    one mutating exactly the declared outputs) and its function in iris.functional."""
+    import iris.functional as F
+    from iris.calls.declarations import DECLARATIONS
+    from iris.calls.operators import in_place_name
+    from iris.mixins.ccl import Collectives
+    from iris_triton.operations.fused_ops import FusedOps
+
+    namespaces = {"ccl": Collectives, "ops": FusedOps}
+    for name, declaration in DECLARATIONS.items():
+        method = getattr(namespaces[declaration.namespace], name)
+        assert method.__iris_operator__ == name
+        schema = getattr(torch.ops.iris, in_place_name(declaration)).default._schema
+        written = {argument.name for argument in schema.arguments
+                   if argument.alias_info is not None and argument.alias_info.is_write}
+        assert written == set(declaration.mutated), (name, written)
+        assert callable(getattr(F, name)) and name in F.__all__
+
+
+def test_a_method_that_differs_from_its_declaration_is_refused():
+    """The decorator compares the method's parameters with the declaration's when the class is
+    made: a changed default (or name, or order) is a TypeError naming both."""
+    from iris.calls.routing import declared
+
+    with pytest.raises(TypeError, match=r"not those of its declaration"):
+        class Drifted:
+            @declared
+            def all_reduce(self, tensor, op="max", *, algorithm=None):
+                return tensor
+
+    class Matching:
+        @declared
+        def all_reduce(self, tensor, op="sum", *, algorithm=None):
+            return tensor
+
+    assert Matching.all_reduce.__iris_operator__ == "all_reduce"
 
 
 # -- GPUs ---------------------------------------------------------------------------------------------------

@@ -6,9 +6,7 @@ against (:mod:`iris.collectives.algorithms`). Beside them:
 - :mod:`~iris.collectives.workspaces`: the named heap buffers the protocols share, grown collectively;
 - :mod:`~iris.collectives.groups`: sub-groups of a context's ranks (``group=``);
 - :mod:`~iris.collectives.uneven`: the host side of the uneven all-to-alls;
-- :mod:`~iris.collectives.hierarchical`: collectives over several nodes;
-- :mod:`~iris.collectives.work`: ``async_op=True`` handles;
-- :mod:`~iris.collectives.custom_ops`: the ``torch.ops.iris`` operators (``torch.compile``).
+- :mod:`~iris.collectives.hierarchical`: collectives over several nodes.
 """
 
 from iris.collectives.algorithms import (

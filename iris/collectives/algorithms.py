@@ -27,6 +27,7 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from iris.calls.declarations import DECLARATIONS, REDUCE_OPS, reduce_op_name
 from iris.errors import IrisError
 from iris.registry import PluginRegistry
 
@@ -52,37 +53,17 @@ __all__ = [
 ]
 
 #: The collectives of ``ctx.ccl`` that dispatch to registered algorithms.
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
-               "send", "recv",
-               "all_to_all_single", "all_to_all_vdev")
+COLLECTIVES = tuple(d.name for d in DECLARATIONS.values() if d.algorithms)
 #: Those of them whose tensors' sizes differ between ranks (rows split by counts): every rank's
 #: rows have the same shape, their numbers differ.
-UNEVEN = ("all_to_all_single", "all_to_all_vdev")
+UNEVEN = tuple(d.name for d in DECLARATIONS.values() if d.uneven)
 #: Those of them that only two ranks make (a pair's calls: the others make none).
-POINT_TO_POINT = ("send", "recv")
+POINT_TO_POINT = tuple(d.name for d in DECLARATIONS.values() if d.pair)
 #: Those of them with a root rank (:attr:`CollectiveCall.src`), and what only the root passes:
 #: the other ranks pass None there (reduce's and gather's output, scatter's input).
-ROOT_ONLY = MappingProxyType({"reduce": "output", "gather": "output", "scatter": "input"})
+ROOT_ONLY = MappingProxyType({d.name: d.root_only for d in DECLARATIONS.values() if d.root_only})
 #: Those of them that reduce (they take ``op``).
-REDUCING = ("all_reduce", "reduce_scatter", "reduce")
-#: Reductions, by the names the kernels use. ``avg`` is the sum divided by the world size, for
-#: floating-point types only.
-REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
-
-
-def reduce_op_name(op) -> str:
-    """One of :data:`REDUCE_OPS`, from a name (any case) or a ``torch.distributed.ReduceOp``."""
-    if isinstance(op, str) and op.lower() in REDUCE_OPS:
-        return op.lower()
-    reduce_op = torch.distributed.ReduceOp
-    # By identity, not a dict: some Dynamo versions cannot hash a ReduceOp.
-    for member, name in ((reduce_op.SUM, "sum"), (reduce_op.PRODUCT, "prod"), (reduce_op.MAX, "max"),
-                         (reduce_op.MIN, "min"), (reduce_op.AVG, "avg")):
-        if op is member:
-            return name
-    raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)} (or torch.distributed.ReduceOp.SUM, PRODUCT, MAX, "
-                     f"MIN or AVG), got {op!r}")
-
+REDUCING = tuple(d.name for d in DECLARATIONS.values() if d.reduces)
 #: Element types the reductions take (16-bit floats accumulate in float32).
 REDUCIBLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.int8, torch.uint8)
 #: Element types the collectives only move (the reductions refuse them: cast to a 16- or 32-bit

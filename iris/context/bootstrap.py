@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from iris.config import DEFAULT_TIMEOUT
 from iris.errors import IrisTimeoutError
 
 __all__ = ["default_device_type", "ensure_process_group", "Communicator", "local_rank"]
@@ -78,7 +79,7 @@ class Communicator:
     within it. Collective to construct (over the group's members): on GPU ranks it makes a gloo
     group beside the given one, for the barrier."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, timeout: float = 300):
+    def __init__(self, group: dist.ProcessGroup | None = None, timeout: float = DEFAULT_TIMEOUT):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)

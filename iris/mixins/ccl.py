@@ -24,9 +24,9 @@ import torch
 from iris.collectives import (COLLECTIVES, MOVED_ONLY_DTYPES, POINT_TO_POINT, REDUCING, ROOT_ONLY,
                                SUPPORTED_DTYPES, Algorithm, CallShape, CollectiveCall, algorithm_registry, choose,
                                reduce_op_name)
-from iris.collectives.custom_ops import forget as forget_operator_handles
-from iris.collectives.custom_ops import register as register_operator_handle
-from iris.collectives.custom_ops import traceable
+from iris.calls.handles import forget as forget_operator_handles
+from iris.calls.handles import register as register_operator_handle
+from iris.calls.routing import declared
 from iris.errors import IrisError
 from iris.collectives.groups import namespace_for
 from iris.registry import PluginRegistry
@@ -132,7 +132,7 @@ class Collectives:
         self._repeats: dict[tuple, Callable[[], None]] = {}
         #: (workspaces' generation, registries' changes, tracing's epoch) when the repeats were made.
         self._repeats_made_with = (0, PluginRegistry.changes, 0)
-        #: This object's handle for the custom operators (torch.ops.iris.*, iris.collectives.custom_ops).
+        #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).
         self._iris_handle = register_operator_handle(self)
 
     def _for_group(self, group) -> "Collectives":
@@ -341,7 +341,7 @@ class Collectives:
 
     # -- the collectives ------------------------------------------------------------------------
 
-    @traceable("all_reduce")
+    @declared
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algorithm: str | None = None,
                    **upstream_keywords) -> torch.Tensor:
         """Reduce ``tensor`` across ranks (sum, prod, max, min or avg) in place; every rank gets the
@@ -358,7 +358,7 @@ class Collectives:
         self._run("all_reduce", algorithm, tensor, tensor, validate, op=op)
         return tensor
 
-    @traceable("all_gather")
+    @declared
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None,
                    **upstream_keywords) -> torch.Tensor:
         """``output`` (world_size x input's elements, e.g. shape ``[world_size, *input.shape]``)
@@ -376,7 +376,7 @@ class Collectives:
         self._run("all_gather", algorithm, output, input, validate)
         return output
 
-    @traceable("reduce_scatter")
+    @declared
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", *,
                        algorithm: str | None = None, **upstream_keywords) -> torch.Tensor:
         """``output`` := the reduction across ranks of this rank's share of ``input``: rank r gets
@@ -399,7 +399,7 @@ class Collectives:
         self._run("reduce_scatter", algorithm, output, input, validate, op=op)
         return output
 
-    @traceable("all_to_all")
+    @declared
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, *, algorithm: str | None = None,
                    **upstream_keywords) -> torch.Tensor:
         """Segment j of this rank's ``input`` goes to rank j, which stores it as its segment r
@@ -417,7 +417,7 @@ class Collectives:
         self._run("all_to_all", algorithm, output, input, validate)
         return output
 
-    @traceable("broadcast")
+    @declared
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, algorithm: str | None = None) -> torch.Tensor:
         """Every rank's ``tensor`` := rank ``src``'s, in place."""
         self._check_root("broadcast", "src", src)
@@ -425,7 +425,7 @@ class Collectives:
                   src=src)
         return tensor
 
-    @traceable("reduce")
+    @declared
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op="sum", *, algorithm: str | None = None) -> torch.Tensor:
         """Rank ``dst``'s ``tensor`` := every rank's ``tensor`` reduced (sum, prod, max, min or
         avg), in place; the other ranks' tensors are left unchanged (torch's ``reduce``)."""
@@ -440,7 +440,7 @@ class Collectives:
         self._run("reduce", algorithm, tensor if on_root else None, tensor, validate, op=op, src=dst)
         return tensor
 
-    @traceable("gather")
+    @declared
     def gather(self, output: torch.Tensor | None, input: torch.Tensor, dst: int = 0, *,
                algorithm: str | None = None) -> torch.Tensor | None:
         """On rank ``dst``, ``output`` (world_size x input's elements, e.g. shape
@@ -458,7 +458,7 @@ class Collectives:
         self._run("gather", algorithm, output if on_root else None, input, validate, src=dst)
         return output
 
-    @traceable("scatter")
+    @declared
     def scatter(self, output: torch.Tensor, input: torch.Tensor | None, src: int = 0, *,
                 algorithm: str | None = None) -> torch.Tensor:
         """Rank r's ``output`` := segment r of rank ``src``'s ``input`` (``world_size`` equal
@@ -475,14 +475,14 @@ class Collectives:
         self._run("scatter", algorithm, output, input if on_root else None, validate, src=src)
         return output
 
-    @traceable("barrier")
+    @declared
     def barrier(self) -> None:
         """Wait until every rank's earlier device work is complete and every rank arrived."""
         self._context.barrier()
 
     # -- point to point --
 
-    @traceable("send")
+    @declared
     def send(self, tensor: torch.Tensor, dst: int, *, algorithm: str | None = None) -> None:
         """Send ``tensor`` to rank ``dst``, which receives it with ``recv(t, src=<this rank>)``
         into a tensor of the same number of elements and dtype (a mismatch fails the call).
@@ -493,7 +493,7 @@ class Collectives:
         self._check_peer("send", "dst", dst)
         self._run("send", algorithm, None, tensor, lambda: self._check_tensor("tensor", "send", tensor), src=dst)
 
-    @traceable("recv")
+    @declared
     def recv(self, tensor: torch.Tensor, src: int, *, algorithm: str | None = None) -> torch.Tensor:
         """Receive into ``tensor`` the next message rank ``src`` sends to this rank (``send``),
         of the same number of elements and dtype; returns ``tensor``. Only the two ranks take
@@ -513,7 +513,7 @@ class Collectives:
 
     # -- uneven all-to-all --
 
-    @traceable("all_to_all_single")
+    @declared
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes=None,
                           input_split_sizes=None, *, algorithm: str | None = None) -> torch.Tensor:
         """torch.distributed's ``all_to_all_single``: rows of ``input`` (along dim 0; a row is the
@@ -544,7 +544,7 @@ class Collectives:
         self._run(collective, algorithm, output, input, lambda: None, splits=splits)
         return output
 
-    @traceable("all_to_all_vdev")
+    @declared
     def all_to_all_vdev(self, output: torch.Tensor, input: torch.Tensor, input_splits: torch.Tensor,
                         output_splits: torch.Tensor, *, algorithm: str | None = None) -> torch.Tensor:
         """All-to-all with split counts known only on the device (MoE routing), with no host

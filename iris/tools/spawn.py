@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from iris.context.bootstrap import default_device_type
-from iris.config import DEFAULT_BACKEND
+from iris.config import DEFAULT_BACKEND, timeout_from_environment
 from iris.errors import RankFailedError
 from iris.registry import get_backend, is_backend_available
 
@@ -167,7 +167,7 @@ def _run_rank(rank: int, fn: Callable[..., Any], args: tuple, results: Any, pare
 
     die_with_parent(parent)
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-    ensure_process_group(os.environ["IRIS_DEVICE"], timeout=float(os.environ.get("IRIS_TIMEOUT", "300")))
+    ensure_process_group(os.environ["IRIS_DEVICE"], timeout=timeout_from_environment())
     try:
         try:
             results.send(("returned", fn(rank, *args)))

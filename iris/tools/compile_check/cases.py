@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 import attrs
 import torch
 
-from iris.collectives import (MOVED_ONLY_DTYPES, REDUCE_OPS, REDUCIBLE_DTYPES, REDUCING, ROOT_ONLY, SUPPORTED_DTYPES,
-                              algorithm_registry)
+from iris.collectives import (COLLECTIVES, MOVED_ONLY_DTYPES, POINT_TO_POINT, REDUCE_OPS, REDUCIBLE_DTYPES, REDUCING,
+                              ROOT_ONLY, SUPPORTED_DTYPES, UNEVEN, algorithm_registry)
 
 __all__ = ["Call", "Checked", "calls", "contexts_checked", "ranks_checked"]
 
@@ -36,8 +36,7 @@ __all__ = ["Call", "Checked", "calls", "contexts_checked", "ranks_checked"]
 Call = tuple[str, Callable[[], object]]
 
 #: The collectives of ``ctx.ccl`` with one tensor per side, by how their tensors are shaped.
-EVEN_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather",
-                    "scatter")
+EVEN_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in UNEVEN + POINT_TO_POINT)
 #: Ranks up to this world size are each checked; above it, the first and last.
 EVERY_RANK_UP_TO = 4
 #: The element type of the focused calls (the one large models move most).

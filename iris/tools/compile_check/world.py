@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from iris.context.bootstrap import Communicator
-from iris.config import ContextConfig
+from iris.config import DEFAULT_TIMEOUT, ContextConfig
 from iris.context import context_class
 from iris.heap.mapping import HeapMapping, HeapProvider
 from iris.registry import get_backend, heap_providers
@@ -39,7 +39,7 @@ class StandInCommunicator(Communicator):
 
     group = None
 
-    def __init__(self, rank: int, world_size: int, timeout: float = 300.0):  # no process group to join
+    def __init__(self, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT):  # no process group to join
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
 
     def all_gather_object(self, obj: Any) -> list[Any]:

@@ -31,8 +31,8 @@ import torch
 import triton
 
 from iris.collectives import signature_of
-from iris.collectives.custom_ops import register as register_operator_handle
-from iris.collectives.custom_ops import traceable
+from iris.calls.handles import register as register_operator_handle
+from iris.calls.routing import declared
 from iris.errors import IrisError
 from iris.collectives.groups import namespace_for
 from iris_triton.operations.copy_engine import CopyEngineOps
@@ -157,7 +157,7 @@ class FusedOps:
         self._context = context
         self._side_stream = None
         self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
-        #: This object's handle for the custom operators (torch.ops.iris.*, iris.collectives.custom_ops).
+        #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).
         self._iris_handle = register_operator_handle(self)
 
     def _for_group(self, group) -> "FusedOps":
@@ -166,7 +166,7 @@ class FusedOps:
 
     # -- the operations -------------------------------------------------------------------------
 
-    @traceable("all_gather_matmul")
+    @declared
     @_guarded
     def all_gather_matmul(self, out: torch.Tensor, a_shard: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:
@@ -214,7 +214,7 @@ class FusedOps:
             self._join()
         return out
 
-    @traceable("matmul_reduce_scatter")
+    @declared
     @_guarded
     def matmul_reduce_scatter(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                               method: str | None = None) -> torch.Tensor:
@@ -259,7 +259,7 @@ class FusedOps:
                 TRACING=ctx.tracing.enabled, EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
-    @traceable("matmul_all_reduce")
+    @declared
     @_guarded
     def matmul_all_reduce(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:
@@ -291,7 +291,7 @@ class FusedOps:
             self._fused_reduce_scatter(mine, a, b, method, "matmul_all_reduce", (out, a, b))
         return ctx._torch_ccl.all_gather(out, mine)
 
-    @traceable("matmul_all_gather")
+    @declared
     @_guarded
     def matmul_all_gather(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                           method: str | None = None) -> torch.Tensor:
@@ -311,7 +311,7 @@ class FusedOps:
                             f"(method=None or 'sequential')")
         return ctx._torch_ccl.all_gather(out, torch.matmul(a, b))
 
-    @traceable("all_reduce_rmsnorm")
+    @declared
     @_guarded
     def all_reduce_rmsnorm(self, out: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                            eps: float = 1e-6, residual_out: torch.Tensor | None = None, *,

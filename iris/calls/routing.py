@@ -1,0 +1,67 @@
+"""``@declared``: what every public method of ``ctx.ccl`` and ``ctx.ops`` does before its own code.
+
+A declared method (its :class:`~iris.calls.declarations.Declaration` found by its name) also
+takes ``group=`` (the call runs on ``self._for_group(group)``: :mod:`iris.collectives.groups`)
+and ``async_op=`` (a :mod:`iris.calls.work` handle is returned), and under ``torch.compile`` it
+calls its functional operator (:func:`iris.calls.operators.compiled_call`) instead of its own
+code, so the compiled graph has no break. The undecorated method is ``__wrapped__``: what the
+operators run. Its signature must be the declared one (checked when the class is defined), so
+the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from iris.calls.declarations import DECLARATIONS, REQUIRED, Declaration
+from iris.calls.operators import compiled_call
+from iris.calls.work import CompletedWork, run_async
+from iris.errors import IrisError
+
+__all__ = ["declared"]
+
+
+def _check_signature(method, declaration: Declaration) -> None:
+    """Raise TypeError when ``method``'s parameters (after ``self``; a ``**keywords`` catch-all
+    aside) are not the declaration's: names, order, defaults and keyword-only ones."""
+    actual = [(p.name, p.default, p.kind == p.KEYWORD_ONLY)
+              for p in list(inspect.signature(method).parameters.values())[1:] if p.kind != p.VAR_KEYWORD]
+    declared_params = [(p.name, inspect.Parameter.empty if p.default is REQUIRED else p.default, p.keyword_only)
+                       for p in declaration.params]
+    if actual != declared_params:
+        raise TypeError(f"{method.__qualname__}: its parameters {actual} are not those of its declaration "
+                        f"{declared_params} (iris.calls.declarations); change both together")
+
+
+def _group_target(target, group):
+    """The ``ctx.ccl`` / ``ctx.ops`` object of ``group`` (``target._for_group(group)``)."""
+    for_group = getattr(target, "_for_group", None)
+    if for_group is None:
+        raise IrisError(f"{type(target).__name__}: group= is not supported by this context yet; pass group=None "
+                        f"(the whole world)")
+    return for_group(group)
+
+
+def declared(method):
+    """Decorate the public method of a declared call (:data:`~iris.calls.declarations.DECLARATIONS`,
+    by the method's name): ``group=``, ``async_op=`` and ``torch.compile`` as this module says."""
+    declaration = DECLARATIONS[method.__name__]
+    _check_signature(method, declaration)
+    compiled = compiled_call(declaration)
+
+    @functools.wraps(method)
+    def call(self, *args, group=None, async_op: bool = False, **kwargs):
+        if group is not None:
+            return getattr(_group_target(self, group), method.__name__)(*args, async_op=async_op, **kwargs)
+        if torch.compiler.is_compiling():
+            result = compiled(self, args, kwargs)
+            return CompletedWork(result) if async_op else result
+        if async_op:
+            return run_async(self._context.device, lambda: method(self, *args, **kwargs), (*args, *kwargs.values()))
+        return method(self, *args, **kwargs)
+
+    call.__iris_operator__ = declaration.name
+    return call
