@@ -24,7 +24,7 @@ import os
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -289,10 +289,20 @@ def _end(event: dict) -> int:
     return max(event["end_ns"], event["start_ns"])
 
 
+class TracingHost(Protocol):
+    """What TracingMixin needs from the context it is part of (checked when a context is made)."""
+
+    _device_context: Any
+    comm: Any
+    device: Any
+    info: Callable
+
+
 class TracingMixin:
     """Adds ``tracing``, made once the heap (and the device-context tensor it points into the
-    trace buffer) exists; group views share it. Requires ``_device_context``, ``comm``,
-    ``device`` and ``info``."""
+    trace buffer) exists; group views share it."""
+
+    needs = TracingHost
 
     tracing: Tracing
 

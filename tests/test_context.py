@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import iris
 from iris.backend import DeviceOps
-from iris.context import Context, ContextBase, context_class
+from iris.context import Context, ContextBase, check_needs, context_class
 from iris.errors import BackendNotFoundError, IrisError
 from iris.collectives.workspaces import WorkspacesMixin
 from iris.context.failstop import FailStopMixin
@@ -75,6 +75,26 @@ def heap_offset(ctx, tensor: torch.Tensor) -> int:
 
 
 # -- assembly -----------------------------------------------------------------------------------
+
+
+def test_every_part_declares_what_it_needs_and_a_gap_is_named():
+    """Each mixin declares what it needs from the rest of the context (a protocol, its ``needs``);
+    a context class whose parts leave one of those out is refused, naming the part and the names."""
+    mixins = [part for part in Context.__mro__ if "needs" in vars(part)]
+    assert {part.__name__ for part in mixins} >= {"LoggingMixin", "FailStopMixin", "WorkspacesMixin", "GroupsMixin",
+                                                 "TracingMixin", "HeapMixin", "NodesMixin", "TensorMixin", "CCLMixin"}
+
+    class Partial(TensorMixin):
+        heap = object()
+        rank = 0
+
+    with pytest.raises(BackendNotFoundError, match=r"TensorMixin needs device \(TensorHost\)"):
+        check_needs(Partial())
+
+    class Whole(Partial):
+        device = torch.device("cpu")
+
+    check_needs(Whole())
 
 
 def test_context_class_mro_order():

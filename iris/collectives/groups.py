@@ -24,7 +24,7 @@ unchanged. A failure inside a group fails the whole context.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import attrs
 import torch
@@ -192,10 +192,22 @@ def namespace_for(namespace, group):
     return namespace if view is namespace._context else view.namespace(type(namespace))
 
 
+class GroupsHost(Protocol):
+    """What GroupsMixin needs from the context it is part of (checked when a context is made)."""
+
+    comm: Any
+    rank: int
+    world_size: int
+    heap_size: int
+    empty: Callable
+    barrier: Callable[[], None]
+
+
 class GroupsMixin:
     """Adds ``new_group(ranks)``, ``new_subgroups(...)`` and, for the namespaces that take
-    ``group=``, ``_view_of(group)``. Requires ``comm``, ``rank``, ``world_size``, ``heap_size``,
-    ``empty`` and ``barrier``."""
+    ``group=``, ``_view_of(group)``."""
+
+    needs = GroupsHost
 
     def _setup(self) -> None:
         super()._setup()

@@ -21,6 +21,8 @@ Whoever caches launches with workspace addresses (``ctx.ccl``'s repeats) compare
 
 from __future__ import annotations
 
+from typing import Any, Callable, Protocol
+
 from functools import cached_property
 
 import torch
@@ -137,10 +139,22 @@ class Workspaces:
         self._graph_captured = False
 
 
+class WorkspacesHost(Protocol):
+    """What WorkspacesMixin needs from the context it is part of (checked when a context is made)."""
+
+    barrier: Callable[[], None]
+    comm: Any
+    free: Callable
+    info: Callable
+    empty: Callable
+    zeros: Callable
+
+
 class WorkspacesMixin:
     """Adds ``workspaces``, the named heap buffers the context's device protocols share
-    (collectives, fused operations, a backend's own). Requires ``barrier()``, ``comm``, ``free``,
-    ``info`` and the heap's constructors."""
+    (collectives, fused operations, a backend's own)."""
+
+    needs = WorkspacesHost
 
     @cached_property
     def workspaces(self) -> Workspaces:

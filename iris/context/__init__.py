@@ -3,6 +3,6 @@
 the fail-stop guard of every call (:mod:`~iris.context.failstop`) and the nodes a world spans
 (:mod:`~iris.context.nodes`)."""
 
-from iris.context.assembly import Context, ContextBase, context_class, create, iris
+from iris.context.assembly import Context, ContextBase, check_needs, context_class, create, iris
 
-__all__ = ["Context", "ContextBase", "context_class", "create", "iris"]
+__all__ = ["Context", "ContextBase", "check_needs", "context_class", "create", "iris"]

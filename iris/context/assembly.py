@@ -34,7 +34,7 @@ from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
 from iris.tracing import TracingMixin
 from iris.registry import get_backend
 
-__all__ = ["Context", "ContextBase", "context_class", "create", "iris"]
+__all__ = ["Context", "ContextBase", "check_needs", "context_class", "create", "iris"]
 
 
 class ContextBase:
@@ -277,9 +277,22 @@ def _create(backend: str | None, heap_size, device, options: dict, conventions) 
     _check_group(group)
     cls = context_class(spec)
     context = (cls if conventions is None else conventions(cls))(config, spec, resolved_device, group)
+    check_needs(context)
     context.heap.check_symmetric("iris.create()")  # set-up allocated alike on every rank
     context._join_nodes()
     return context
+
+
+def check_needs(context) -> None:
+    """Raise BackendNotFoundError when a part of ``context``'s class lacks what it needs: each
+    mixin declares that as a protocol (its ``needs``), which the other parts provide."""
+    for part in type(context).__mro__:
+        needs = vars(part).get("needs")
+        missing = [name for name in getattr(needs, "__annotations__", ()) if not hasattr(context, name)]
+        if missing:
+            raise BackendNotFoundError(f"{type(context).__name__}: {part.__name__} needs {', '.join(missing)} "
+                                       f"({needs.__name__}), which no part of the context provides; a backend's "
+                                       f"DeviceOps must not remove what the core's mixins rely on")
 
 
 def _check_group(group) -> None:

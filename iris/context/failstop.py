@@ -24,6 +24,8 @@ ranks whose different calls grow different workspaces, or only one of them, meet
 
 from __future__ import annotations
 
+from typing import Any, Callable, Protocol
+
 import threading
 
 import torch
@@ -44,10 +46,19 @@ SAME_CALLS = ("every rank must make the same iris calls in the same order, with 
 FAILING_ERRORS = (IrisTimeoutError,)
 
 
+class FailStopHost(Protocol):
+    """What FailStopMixin needs from the context it is part of (checked when a context is made)."""
+
+    _recorded_failure: Callable[[], str | None]
+    device: Any
+    rank: int
+
+
 class FailStopMixin:
     """Adds ``check()``, ``failed`` and, for the other mixins, ``_call(name)``: the guard every
-    iris call runs inside. Requires ``_recorded_failure()`` (the backend's DeviceOps: what its
-    kernels recorded, as a message, or None), ``device`` and ``rank``."""
+    iris call runs inside."""
+
+    needs = FailStopHost
 
     def _setup(self) -> None:
         super()._setup()

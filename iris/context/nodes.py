@@ -12,6 +12,8 @@ world's context is refused on the host, naming the node group to use instead.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 import torch.distributed as dist
 
@@ -23,11 +25,21 @@ from iris.collectives.hierarchical import Hierarchy, NodeLayout, layout_for
 __all__ = ["NodesMixin"]
 
 
+class NodesHost(Protocol):
+    """What NodesMixin needs from the context it is part of (checked when a context is made)."""
+
+    comm: Any
+    config: Any
+    world_size: int
+
+
 class NodesMixin:
     """Adds ``node_layout`` (:class:`iris.collectives.hierarchical.NodeLayout`), ``node_comm`` (the host
     communicator of this rank's node, which the heap is made over) and, once the context is
     complete, ``hierarchy``, ``node_group`` and ``cross_group`` (None while the world is one
-    node). Requires ``comm``, ``config`` and ``world_size``; runs its set-up before the heap's."""
+    node). Runs its set-up before the heap's."""
+
+    needs = NodesHost
 
     node_layout: NodeLayout
     hierarchy: Hierarchy | None = None

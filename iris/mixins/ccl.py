@@ -17,7 +17,7 @@ address) or a registry of plugins changes (the automatic choice may then be anot
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -585,14 +585,28 @@ class Collectives:
         return kept
 
 
+class CCLHost(Protocol):
+    """What CCLMixin needs from the context it is part of (checked when a context is made)."""
+
+    barrier: Callable[[], None]
+    comm: Any
+    config: Any
+    device: torch.device
+    rank: int
+    world_size: int
+    _call: Callable
+    workspaces: Any
+    kernel_language: str | None
+
+
 class CCLMixin:
     """Adds ``ccl``, the collectives bound to this context (:class:`Collectives`, or the namespace
     of upstream's conventions for contexts of that kind), and checks at
     set-up that every rank has the same collective algorithms installed (the automatic choice
     must be the same everywhere), then loads the tuned automatic choices (``tuning``,
-    :mod:`iris.tuning`). Requires ``barrier()``, ``comm``, ``config``, ``device``,
-    ``rank``, ``world_size``, ``_call`` (FailStopMixin), ``workspaces`` (WorkspacesMixin) and
-    ``kernel_language`` (the backend's DeviceOps)."""
+    :mod:`iris.tuning`)."""
+
+    needs = CCLHost
 
     def _setup(self) -> None:
         super()._setup()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -18,14 +18,25 @@ __all__ = ["HeapMixin", "DEFAULT_HEAP_PROVIDERS"]
 DEFAULT_HEAP_PROVIDERS = {"cpu": "shm", "cuda": "cuda-ipc"}
 
 
+class HeapHost(Protocol):
+    """What HeapMixin needs from the context it is part of (checked when a context is made)."""
+
+    config: Any
+    comm: Any
+    rank: int
+    world_size: int
+    device: Any
+
+
 class HeapMixin:
     """Adds the symmetric heap: ``heap_size``, ``get_heap_bases()``, ``is_symmetric(t)``,
     ``free(t)``, ``get_device_context()``, the heap's symmetry check in ``barrier()`` and, for
     other mixins, ``heap`` (a :class:`iris.heap.SymmetricHeap`).
 
-    Set up by the ``_setup`` hook; requires ``config``, ``comm``, ``rank``, ``world_size`` and
-    ``device``.
+    Set up by the ``_setup`` hook.
     """
+
+    needs = HeapHost
 
     heap: SymmetricHeap
 

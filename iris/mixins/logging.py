@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from functools import cached_property
-from typing import Any, MutableMapping
+from typing import Any, MutableMapping, Protocol
 
 __all__ = ["LoggingMixin", "RankAdapter"]
 
@@ -35,13 +35,23 @@ def _ensure_visible(logger: logging.Logger) -> None:
         logger.addHandler(handler)
 
 
+class LoggingHost(Protocol):
+    """What LoggingMixin needs from the context it is part of (checked when a context is made)."""
+
+    rank: int
+    world_size: int
+    config: Any
+
+
 class LoggingMixin:
     """Adds ``debug``, ``info``, ``warning``, ``error`` and ``logger``.
 
     Records go to the ``iris`` logger, prefixed ``[iris r/W]``. The level comes from
     ``create(log_level=...)`` or ``IRIS_LOG_LEVEL``; without either, logging's own
-    configuration decides. Requires ``rank``, ``world_size`` and ``config``.
+    configuration decides.
     """
+
+    needs = LoggingHost
 
     @cached_property
     def logger(self) -> RankAdapter:

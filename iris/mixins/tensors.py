@@ -24,7 +24,7 @@ Beyond torch, the call forms and exception types of upstream iris's constructors
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -80,12 +80,20 @@ def _meta_bound(value: Any) -> Any:
     return value
 
 
+class TensorHost(Protocol):
+    """What TensorMixin needs from the context it is part of (checked when a context is made)."""
+
+    heap: Any
+    device: torch.device
+    rank: int
+
+
 class TensorMixin:
     """Adds ``empty, zeros, ones, full, empty_like, zeros_like, ones_like, full_like, arange,
     linspace, rand, randn, randint, uniform`` and ``as_symmetric``.
-
-    Requires ``heap`` (HeapMixin), ``device`` and ``rank``.
     """
+
+    needs = TensorHost
 
     # -- shared machinery -------------------------------------------------------------------
 
