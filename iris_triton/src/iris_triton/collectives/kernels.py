@@ -43,7 +43,7 @@ from iris.collectives import MOVED_ONLY_DTYPES, Algorithm, CollectiveCall
 from iris.errors import IrisError
 from iris_triton.device.frontend import SHARED_SOURCE_LANGUAGES
 from iris_triton.protocol.calls import LANES, announce, call_number, count_call, header_value, headers_of
-from iris_triton.protocol.reductions import reduce_in_rank_order
+from iris_triton.protocol.reductions import own_block, reduce_in_rank_order, stacked_block
 from iris_triton.device.tracing import OPERATION_EVENT, WAIT_EVENT
 from iris_triton.tuning import ALL_REDUCE_CHOSEN_UP_TO, COLLECTIVE_LAUNCH_SHAPES, collective_shape
 from iris_triton.protocol.waits import failed, peers_announced, poison_blocks, site_code, wait_for_call
@@ -126,23 +126,10 @@ def _block_start(g, k, ROUND: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _own_block(args):
-    own, received, offs, mask, m = args
-    return tl.load(own + offs, mask=mask)
-
-
-@triton.jit
-def _received_block(q, args):
-    """Peer q's block, from its region of the workspace slot; it arrived (the caller waited)."""
-    own, received, offs, mask, m = args
-    return tl.load(received + q * m + offs, mask=mask), True
-
-
-@triton.jit
 def _reduce(own, received, offs, mask, m, OP: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Every rank's block reduced in rank order (so every rank computing it gets the same bits):
     this rank's from ``own``, peer q's from ``received + q * m``."""
-    acc, _ = reduce_in_rank_order(_own_block, _received_block, (own, received, offs, mask, m), RANK, WORLD, OP)
+    acc, _ = reduce_in_rank_order(own_block, stacked_block, (own, received, offs, mask, m), RANK, WORLD, OP)
     return acc.to(own.dtype.element_ty)
 
 

@@ -42,7 +42,7 @@ import triton.language as tl
 from iris_triton.device import functions as device
 from iris_triton.protocol.calls import announce, header_value
 from iris_triton.device.context import DeviceContext
-from iris_triton.protocol.reductions import reduce_in_rank_order
+from iris_triton.protocol.reductions import own_block, reduce_in_rank_order, stacked_block
 from iris_triton.protocol.waits import failed, poison, site_code, wait_for_peer_call, wait_or_record
 
 __all__ = ["CopyEngineOps", "sum_partials"]
@@ -99,18 +99,6 @@ def signal_peers_kernel(counter, flags, heap_bases, faults, RANK: tl.constexpr, 
 
 
 @triton.jit
-def _own_partial(args):
-    own, parts, offs, mask, part_stride = args
-    return tl.load(own + offs, mask=mask)
-
-
-@triton.jit
-def _peer_partial(k, args):
-    own, parts, offs, mask, part_stride = args
-    return tl.load(parts + k * part_stride + offs, mask=mask), True
-
-
-@triton.jit
 def sum_partials_kernel(out, own, parts, numel, part_stride, OWN: tl.constexpr, PARTS: tl.constexpr,
                         BLOCK: tl.constexpr):
     """``out`` := the sum of ``PARTS`` partial results in order, part ``k`` at ``parts + k *
@@ -120,7 +108,7 @@ def sum_partials_kernel(out, own, parts, numel, part_stride, OWN: tl.constexpr, 
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     stride = tl.cast(part_stride, tl.int64)  # part k's offset may pass 2**31 where one part does not
-    acc, _ = reduce_in_rank_order(_own_partial, _peer_partial, (own, parts, offs, mask, stride), OWN, PARTS, "sum")
+    acc, _ = reduce_in_rank_order(own_block, stacked_block, (own, parts, offs, mask, stride), OWN, PARTS, "sum")
     tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 

@@ -52,9 +52,9 @@ import triton.language as tl
 
 from iris.errors import IrisError
 from iris_triton.protocol.calls import announce, header_value, headers_of
-from iris_triton.collectives.kernels import (MAX_WORKSPACE_ELEMENTS, _finish, _own_block, _program_state,
-                                             _received_block, _signal_peers, _wait_peers)
-from iris_triton.protocol.reductions import reduce_in_rank_order
+from iris_triton.collectives.kernels import (MAX_WORKSPACE_ELEMENTS, _finish, _program_state, _signal_peers,
+                                             _wait_peers)
+from iris_triton.protocol.reductions import own_block, reduce_in_rank_order, stacked_block
 from iris_triton.device.tracing import OPERATION_EVENT
 from iris_triton.tuning import ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO, RMSNORM_SHAPES
 from iris_triton.protocol.waits import failed, peers_announced, poison_blocks, site_code
@@ -81,7 +81,7 @@ def _row_chunk(dctx, x, residual, received, row, r, c, hidden, region, RANK: tl.
     order, plus the residual; 0 outside the row."""
     offs = dctx.block_offsets(x, c * BLOCK, BLOCK)
     mask = offs < hidden
-    acc, _ = reduce_in_rank_order(_own_block, _received_block,
+    acc, _ = reduce_in_rank_order(own_block, stacked_block,
                                   (x + row * hidden, received + r * hidden, offs, mask, region), RANK, WORLD, "sum")
     s = acc + tl.load(residual + row * hidden + offs, mask=mask).to(tl.float32)
     return tl.where(mask, s, 0.0), offs, mask

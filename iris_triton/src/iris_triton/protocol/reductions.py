@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["combine", "finish", "reduce_in_rank_order", "widen"]
+__all__ = ["combine", "finish", "own_block", "reduce_in_rank_order", "stacked_block", "widen"]
 
 
 @triton.jit
@@ -66,3 +66,19 @@ def reduce_in_rank_order(OWN: tl.constexpr, PEER: tl.constexpr, args, RANK: tl.c
         else:
             acc = combine(acc, x, OP)
     return finish(acc, OP, WORLD), arrived
+
+
+@triton.jit
+def own_block(args):
+    """:func:`reduce_in_rank_order`'s ``OWN`` where ``args`` are ``(own, stacked, offs, mask,
+    stride)``: this rank's block, from ``own``."""
+    own, stacked, offs, mask, stride = args
+    return tl.load(own + offs, mask=mask)
+
+
+@triton.jit
+def stacked_block(q, args):
+    """:func:`reduce_in_rank_order`'s ``PEER`` for blocks stacked ``stride`` elements apart from
+    ``stacked`` (a workspace slot's regions, partial results), already there (the caller waited)."""
+    own, stacked, offs, mask, stride = args
+    return tl.load(stacked + q * stride + offs, mask=mask), True
