@@ -25,8 +25,8 @@ import torch
 
 from iris.custom_ops import _op_name, _split_list
 
-__all__ = ["all_gather", "all_gather_matmul", "all_reduce", "all_to_all", "all_to_all_single", "broadcast",
-           "matmul_all_gather", "matmul_all_reduce", "matmul_reduce_scatter", "reduce", "reduce_scatter"]
+__all__ = ["all_gather", "all_gather_matmul", "all_reduce", "all_reduce_rmsnorm", "all_to_all", "all_to_all_single",
+           "broadcast", "matmul_all_gather", "matmul_all_reduce", "matmul_reduce_scatter", "reduce", "reduce_scatter"]
 
 
 def _collectives(ctx, group):
@@ -110,3 +110,14 @@ def matmul_all_gather(a: torch.Tensor, b: torch.Tensor, ctx, *, method: str | No
                       group=None) -> torch.Tensor:
     """Every rank's ``a @ b`` stacked in rank order (``(world * m) x N``)."""
     return torch.ops.iris.matmul_all_gather(a, b, _fused(ctx, group), method)
+
+
+def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ctx, eps: float = 1e-6, *,
+                       keep_residual: bool = False, method: str | None = None, group=None):
+    """``rms_norm(s, (hidden,), weight, eps)`` with ``s = all_reduce(x) + residual`` (``x`` and
+    ``residual``: ``tokens x hidden``), as a new tensor; with ``keep_residual=True`` the pair
+    ``(normed, s)``, ``s`` being the updated residual stream (``ctx.ops.all_reduce_rmsnorm``'s
+    ``residual_out``). One fused kernel (docs/all_reduce_rmsnorm.md)."""
+    normed, summed = torch.ops.iris.all_reduce_rmsnorm(x, residual, weight, _fused(ctx, group), float(eps),
+                                                       keep_residual, method)
+    return (normed, summed) if keep_residual else normed
