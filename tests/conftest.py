@@ -2,11 +2,17 @@
 The multi-rank helpers come from iris's pytest plugin, ``iris.testing``."""
 
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+#: The echo plugin's source: a minimal third-party distribution (a backend and an all_reduce algorithm).
+ECHO_PLUGIN = Path(__file__).parent / "fixtures" / "iris_echo_plugin"
 
 # CPU ranks run Triton kernels in Triton's interpreter, which reads TRITON_INTERPRET when Triton
 # is imported: set it before any test imports Triton (and before iris.create(device="cpu")).
@@ -61,3 +67,40 @@ def global_backends():
 
     with backends.restored():
         yield backends
+
+
+def _pip_install(source: Path, target: Path) -> subprocess.Popen:
+    """Start a real build + install of the distribution in ``source`` into ``target``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+         "--disable-pip-version-check", "--quiet", "--target", str(target), str(source)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def plugin_sites(tmp_path_factory) -> dict[str, Path]:
+    """Install the echo plugin, and a twin distribution claiming the same backend name, each
+    into its own folder with pip. Returns ``{"echo": folder, "twin": folder}``.
+
+    The sources are copied first: setuptools builds in the source tree (build/, *.egg-info),
+    which must not litter tests/fixtures. The twin is the same package under the distribution
+    name ``iris-echo-twin``, plus an entry point ``echo-broken`` whose module does not exist.
+    """
+    root = tmp_path_factory.mktemp("plugins")
+    echo_src = shutil.copytree(ECHO_PLUGIN, root / "src-echo")
+    twin_src = shutil.copytree(ECHO_PLUGIN, root / "src-twin")
+    pyproject = (twin_src / "pyproject.toml").read_text()
+    name_line, entry_line = 'name = "iris-echo-plugin"\n', 'echo = "iris_echo:EchoBackend"\n'
+    assert name_line in pyproject and entry_line in pyproject, "fixture pyproject.toml changed shape"
+    pyproject = pyproject.replace(name_line, 'name = "iris-echo-twin"\n').replace(
+        entry_line, entry_line + 'echo-broken = "iris_echo_missing:EchoBackend"\n'
+    )
+    (twin_src / "pyproject.toml").write_text(pyproject)
+
+    sites = {"echo": root / "site-echo", "twin": root / "site-twin"}
+    installs = {"echo": _pip_install(echo_src, sites["echo"]), "twin": _pip_install(twin_src, sites["twin"])}
+    for name, proc in installs.items():  # both builds run at once: they are independent
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"pip install of the {name} fixture failed:\n{output}"
+    return sites

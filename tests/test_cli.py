@@ -6,6 +6,7 @@ import ast
 import importlib.util
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -23,12 +24,13 @@ from trace_checks import check_chrome_trace
 HAS_GPUS = torch.cuda.device_count() >= 2
 
 
-def iris(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the console script installed beside this Python (else the one on PATH)."""
+def iris(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the console script installed beside this Python (else the one on PATH), in this
+    process's environment or ``env``."""
     beside = Path(sys.executable).parent / "iris"
     executable = str(beside) if beside.is_file() else shutil.which("iris")
     assert executable, "the iris console script is not installed (pip install -e .)"
-    return subprocess.run([executable, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["bench"], ["run"], ["tune"]])
@@ -53,6 +55,51 @@ def test_info_names_backends_with_their_distributions_and_the_devices():
     assert "triton     iris_triton:TritonBackend        from iris-triton" in proc.stdout
     assert "heap providers: " in proc.stdout and "shm" in proc.stdout
     assert ("peer access" in proc.stdout) if torch.cuda.is_available() else ("no GPU visible" in proc.stdout)
+
+
+def _info_with(*sites: Path) -> dict[str, str]:
+    """``iris info``'s algorithm lines, by collective, with the plugin distributions installed in
+    ``sites`` importable (first on the path) and plugin autoloading on."""
+    env = {k: v for k, v in os.environ.items() if k != "IRIS_DISABLE_PLUGIN_AUTOLOAD"}
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, sites), env.get("PYTHONPATH", "")])
+    proc = iris("info", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("collective algorithms (where each comes from):\n", 1)[1].splitlines()
+    return dict(line.strip().split(": ", 1) for line in lines if line.startswith("  ") and ": " in line)
+
+
+def test_info_lists_every_collectives_algorithms_and_where_each_comes_from(plugin_sites):
+    from importlib.metadata import version
+
+    from iris.collectives import COLLECTIVES
+
+    triton = f"built-in, iris-triton {version('iris-triton')}"
+    bare = _info_with()
+    assert set(COLLECTIVES) <= set(bare), bare
+    assert bare["all_reduce"] == f"low_latency, one_shot, sentinel, two_shot ({triton})"
+    assert all(bare[c] == f"direct ({triton})" for c in COLLECTIVES if c != "all_reduce"), bare
+    # The echo plugin's distribution declares an all_reduce algorithm: listed after the built-in ones.
+    with_echo = _info_with(plugin_sites["echo"])
+    assert with_echo["all_reduce"] == (f"low_latency, one_shot, sentinel, two_shot ({triton}); "
+                                       f"echo_peer_views (plugin, iris-echo-plugin 0.1.0)")
+    assert {c: v for c, v in with_echo.items() if c != "all_reduce"} == {
+        c: v for c, v in bare.items() if c != "all_reduce"}
+    # Two distributions declaring one name: listed, and said to be unusable.
+    both = _info_with(plugin_sites["echo"], plugin_sites["twin"])
+    assert ("; echo_peer_views (claimed by distribution 'iris-echo-plugin', distribution 'iris-echo-twin': "
+            "unusable until all but one are uninstalled)") in both["all_reduce"], both["all_reduce"]
+
+
+def test_info_lists_an_algorithm_registered_in_process():
+    from iris.tools.cli import algorithm_lines
+    from iris.collectives import Algorithm, algorithm_registry, register_algorithm
+
+    with algorithm_registry("broadcast").restored():
+        register_algorithm(Algorithm(name="mine", collective="broadcast", run=lambda call: None, languages=()))
+        lines = algorithm_lines()
+    assert any(line.startswith("  broadcast: direct (built-in, iris-triton ") and
+               line.endswith("); mine (registered in process)") for line in lines), lines
+    assert "mine" not in "\n".join(algorithm_lines())  # the registry is back as it was
 
 
 def test_demo_checks_every_step_against_torch_and_traces_it(tmp_path):

@@ -20,7 +20,6 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import InterpreterError
 
 import iris
 from iris.errors import AsymmetricHeapError, IrisError
@@ -64,9 +63,7 @@ def _write(ctx, dst, offset: int, n: int, peer: int, how: str = "store") -> str:
     try:
         remote_write_kernel[(1,)](dst, src, ctx.get_heap_bases(), offset, n, RANK=ctx.rank, PEER=peer, HOW=how,
                                   BLOCK=64)
-    except InterpreterError as error:  # it wraps the check's IrisError at every device-function call
-        while error.__cause__ is not None and not isinstance(error, IrisError):
-            error = error.__cause__
+    except IrisError as error:  # the check's own error, not Triton's InterpreterError around its repr
         return f"{type(error).__name__}: {error}"
     return ""
 

@@ -6,7 +6,8 @@ world collectives of ``ctx.ccl`` (all_reduce with every reduction, all_gather, r
 broadcast, all_to_all) against torch.distributed's on gloo, with random data; collectives and
 fused operations on ``ctx.node_group``; and that whatever would reach another node's heap from the
 world's context is refused with an error that names the node group (a named algorithm, the
-rooted collectives, ``ctx.ops``, the device barrier, a group across nodes). A training step of a
+rooted collectives, ``ctx.ops``, the device barrier, a group across nodes), and that a host view of
+another node's heap (``ctx.heap.peer_view``) is an IrisError naming the nodes. A training step of a
 row-parallel layer (the fused ``matmul_all_reduce`` over each node's ranks), its gradients averaged
 across nodes over ``ctx.cross_group``, matches a single-process torch reference. A world of one
 rank is one node of one: its own heap mapped, and a hierarchy over it runs every step (replayed
@@ -88,6 +89,28 @@ def _refusals(ctx, report: RankReport) -> None:
             report.check(f"refused/{name}", "spans" in str(error) and ("node" in str(error)))
 
 
+def _peer_views(ctx, report: RankReport) -> None:
+    """Host views of a heap tensor on every rank: the same node's ranks' heaps are mapped here
+    (their views hold what those ranks wrote), another node's are not, and asking for one is an
+    IrisError naming both nodes rather than torch's storage-size error."""
+    layout, x = ctx.node_layout, ctx.full((N,), float(ctx.rank))
+    ctx.barrier()
+    for rank in range(ctx.world_size):
+        node = layout.node_of(rank)
+        if node == layout.node_of(ctx.rank):
+            report.check(f"peer_view/rank {rank} on this node", torch.equal(ctx.heap.peer_view(x, rank).cpu(),
+                                                                            torch.full((N,), float(rank))))
+            continue
+        try:
+            ctx.heap.peer_view(x, rank)
+            report.check(f"peer_view/rank {rank} on node {node} refused", False)
+        except IrisError as error:
+            report.check(f"peer_view/rank {rank} on node {node} refused",
+                         f"rank {rank} runs on node {node}, and this rank ({ctx.rank}) on node "
+                         f"{layout.node_of(ctx.rank)}" in str(error) and "world collective" in str(error))
+    ctx.barrier()
+
+
 def _training_step(ctx, report: RankReport) -> None:
     """One step of y = x @ W with W split by rows over the node's ranks (a row-parallel layer: each
     rank multiplies its columns of x by its rows of W, and the fused matmul_all_reduce over the
@@ -139,6 +162,8 @@ def _worker(rank: int, how: str) -> bytes:
             _node_calls(ctx, report)
         with report.section("refused"):
             _refusals(ctx, report)
+        with report.section("peer_view"):
+            _peer_views(ctx, report)
         with report.section("train"):
             _training_step(ctx, report)
     ctx.barrier()
@@ -205,7 +230,7 @@ def test_one_rank_is_a_node_of_one():
 
 def test_four_ranks_as_two_nodes_of_two():
     reports = reports_on_available_ranks(_worker, 4, "argument", timeout=120)
-    assert_rank_checks(reports, "", 4 * 20)
+    assert_rank_checks(reports, "", 4 * 25)
 
 
 def test_the_node_size_from_the_environment():

@@ -2,7 +2,8 @@
 
 Nothing here mocks importlib.metadata. Third-party discovery is shown with the fixture
 distribution in tests/fixtures/iris_echo_plugin, built and installed with pip into a temporary
-``--target`` folder, and with a twin of it (another distribution claiming the same name).
+``--target`` folder, and with a twin of it (another distribution claiming the same name): the
+``plugin_sites`` fixture of tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from types import MappingProxyType
 
 import attrs
 import pytest
+import torch
 
 import iris
 import iris.registry
 from iris.errors import BackendNotFoundError, IrisError
 from iris.registry import PluginRegistry, backends
-
-FIXTURES = Path(__file__).parent / "fixtures"
-ECHO_PLUGIN = FIXTURES / "iris_echo_plugin"
 
 pytestmark = pytest.mark.usefixtures("clean_iris_env")
 
@@ -50,43 +49,6 @@ def run_python(code: str, *, cwd: Path, env: dict[str, str] | None = None, drop:
     )
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _pip_install(source: Path, target: Path) -> subprocess.Popen:
-    """Start a real build + install of the distribution in ``source`` into ``target``."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--quiet", "--target", str(target), str(source)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-
-
-@pytest.fixture(scope="session")
-def plugin_sites(tmp_path_factory) -> dict[str, Path]:
-    """Install the echo plugin, and a twin distribution claiming the same backend name, each
-    into its own folder with pip. Returns ``{"echo": folder, "twin": folder}``.
-
-    The sources are copied first: setuptools builds in the source tree (build/, *.egg-info),
-    which must not litter tests/fixtures. The twin is the same package under the distribution
-    name ``iris-echo-twin``, plus an entry point ``echo-broken`` whose module does not exist.
-    """
-    root = tmp_path_factory.mktemp("plugins")
-    echo_src = shutil.copytree(ECHO_PLUGIN, root / "src-echo")
-    twin_src = shutil.copytree(ECHO_PLUGIN, root / "src-twin")
-    pyproject = (twin_src / "pyproject.toml").read_text()
-    name_line, entry_line = 'name = "iris-echo-plugin"\n', 'echo = "iris_echo:EchoBackend"\n'
-    assert name_line in pyproject and entry_line in pyproject, "fixture pyproject.toml changed shape"
-    pyproject = pyproject.replace(name_line, 'name = "iris-echo-twin"\n').replace(
-        entry_line, entry_line + 'echo-broken = "iris_echo_missing:EchoBackend"\n'
-    )
-    (twin_src / "pyproject.toml").write_text(pyproject)
-
-    sites = {"echo": root / "site-echo", "twin": root / "site-twin"}
-    installs = {"echo": _pip_install(echo_src, sites["echo"]), "twin": _pip_install(twin_src, sites["twin"])}
-    for name, proc in installs.items():  # both builds run at once: they are independent
-        output, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"pip install of the {name} fixture failed:\n{output}"
-    return sites
 
 
 # -- discovery ----------------------------------------------------------------------------------
@@ -524,3 +486,62 @@ def test_is_backend_available_returns_false_instead_of_raising(name):
 
 def test_is_backend_available_true_for_installed_backend():
     assert iris.is_backend_available("triton") is True
+
+
+# -- docs/plugins.md's algorithm, run as the docs show it ----------------------------------------------------
+
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def _plugins_doc_algorithm() -> str:
+    """The Python block of docs/plugins.md that defines ``PEER_VIEWS_ALL_REDUCE``."""
+    text = (DOCS / "plugins.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+    found = [block for block in blocks if "PEER_VIEWS_ALL_REDUCE = Algorithm(" in block]
+    assert len(found) == 1, "docs/plugins.md no longer has one block defining PEER_VIEWS_ALL_REDUCE"
+    return found[0]
+
+
+def _plugins_doc_worker(rank: int, source: str) -> bytes:
+    """Registers the docs' algorithm on this rank (every rank alike, before create() compares
+    them), then runs it by name for every reduction it declares, twice each (the workspace is
+    reused), on random data, against torch's reduction of every rank's data."""
+    from iris.collectives import register_algorithm
+    from iris.testing import RankReport, seeded_generator
+
+    namespace: dict = {}
+    exec(compile(source, "docs/plugins.md", "exec"), namespace)  # the docs' own example
+    register_algorithm(namespace["PEER_VIEWS_ALL_REDUCE"])
+    report = RankReport(rank)
+    ctx = iris.create(heap_size="8MiB")
+    with report.section("docs_algorithm"):
+        world = ctx.world_size
+        report.check("docs_algorithm/listed", "peer_views" in ctx.ccl.algorithms("all_reduce"))
+        references = {"sum": lambda s: s.sum(0), "prod": lambda s: s.prod(0), "max": lambda s: s.amax(0),
+                      "min": lambda s: s.amin(0)}
+        for op, reference in references.items():
+            for repeat in range(2):
+                parts = [torch.randn(37, 3, generator=seeded_generator("docs", op, repeat, q)) for q in range(world)]
+                tensor = parts[rank].clone() if repeat == 0 else ctx.zeros(37, 3).copy_(parts[rank])
+                result = ctx.ccl.all_reduce(tensor, op, algorithm="peer_views")
+                report.check(f"docs_algorithm/{op}/{repeat}", result is tensor and torch.allclose(
+                    tensor, reference(torch.stack(parts)), rtol=1e-5, atol=1e-5))
+        try:
+            ctx.ccl.all_reduce(torch.ones(4), "avg", algorithm="peer_views")
+            report.check("docs_algorithm/avg_refused", False)
+        except IrisError as error:
+            report.check("docs_algorithm/avg_refused", "peer_views" in str(error) and "avg" in str(error))
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_the_algorithm_of_docs_plugins_runs_on_two_ranks():
+    """docs/plugins.md's algorithm, executed from the docs' text on 2 CPU ranks: what it reduces
+    matches torch (so the example cannot go stale), in place in the caller's tensor."""
+    from iris.testing import assert_rank_checks, interpreted_device, spawn_reports
+
+    reports = spawn_reports(_plugins_doc_worker, 2, _plugins_doc_algorithm(), device=interpreted_device(),
+                            timeout=120)
+    assert_rank_checks(reports, "docs_algorithm/", 2 * (2 + 4 * 2 + 1))

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from iris.errors import HeapExhaustedError, NotOnHeapError
+from iris.errors import HeapExhaustedError, IrisError, NotOnHeapError
 
 CONSTRUCTORS = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "arange",
                 "linspace", "rand", "randn", "randint", "uniform"]
@@ -807,6 +807,21 @@ def test_free_of_a_tensor_not_on_the_heap_is_not_on_heap_error(ctx, dev):
         ctx.free(torch.zeros(10, device=dev))
     with pytest.raises(ValueError):  # NotOnHeapError is also a ValueError
         ctx.free(torch.zeros(10, device=dev))
+
+
+def test_peer_view_of_a_tensor_not_on_the_heap_is_not_on_heap_error(ctx, dev):
+    with pytest.raises(NotOnHeapError, match=r"peer_view: the tensor \(shape \(10,\), torch.float32.*"
+                                             r"ctx.as_symmetric\(t\)"):
+        ctx.heap.peer_view(torch.zeros(10, device=dev), 0)
+
+
+def test_peer_view_of_a_rank_outside_the_world_is_refused(ctx):
+    t = ctx.zeros(10)
+    with pytest.raises(IrisError, match=r"peer_view: rank 1 is not a rank of this context \(0\.\.0\)"):
+        ctx.heap.peer_view(t, 1)
+    with pytest.raises(IrisError, match=r"rank -1 is not a rank"):
+        ctx.heap.peer_view(t, -1)  # not the last rank, as a Python index would make it
+    ctx.free(t)
 
 
 def test_heap_exhaustion_through_the_context(ctx):

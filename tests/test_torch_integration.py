@@ -119,29 +119,38 @@ def _check_functional_and_methods(ctx, report: RankReport) -> None:
     bs = [t.to(DTYPE) for t in _per_rank(world, (8, 5), "b")]
     total = sum(xs)
     products = [a.float() @ b.float() for a, b in zip(a_s, bs)]
+    rows = _per_rank(world, (3, 32), "rmsnorm rows")
+    residual, weight = _per_rank(1, (3, 32), "rmsnorm residual")[0], _per_rank(1, (32,), "rmsnorm weight")[0]
+    summed = sum(rows) + residual
 
-    def functional(x, a, b):
+    def functional(x, a, b, r):
         return (F.all_reduce(x, ctx), F.all_reduce(x, ctx, op="max"), F.all_gather(x, ctx), F.reduce_scatter(x, ctx),
                 F.all_to_all(x, ctx), F.broadcast(x, ctx, src=world - 1), F.all_gather_matmul(a[:2], b, ctx),
                 F.matmul_reduce_scatter(a, b, ctx), F.matmul_all_reduce(a, b, ctx),
-                F.matmul_all_gather(a[:2], b, ctx), F.all_reduce(x, ctx.ccl))
+                F.matmul_all_gather(a[:2], b, ctx), F.all_reduce(x, ctx.ccl),
+                F.all_reduce_rmsnorm(r, residual.to(device), weight.to(device), ctx, 1e-5)[0],
+                *F.all_reduce_rmsnorm(r, residual.to(device), weight.to(device), ctx.ops, keep_residual_out=True,
+                                      method="two_shot"))
 
     compiled, counter = _compile_counting(functional, "aot_eager")
-    x, a, b = xs[rank].to(device), a_s[rank].to(device), bs[rank].to(device)
-    inputs_before = [t.clone() for t in (x, a, b)]
-    got = compiled(x, a, b)
+    x, a, b, r = xs[rank].to(device), a_s[rank].to(device), bs[rank].to(device), rows[rank].to(device)
+    inputs_before = [t.clone() for t in (x, a, b, r)]
+    got = compiled(x, a, b, r)
     segment = lambda t, q: t.reshape(world, -1)[q].reshape(-1)  # noqa: E731
     expected = (total, torch.stack(xs).amax(0), torch.cat(xs), total[rank * 2:(rank + 1) * 2],
                 torch.cat([segment(xs[q], rank) for q in range(world)]).reshape(x.shape), xs[world - 1],
                 torch.cat([t[:2].float() for t in a_s]) @ bs[rank].float(),
                 sum(products)[rank * 2:(rank + 1) * 2], sum(products),
-                torch.cat([(t[:2].float() @ u.float()) for t, u in zip(a_s, bs)]), total)
+                torch.cat([(t[:2].float() @ u.float()) for t, u in zip(a_s, bs)]), total,
+                torch.nn.functional.rms_norm(summed, (32,), weight, 1e-5),
+                torch.nn.functional.rms_norm(summed, (32,), weight, 1e-6), summed)
     names = ("all_reduce", "all_reduce_max", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
              "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "matmul_all_gather",
-             "all_reduce_of_ccl")
+             "all_reduce_of_ccl", "all_reduce_rmsnorm", "all_reduce_rmsnorm_two_shot", "all_reduce_rmsnorm_residual")
+    report.check("functional/results", len(got) == len(names))
     for name, value, reference in zip(names, got, expected):
         report.check(f"functional/{name}", _close(value, reference))
-    report.check("functional/inputs_unchanged", all(torch.equal(t, u) for t, u in zip((x, a, b), inputs_before)))
+    report.check("functional/inputs_unchanged", all(torch.equal(t, u) for t, u in zip((x, a, b, r), inputs_before)))
     report.check("functional/one_graph", counter.frame_count == 1)
 
     def in_place(x, a, b):
@@ -400,7 +409,7 @@ def cpu_reports():
     return spawn_reports(_cpu_worker, 2, device=interpreted_device(), timeout=120)
 
 
-@pytest.mark.parametrize("prefix, minimum", [("mlp/", 8), ("functional/", 12), ("methods_compiled/", 7),
+@pytest.mark.parametrize("prefix, minimum", [("mlp/", 8), ("functional/", 16), ("methods_compiled/", 7),
                                              ("fake/", 30), ("opcheck/", 7), ("async/", 8), ("group/", 8),
                                              ("rooted/", 9), ("lifetime/", 1)])
 def test_on_two_cpu_ranks(cpu_reports, prefix, minimum):

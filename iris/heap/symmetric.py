@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from iris.context.bootstrap import Communicator
-from iris.errors import AsymmetricHeapError, IrisError
+from iris.errors import AsymmetricHeapError, IrisError, NotOnHeapError
 from iris.heap.allocator import HeapAllocator
 from iris.heap.mapping import HeapMapping
+
+if TYPE_CHECKING:
+    from iris.collectives.hierarchical import NodeLayout
 
 __all__ = ["MAP_GRANULE", "MAP_HEADER", "HeapCall", "SymmetricHeap"]
 
@@ -62,9 +66,12 @@ class SymmetricHeap:
     """
 
     def __init__(self, mapping: HeapMapping, comm: Communicator, *, debug: bool = False,
-                 allocation_map: bool | None = None):
+                 allocation_map: bool | None = None, node_layout: NodeLayout | None = None):
         self.mapping = mapping
         self.comm = comm
+        #: The nodes of a world that spans several (None: one node), to name a peer's node when
+        #: host code asks for a heap that is not mapped here.
+        self.node_layout = node_layout
         self.debug = debug
         self.allocator = HeapAllocator(mapping.size)
         self._calls = 0
@@ -150,8 +157,26 @@ class SymmetricHeap:
 
     def view(self, offset: int, nbytes: int, rank: int | None = None) -> torch.Tensor:
         """``nbytes`` of the heap of ``rank`` (default: this rank) from ``offset``, as uint8."""
-        heap = self.mapping.peers[self.comm.rank if rank is None else rank]
+        heap = self.local if rank is None else self._mapped_peer(rank, "SymmetricHeap.view")
         return heap[offset : offset + nbytes]
+
+    def _mapped_peer(self, rank: int, what: str) -> torch.Tensor:
+        """``rank``'s heap as mapped here; raises where it is not one: a rank out of range, or a
+        rank on another node, whose heap is an empty tensor (slicing it would make an empty view,
+        and viewing that as a tensor fails with torch's storage-size error)."""
+        peers = self.mapping.peers
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(peers):
+            raise IrisError(f"{what}: rank {rank!r} is not a rank of this context (0..{len(peers) - 1})")
+        if peers[rank].numel() == self.size:
+            return peers[rank]
+        layout = self.node_layout
+        where = "" if layout is None else (
+            f" runs on node {layout.node_of(rank)}, and this rank ({self.comm.rank}) on node "
+            f"{layout.node_of(self.comm.rank)}; only the heaps of this node's ranks "
+            f"{list(layout.node_ranks(layout.node_of(self.comm.rank)))} are mapped into this process, so rank {rank}")
+        raise IrisError(f"{what}: rank {rank}{where} has no heap mapped here; reach another node's data "
+                        f"with a world collective (ctx.ccl.all_gather, all_reduce, broadcast, all_to_all), "
+                        f"which runs across nodes")
 
     def offset_of(self, tensor: torch.Tensor) -> int | None:
         """Byte offset of ``tensor``'s first element in this rank's heap, or None if not on it."""
@@ -177,12 +202,18 @@ class SymmetricHeap:
         return offset + span * tensor.element_size() <= self.size
 
     def peer_view(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
-        """The tensor at the same offset, shape and strides on ``rank``'s heap (host access)."""
+        """The tensor at the same offset, shape and strides on ``rank``'s heap (host access).
+        Raises :class:`NotOnHeapError` for a tensor not on this rank's heap, and
+        :class:`IrisError` for a rank whose heap is not mapped here (one on another node)."""
         offset = self.offset_of(tensor)
         if offset is None:
-            raise IrisError("tensor is not on the symmetric heap")
+            raise NotOnHeapError(
+                f"peer_view: the tensor (shape {tuple(tensor.shape)}, {tensor.dtype}, on {tensor.device}) is not "
+                f"on this rank's symmetric heap, so it has no counterpart on rank {rank}'s; allocate it with "
+                f"ctx.empty/zeros/... or copy it there with ctx.as_symmetric(t)")
+        heap = self._mapped_peer(rank, "peer_view")
         usable = (self.size - offset) // tensor.element_size() * tensor.element_size()
-        raw = self.mapping.peers[rank][offset : offset + usable]
+        raw = heap[offset : offset + usable]
         return raw.view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
 
 

@@ -54,7 +54,8 @@ class HeapMixin:
         mapping = self._node_local_mapping(provider.create(self.config.heap_size, self.node_comm, self.device))
         # The allocation map also when IRIS_DEBUG=1 asks kernels to check writes against it.
         self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug,
-                                  allocation_map=self.config.debug or debug_from_environment())
+                                  allocation_map=self.config.debug or debug_from_environment(),
+                                  node_layout=self.node_layout if self.node_layout.nodes > 1 else None)
         self.heap_creation_seconds = time.perf_counter() - start
         # Upstream iris's layout: what follows the bases (the heap size, the trace buffer's trailer
         # of iris.tracing) is for iris's own use.

@@ -56,6 +56,40 @@ def _gpu_links() -> list[str]:
     return [line for line in lines if line.strip().startswith(("GPU", "\tGPU")) or line.startswith("\t")][:17]
 
 
+#: The distributions of iris itself: the collective algorithms they declare are iris's built-in ones.
+BUILT_IN_DISTRIBUTIONS = ("iris", "iris-triton", "iris-gluon")
+
+
+def _algorithm_origin(entry) -> str:
+    """Where a registered collective algorithm (a :class:`iris.registry.PluginEntry`) comes from:
+    built in (a distribution of iris's), a plugin distribution, or an in-process ``register``
+    call; several distributions claiming one name make it unusable, which ``iris info`` says."""
+    if entry.conflicting_distributions:
+        claimants = ", ".join([entry.describe(), *(f"distribution {d!r}" for d in entry.conflicting_distributions)])
+        return f"claimed by {claimants}: unusable until all but one are uninstalled"
+    if entry.distribution is None:
+        return "registered in process"
+    kind = "built-in" if entry.distribution in BUILT_IN_DISTRIBUTIONS else "plugin"
+    return f"{kind}, {entry.distribution} {_version(entry.distribution)}"
+
+
+def algorithm_lines() -> list[str]:
+    """One line per collective of ``ctx.ccl``: its registered algorithms, grouped by where they
+    come from (:func:`_algorithm_origin`), built-in ones first; "none" where there is none."""
+    from iris.collectives import COLLECTIVES, algorithm_registry
+
+    lines = []
+    for collective in COLLECTIVES:
+        entries = algorithm_registry(collective).entries
+        by_origin: dict[str, list[str]] = {}
+        for name in sorted(entries):
+            by_origin.setdefault(_algorithm_origin(entries[name]), []).append(name)
+        groups = sorted(by_origin.items(), key=lambda item: (not item[0].startswith("built-in"), item[0]))
+        listed = "; ".join(f"{', '.join(names)} ({origin})" for origin, names in groups)
+        lines.append(f"  {collective}: {listed or 'none'}")
+    return lines
+
+
 def info(args: argparse.Namespace) -> int:
     import torch
 
@@ -71,6 +105,9 @@ def info(args: argparse.Namespace) -> int:
         status = "available" if iris.is_backend_available(entry.name) else "not importable"
         print(f"  {entry.name:10s} {entry.value:32s} from {dist} ({status})")
     print(f"heap providers: {', '.join(heap_providers.names())}")
+    print("collective algorithms (where each comes from):")
+    for line in algorithm_lines():
+        print(line)
     gpus = torch.cuda.device_count()
     if gpus == 0:
         print(f"devices: no GPU visible; CPU ranks ({os.cpu_count()} cores)")
@@ -292,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"iris {_version('iris')} (iris-triton "
                         f"{_version('iris-triton')}, iris-gluon {_version('iris-gluon')})")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
-    p = commands.add_parser("info", help="versions, backends, heap providers, devices and links")
+    p = commands.add_parser("info", help="versions, backends, heap providers, collective algorithms, devices and links")
     p.set_defaults(handler=info)
     p = commands.add_parser("demo", help="spawn ranks and check remote stores and every collective against torch")
     p.add_argument("--nprocs", type=int, default=None, help="ranks (default: every GPU, else 2 CPU ranks)")

@@ -68,6 +68,10 @@ INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
 CHECK_POINTERS: tl.constexpr = tl.constexpr(debug_from_environment())
 if CHECK_POINTERS:
     triton.knobs.runtime.debug = True
+if INTERPRETING:  # the checks' IrisErrors reach the launching code as raised, not wrapped per call level
+    from iris_triton.device.interpreter_errors import unwrap_iris_errors
+
+    unwrap_iris_errors()
 #: log2 of the bytes of heap per byte of a rank's allocation map (debug mode's write checks).
 MAP_SHIFT: tl.constexpr = tl.constexpr(MAP_GRANULE.bit_length() - 1)
 #: Bytes from a heap's base to its allocation map (after the heap size, an int64 at the base).
@@ -122,7 +126,8 @@ if INTERPRETING:
 
     def _stop_outside(rank, peer, offset, lanes, heap_size):
         """Raise before the access: the interpreter runs device code as Python and ignores
-        device assertions, so the exception is what stops the kernel (at the launching call)."""
+        device assertions, so the exception is what stops the kernel; the launching call raises
+        it as this IrisError (:mod:`iris_triton.device.interpreter_errors`)."""
         raise IrisError(_outside_message(int(rank), int(peer), int(offset), int(lanes), int(heap_size)))
 
     def _stop_unallocated(rank, peer, offset, lanes):
