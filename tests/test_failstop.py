@@ -33,6 +33,7 @@ import contextlib
 import gc
 import itertools
 import multiprocessing
+import multiprocessing.forkserver as forkserver
 import os
 import pickle
 import random
@@ -99,8 +100,23 @@ _MP = multiprocessing.get_context("forkserver" if DEVICE == "cpu" else "spawn")
 
 
 def _forkserver_ready() -> None:
+    """Start the forkserver with this module imported, so that ranks start with iris, torch and
+    triton imported. The forkserver of Python 3.11 and 3.12 does not take the parent's
+    ``sys.path`` (its ``sys_path`` argument is unused): it finds this module through
+    ``PYTHONPATH``, set to name this folder while it starts. (A preload that fails to import is
+    ignored silently; then every rank would import torch and triton itself, seconds each.)"""
     if DEVICE == "cpu" and not getattr(_forkserver_ready, "done", False):
-        _MP.set_forkserver_preload([__name__])  # ranks start with iris, torch and triton imported
+        _MP.set_forkserver_preload([__name__])
+        saved = os.environ.get("PYTHONPATH")
+        here = os.path.dirname(os.path.abspath(__file__))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved]))
+        try:
+            forkserver.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
         _forkserver_ready.done = True
 
 
