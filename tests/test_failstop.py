@@ -101,8 +101,8 @@ _MP = multiprocessing.get_context("forkserver" if DEVICE == "cpu" else "spawn")
 
 def _forkserver_ready() -> None:
     """Start the forkserver with this module imported, so that ranks start with iris, torch and
-    triton imported. The forkserver of Python 3.11 and 3.12 does not take the parent's
-    ``sys.path`` (its ``sys_path`` argument is unused): it finds this module through
+    triton imported. The forkserver of Python 3.11 does not take the parent's ``sys.path``
+    (its ``sys_path`` argument is unused): it finds this module through
     ``PYTHONPATH``, set to name this folder while it starts. (A preload that fails to import is
     ignored silently; then every rank would import torch and triton itself, seconds each.)"""
     if DEVICE == "cpu" and not getattr(_forkserver_ready, "done", False):
