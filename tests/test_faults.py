@@ -466,8 +466,11 @@ def _different_calls_worker(rank: int, device: str, cases: list) -> bytes:
     return report.packed()
 
 
-@pytest.mark.parametrize("world", [2, 3, 5])
+@pytest.mark.parametrize("world", [2, 5])
 def test_ranks_making_different_calls_raise_at_once_naming_both_calls(world):
+    """Rank 0 makes one call, every other rank another. On 2 ranks one peer differs; on 5 (odd,
+    sizes divided by 5) several peers make the same other call and the last rank named is not
+    rank 1. A world of 3 shows nothing more: several peers making the other call, an odd world."""
     device = rank_device(world)
     started = time.monotonic()
     reports = spawn_reports(_different_calls_worker, world, device, DIFFERENT_CALLS, device=device,
