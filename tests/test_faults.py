@@ -83,8 +83,25 @@ def test_a_collective_one_rank_skips_times_out_naming_it(world):
 # -- a late peer's data after a wait gave up ---------------------------------------------------------------
 
 
-def _late_peer_worker(rank: int, device: str, algorithm: str) -> bytes:
+#: The all_reduce algorithms of the late-peer scenario, one after the other in one start of 2 ranks.
+LATE_PEER_ALGORITHMS = ("sentinel", "low_latency")
+
+
+def _late_peer_worker(rank: int, device: str) -> bytes:
+    """The late-peer scenario with each of :data:`LATE_PEER_ALGORITHMS`, each on a fresh context;
+    its checks named ``late/<algorithm>/...``."""
     report = RankReport(rank)
+    for algorithm in LATE_PEER_ALGORITHMS:
+        with report.section(f"late/{algorithm}"):
+            part = RankReport(rank)
+            try:
+                _late_peer(rank, device, algorithm, part)
+            finally:
+                report.update({f"late/{algorithm}/{key.removeprefix('late/')}": value for key, value in part.items()})
+    return report.packed()
+
+
+def _late_peer(rank: int, device: str, algorithm: str, report: RankReport) -> None:
     ctx = iris.create(heap_size="16MiB", device=device, timeout=SHORT_TIMEOUT)
     world = ctx.world_size
     data = [torch.randint(-8, 9, (600,), generator=torch.Generator().manual_seed(q)).float() for q in range(world)]
@@ -124,15 +141,20 @@ def _late_peer_worker(rank: int, device: str, algorithm: str) -> bytes:
         ctx.destroy()
     except IrisError:
         pass  # docs/faults.md: destroy of a failed context; checked in test_failstop.py
-    return report.packed()
 
 
-@pytest.mark.parametrize("algorithm", ["sentinel", "low_latency"])
-def test_a_late_peers_data_is_never_consumed_after_a_wait_gave_up(algorithm):
+@pytest.fixture(scope="module")
+def late_peer_reports() -> list[dict]:
+    return spawn_reports(_late_peer_worker, 2, rank_device(2), device=rank_device(2))
+
+
+@pytest.mark.parametrize("algorithm", LATE_PEER_ALGORITHMS)
+def test_a_late_peers_data_is_never_consumed_after_a_wait_gave_up(late_peer_reports, algorithm):
     # A late peer's push lands in a region whose wait gave up: the rank that waited raised and its
     # context is failed, so nothing reads that region again; the late rank's next call fails too.
-    reports = spawn_reports(_late_peer_worker, 2, rank_device(2), algorithm, device=rank_device(2))
-    assert_rank_checks(reports, "late/", 2 * 6)
+    prefix = f"late/{algorithm}/"
+    assert_rank_checks([{k: v for k, v in rep.items() if k.startswith(prefix)} for rep in late_peer_reports], prefix,
+                       2 * 6)
 
 
 # -- a kernel that starts on a failed context ------------------------------------------------------------
