@@ -20,6 +20,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,8 @@ def test_the_tile_gemm_example_matches_torch():
 #: The failure scenarios, in the order one start of the ranks runs them (the one where rank 1
 #: never calls last: it leaves rank 1 asleep after rank 0 gave up).
 FAILURES = ("mismatch", "outside", "absent")
+#: Store key rank 0 sets once its wait for the absent rank 1 gave up.
+GAVE_UP = "test_tile_collectives/absent/gave_up"
 
 
 def _failures_worker(rank: int, world: int) -> bytes:
@@ -273,6 +276,7 @@ def _failure(rank: int, world: int, scenario: str) -> dict:
     from tile_kernels import tile_collective
 
     report = {}
+    store = torch.distributed.distributed_c10d._get_default_store()
     ctx = iris.create(timeout=FAILURE_TIMEOUT)
     sync = ctx.tile_sync(1 if scenario == "outside" else TILES)
     src = ctx.as_symmetric(_data(torch.float32, (M, N), "failure", rank))
@@ -296,8 +300,13 @@ def _failure(rank: int, world: int, scenario: str) -> dict:
         if scenario == "outside":  # tile 0 is inside the sync of one tile and succeeds; every later one fails
             failed[:BLOCK_M, :BLOCK_N] = ~failed[:BLOCK_M, :BLOCK_N]
         report["nan"] = bool(failed.all())
-    else:
-        time.sleep(2 * FAILURE_TIMEOUT)  # alive, but never calls: the peer's wait must give up
+        if scenario == "absent":
+            store.set(GAVE_UP, "1")
+    else:  # alive, but never calls: the peer's wait must give up (rank 1 waits until it has, at most 2 timeouts)
+        try:
+            store.wait([GAVE_UP], timedelta(seconds=2 * FAILURE_TIMEOUT))
+        except Exception:  # noqa: BLE001 - the peer's report says what it saw
+            pass
     try:
         ctx.destroy()
     except IrisError:
