@@ -1,13 +1,19 @@
 """Uneven all-to-all (``ctx.ccl.all_to_all_single`` with split sizes, ``ctx.ccl.all_to_all_vdev``)
 across real CPU ranks, against ``torch.distributed.all_to_all_single`` on gloo in the same workers.
 
-One spawn per world size (2, 3, 4) makes every check: split matrices drawn from a seed every rank
+One spawn per world size (2 and 3) makes every check: split matrices drawn from a seed every rank
 shares (random, with zero splits, every row to one rank, nothing at all, equal splits on one side
 or both), 1-, 2- and 3-dimensional tensors, each dtype, heap and plain tensors; back-to-back calls
 with changing splits; calls the host refuses; and calls that the device fails (bound exceeded,
 different bounds, counts beyond the input, unmatched output sizes, a captured call that does not
 fit its workspace), each on a fresh context since a failed one stays failed. Each rank returns
 ``{check name: True | False | error text}``.
+
+Two worlds cover the split arithmetic: the split matrices are drawn per world, and on 3 ranks
+they already hold rows and columns of different sums, zero splits beside non-zero ones, a rank
+that receives from every peer and a rank that sends nothing (offsets into the input and the
+output summed over more than one peer); 2 ranks is the one even world. A world of 4 runs the
+same kernels and host checks with one more row and column of the same matrices.
 """
 
 from __future__ import annotations
@@ -359,7 +365,7 @@ def _worker(rank: int, backend: str = "triton", device: str = "cpu") -> bytes:
     return report.packed()
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda world: f"world{world}")
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")
 def reports(request) -> list[dict]:
     return spawn_reports(_worker, request.param, device=interpreted_device("triton"))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -142,8 +143,24 @@ def _training_step(ctx, report: RankReport) -> None:
     report.check("train/updated weights", torch.allclose(updated, expected, rtol=2e-2, atol=2e-2))
 
 
-def _worker(rank: int, how: str) -> bytes:
+def _worker(rank: int, *hows: str) -> bytes:
+    """A context of nodes of 2 for each of ``hows`` in turn (the node size as the ``node_size``
+    argument, or from ``IRIS_LOCAL_WORLD_SIZE``); its checks are named ``<how>/...``."""
     report = RankReport(rank)
+    for how in hows:
+        part = RankReport(rank)
+        _check_nodes(rank, how, part)
+        report.update({f"{how}/{key}": value for key, value in part.items()})
+    return report.packed()
+
+
+def _part(reports: list[dict], how: str) -> list[dict]:
+    """Every rank's checks of the context made ``how``, without the prefix."""
+    return [{key.removeprefix(f"{how}/"): value for key, value in rep.items() if key.startswith(f"{how}/")}
+            for rep in reports]
+
+
+def _check_nodes(rank: int, how: str, report: RankReport) -> None:
     if how == "environment":
         os.environ["IRIS_LOCAL_WORLD_SIZE"] = str(NODE_SIZE)
     ctx = iris.create(heap_size="16MiB", node_size=NODE_SIZE if how == "argument" else None)
@@ -168,7 +185,7 @@ def _worker(rank: int, how: str) -> bytes:
             _training_step(ctx, report)
     ctx.barrier()
     ctx.destroy()
-    return report.packed()
+    os.environ.pop("IRIS_LOCAL_WORLD_SIZE", None)
 
 
 def _hierarchy_of_one(h: Hierarchy, report: RankReport) -> None:
@@ -228,16 +245,21 @@ def test_one_rank_is_a_node_of_one():
     assert_rank_checks(reports, "one/", 10 + 3 * on_gpu)
 
 
-def test_four_ranks_as_two_nodes_of_two():
-    reports = reports_on_available_ranks(_worker, 4, "argument", timeout=120)
-    assert_rank_checks(reports, "", 4 * 25)
+@pytest.fixture(scope="module")
+def four_ranks() -> list[dict]:
+    """One start of 4 ranks for both ways of giving the node size: a context made with the
+    argument, destroyed, then one made from the environment variable."""
+    return reports_on_available_ranks(_worker, 4, "argument", "environment", timeout=120)
 
 
-def test_the_node_size_from_the_environment():
-    reports = reports_on_available_ranks(_worker, 4, "environment", timeout=120)
-    assert_rank_checks(reports, "world/", 4 * 9)
+def test_four_ranks_as_two_nodes_of_two(four_ranks):
+    assert_rank_checks(_part(four_ranks, "argument"), "", 4 * 25)
+
+
+def test_the_node_size_from_the_environment(four_ranks):
+    assert_rank_checks(_part(four_ranks, "environment"), "world/", 4 * 9)
 
 
 def test_six_ranks_as_three_nodes_of_two():
     reports = reports_on_available_ranks(_worker, 6, "environment", timeout=120)
-    assert_rank_checks(reports, "world/", 6 * 9)
+    assert_rank_checks(_part(reports, "environment"), "world/", 6 * 9)

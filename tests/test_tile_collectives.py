@@ -20,6 +20,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -250,10 +251,32 @@ def test_the_tile_gemm_example_matches_torch():
 # -- failures ---------------------------------------------------------------------------------------------
 
 
-def _failure_worker(rank: int, world: int, scenario: str) -> bytes:
-    from tile_kernels import tile_collective
+#: The failure scenarios, in the order one start of the ranks runs them (the one where rank 1
+#: never calls last: it leaves rank 1 asleep after rank 0 gave up).
+FAILURES = ("mismatch", "outside", "absent")
+#: Store key rank 0 sets once its wait for the absent rank 1 gave up.
+GAVE_UP = "test_tile_collectives/absent/gave_up"
+
+
+def _failures_worker(rank: int, world: int) -> bytes:
+    """Every scenario of :data:`FAILURES` in turn, each on a fresh context; what each saw under
+    its name (or the traceback of what raised)."""
+    import traceback
 
     report = RankReport(rank)
+    for scenario in FAILURES:
+        try:
+            report[scenario] = _failure(rank, world, scenario)
+        except Exception:  # noqa: BLE001 - the scenario's test fails with it
+            report[scenario] = {"raised": "nothing", "error": traceback.format_exc()[-3000:]}
+    return report.packed()
+
+
+def _failure(rank: int, world: int, scenario: str) -> dict:
+    from tile_kernels import tile_collective
+
+    report = {}
+    store = torch.distributed.distributed_c10d._get_default_store()
     ctx = iris.create(timeout=FAILURE_TIMEOUT)
     sync = ctx.tile_sync(1 if scenario == "outside" else TILES)
     src = ctx.as_symmetric(_data(torch.float32, (M, N), "failure", rank))
@@ -277,21 +300,32 @@ def _failure_worker(rank: int, world: int, scenario: str) -> bytes:
         if scenario == "outside":  # tile 0 is inside the sync of one tile and succeeds; every later one fails
             failed[:BLOCK_M, :BLOCK_N] = ~failed[:BLOCK_M, :BLOCK_N]
         report["nan"] = bool(failed.all())
-    else:
-        time.sleep(2 * FAILURE_TIMEOUT)  # alive, but never calls: the peer's wait must give up
+        if scenario == "absent":
+            store.set(GAVE_UP, "1")
+    else:  # alive, but never calls: the peer's wait must give up (rank 1 waits until it has, at most 2 timeouts)
+        try:
+            store.wait([GAVE_UP], timedelta(seconds=2 * FAILURE_TIMEOUT))
+        except Exception:  # noqa: BLE001 - the peer's report says what it saw
+            pass
     try:
         ctx.destroy()
     except IrisError:
         pass
-    return report.packed()
+    return report
 
 
-@pytest.mark.parametrize("scenario", ["mismatch", "outside", "absent"])
-def test_a_failed_tile_collective_poisons_its_tile_and_raises(scenario):
-    reports = reports_on_available_ranks(_failure_worker, 2, 2, scenario, timeout=FAILURE_TIMEOUT)
+@pytest.fixture(scope="module")
+def failure_reports() -> list[dict]:
+    """Both ranks' reports of every failure scenario, from one start of 2 ranks."""
+    return reports_on_available_ranks(_failures_worker, 2, 2, timeout=FAILURE_TIMEOUT)
+
+
+@pytest.mark.parametrize("scenario", FAILURES)
+def test_a_failed_tile_collective_poisons_its_tile_and_raises(failure_reports, scenario):
+    reports = [rep[scenario] for rep in failure_reports]
     survivors = reports if scenario != "absent" else reports[:1]
     for rank, report in enumerate(survivors):
-        assert report["raised"] != "nothing", f"rank {rank}: ctx.check() raised nothing"
+        assert report["raised"] != "nothing", f"rank {rank}: ctx.check() raised nothing {report.get('error', '')}"
         expected = {"mismatch": "made a different call", "outside": "outside the tile sync", "absent": "gave up"}
         assert expected[scenario] in report["raised"], report["raised"]
         assert report["nan"], f"rank {rank}: the failed calls' tiles are not all NaN (or a good tile is)"
