@@ -27,8 +27,10 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from iris.errors import IrisError
+
 __all__ = ["COPY", "DECLARATIONS", "LIKE", "REDUCE_OPS", "REQUIRED", "Declaration", "Made", "Output", "Param",
-           "declaration", "reduce_op_name"]
+           "declaration", "dense", "reduce_op_name"]
 
 #: The default of a parameter that has none.
 REQUIRED = object()
@@ -126,8 +128,8 @@ def _world(target) -> int:
     return target._context.world_size
 
 
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    """A new contiguous tensor like ``tensor``."""
+def dense(tensor: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor like ``tensor`` (what a functional form returns for it)."""
     return torch.empty_like(tensor, memory_format=torch.contiguous_format)
 
 
@@ -147,8 +149,6 @@ def _gathered_on_root(arguments, target) -> torch.Tensor:
 
 def _scattered(arguments, target) -> torch.Tensor:
     """This rank's block of dim 0 of ``input``."""
-    from iris.errors import IrisError
-
     input, world = arguments["input"], _world(target)
     if input.dim() == 0 or input.shape[0] % world:
         raise IrisError(f"reduce_scatter: the functional form splits dim 0 among the ranks; input has shape "
@@ -160,12 +160,12 @@ def _scattered(arguments, target) -> torch.Tensor:
 def _received(arguments, target) -> torch.Tensor:
     """The rows an ``all_to_all_single`` receives, in rank order."""
     input, sizes = arguments["input"], arguments["output_split_sizes"]
-    return _dense(input) if sizes is None else input.new_empty((sum(sizes), *input.shape[1:]))
+    return dense(input) if sizes is None else input.new_empty((sum(sizes), *input.shape[1:]))
 
 
 def _dense_of(name: str) -> Made:
     """A new tensor like the argument ``name``."""
-    return Made(lambda arguments, target: _dense(arguments[name]))
+    return Made(lambda arguments, target: dense(arguments[name]))
 
 
 def _product(rows: Callable[[int, int], int]) -> Made:
@@ -173,8 +173,6 @@ def _product(rows: Callable[[int, int], int]) -> Made:
     x b's columns, of a's dtype."""
 
     def make(arguments, target) -> torch.Tensor:
-        from iris.errors import IrisError
-
         a = arguments.get("a", arguments.get("a_shard"))
         b = arguments["b"]
         if a.dim() != 2 or b.dim() != 2:
@@ -185,8 +183,6 @@ def _product(rows: Callable[[int, int], int]) -> Made:
 
 
 def _rows_of_share(rows: int, world: int) -> int:
-    from iris.errors import IrisError
-
     if rows % world:
         raise IrisError(f"matmul_reduce_scatter: a has {rows} rows, not divisible by the world size {world}; pad M "
                         f"to a multiple of {world}")
@@ -294,8 +290,7 @@ _DECLARED = (
                 params=(_tensor("out"), _tensor("x"), _tensor("residual"), _tensor("weight"),
                         Param("eps", "float", 1e-6, convert=float), Param("residual_out", "Tensor?", None), METHOD),
                 outputs=(Output("out", _dense_of("x")),
-                         Output("residual_out", Made(lambda arguments, target: _dense(arguments["x"]),
-                                                     optional=True))),
+                         Output("residual_out", Made(_dense_of("x").make, optional=True))),
                 returns="out",
                 summary="``rms_norm(all_reduce(x) + residual, (hidden,), weight, eps)`` and, with "
                         "``keep_residual_out``, ``all_reduce(x) + residual`` (else an empty tensor)."),

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from iris.calls.declarations import COPY, DECLARATIONS, LIKE, REQUIRED, Declaration, Made
+from iris.calls.declarations import COPY, DECLARATIONS, LIKE, REQUIRED, Declaration, Made, dense
 from iris.calls.handles import lookup
 
 __all__ = ["NAMESPACE", "compiled_call", "functional_params", "in_place_name"]
@@ -88,10 +88,6 @@ def _run_method(declaration: Declaration, values: Mapping[str, Any]) -> None:
     method(*positional, **keywords)
 
 
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
-
-
 def _fresh_outputs(declaration: Declaration, values: Mapping[str, Any], *, fake: bool) -> list[torch.Tensor]:
     """The new outputs of a functional call (``fake``: their shapes only, nothing copied)."""
     target = lookup(values["handle"])
@@ -100,9 +96,9 @@ def _fresh_outputs(declaration: Declaration, values: Mapping[str, Any], *, fake:
         how = output.fresh
         if how == COPY:
             argument = values[output.name]
-            fresh.append(_dense(argument) if fake else _dense(argument).copy_(argument))
+            fresh.append(dense(argument) if fake else dense(argument).copy_(argument))
         elif how == LIKE:
-            fresh.append(_dense(values[output.name]))
+            fresh.append(dense(values[output.name]))
         elif how.optional and not values[f"keep_{output.name}"]:
             first = next(value for value in values.values() if isinstance(value, torch.Tensor))
             fresh.append(first.new_empty((0,)))
