@@ -10,9 +10,9 @@ for the host's calls and one per kernel program.
 
 The trace buffer, one per rank, is int64: a header of :data:`TRACE_HEADER` words (word 0 counts
 the events appended, also those dropped once it was full), then one row of
-:data:`EVENT_FIELDS` per event. Kernels find it through the device-context tensor's trailer:
-``context[3 + world_size]`` is the buffer's distance from the tensor in elements and
-``context[4 + world_size]`` its capacity in events (0: no buffer; events are dropped). Device
+:data:`EVENT_FIELDS` per event. Kernels find it through the device-context tensor's trailer
+(:mod:`iris.heap.device_context`): ``trace_distance`` is the buffer's distance from the tensor in
+elements and ``trace_capacity`` its capacity in events (0: no buffer; events are dropped). Device
 timestamps are the GPU's global timer (nanoseconds), put on the host's monotonic clock at export
 with an offset measured when tracing was enabled; on CPU ranks both are the host's clock.
 """
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
+
+from iris.heap.device_context import set_trailer
 
 __all__ = ["EVENT_FIELDS", "EVENT_IDS", "OPERATION_EVENTS", "TRACE_HEADER", "Tracing", "TracingMixin", "chrome_trace"]
 
@@ -107,8 +109,7 @@ class Tracing:
 
     def attach(self, device_context: torch.Tensor) -> None:
         """Point ``device_context`` (a device-context tensor of this context or of one of its
-        group views, with the two trailer words at its end) at this rank's buffer, now and
-        whenever tracing is switched."""
+        group views) at this rank's buffer, now and whenever tracing is switched."""
         self._device_contexts.add(device_context)
         self._write_trailer(device_context)
 
@@ -118,7 +119,7 @@ class Tracing:
         else:
             distance = (self._buffer.data_ptr() - device_context.data_ptr()) // device_context.element_size()
             capacity = self.max_events
-        device_context[-2:] = torch.tensor([distance, capacity], dtype=torch.int64)
+        set_trailer(device_context, trace_distance=distance, trace_capacity=capacity)
 
     def _measure_clock_offset(self) -> int:
         """The device clock's lead over the host's monotonic clock, in nanoseconds (0 where the

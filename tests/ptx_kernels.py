@@ -286,8 +286,7 @@ def signal_wait_ctx(context, flag, out, peer, timeout_ns, CTX: tl.constexpr, RAN
 # -- what to compile -----------------------------------------------------------------------------------
 
 _PTR_TYPES = {"f32": "*fp32", "i32": "*i32", "i64": "*i64", "heap_bases": "*i64", "context": "*i64",
-              "flag": "*i32", "out": "*i32", "state_ptr": "*i32", "faults": "*i32", "host_faults": "*i32",
-              "headers": "*i32"}
+              "flag": "*i32", "out": "*i32", "state_ptr": "*i32", "headers": "*i32"}
 _INT_ARGS = {"n", "m", "words", "stride", "slot_stride", "peer", "rank", "world_size", "programs", "out_numel",
              "capacity", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "flag_stride", "signature"}
 #: 64-bit integer arguments: a context's timeout in nanoseconds passes 2**31 from about 2.1 s on
@@ -368,7 +367,7 @@ def _ccl_specs(frontend) -> dict:
     types.update(sync="*i32")
     out = {}
     shape = {k: v for k, v in collective_shape("cuda", 1 << 20).items() if k != "num_warps"}
-    divisible = ("context", "inp", "out", "ws", "sync", "faults", "host_faults", "m", "stride")
+    divisible = ("context", "inp", "out", "ws", "sync", "m", "stride")
     for name, (push, middle, consume) in CCL_STEPS.items():
         roots = {"": ("sum", 1), "_root": (CCL_ROOTS[name], 0)} if name in CCL_ROOTS else {"": ("sum", 1)}
         for suffix, (op, src) in roots.items():
@@ -399,7 +398,7 @@ def _announcing_all_reduce_specs(frontend) -> dict:
                               **shape)
             out[f"{prefix}{name}_{dtype}"] = _spec(
                 frontend.kernel(kernel), constexprs, types,
-                divisible=("context", "inp", "out", "ws", "sync", "faults", "host_faults", count, "capacity"))
+                divisible=("context", "inp", "out", "ws", "sync", count, "capacity"))
     return out
 
 
@@ -409,8 +408,7 @@ def _fused_specs() -> dict:
     config = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k not in OPTIONS}
     types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
     types.update(flags="*i32", calls="*i32")
-    divisible = ("shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "faults", "host_faults", "heap_bases",
-                 "m", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
+    divisible = ("context", "shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "m", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
     return {
         "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, TRACING=False, BLOCK_M=config["BLOCK_M"],
@@ -479,8 +477,8 @@ def specs() -> dict:
         out[f"wait_cmp_{cmp}"] = _spec(wait_cmp, dict(RANK=0, CMP=cmp))
     out["wait_relaxed_gpu"] = _spec(wait_sem_scope, dict(RANK=0, SEM="relaxed", SCOPE="gpu"))
     out["wait_acquire_cta"] = _spec(wait_sem_scope, dict(RANK=0, SEM="acquire", SCOPE="cta"))
-    out["device_barrier"] = _spec(device_barrier_kernel, dict(TRACING=False),
-                                  divisible=("state_ptr", "heap_bases", "faults", "host_faults"))
+    out["device_barrier"] = _spec(device_barrier_kernel, dict(RANK=0, WORLD=2, TRACING=False),
+                                  divisible=("context", "state_ptr"))
     return out
 
 

@@ -311,8 +311,7 @@ def _compile_ptx() -> dict:
     shape = RMSNORM_SHAPES["cuda"]
     types = {name: "*bf16" for name in ("x", "residual", "weight", "out", "residual_out", "ws")}
     types.update(sync="*i32", tokens="i32", share="i32", hidden="i32", region="i32", eps="fp32")
-    divisible = ("context", "x", "residual", "weight", "out", "residual_out", "ws", "sync", "faults", "host_faults",
-                 "hidden", "region")
+    divisible = ("context", "x", "residual", "weight", "out", "residual_out", "ws", "sync", "hidden", "region")
     results = {}
     for frontend_name, method, chunks in PTX_CASES:
         frontend = {"triton": TRITON, "gluon": GLUON}[frontend_name]

@@ -20,6 +20,7 @@ import iris
 from iris.backend import DeviceOps
 from iris.context import Context, ContextBase, check_needs, context_class
 from iris.errors import BackendNotFoundError, IrisError
+from iris.heap.device_context import trailer_index
 from iris.collectives.workspaces import WorkspacesMixin
 from iris.context.failstop import FailStopMixin
 from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
@@ -242,8 +243,10 @@ def test_identity(make_context):
     assert ctx.backend == "triton"
     assert ctx.get_cu_count() == len(os.sched_getaffinity(0)) >= 1
     assert ctx.get_heap_bases().dtype == torch.int64 and ctx.get_heap_bases().shape == (1,)
-    # Then iris's own: the heap size, and the trace buffer's distance and capacity (no buffer yet).
-    assert ctx.get_device_context().tolist() == [0, 1, ctx.get_heap_bases().item(), ctx.heap_size, 0, 0]
+    # Then iris's own trailer: the heap size, the trace buffer's distance and capacity (no buffer
+    # yet), the waits' timeout and where the fault words and their host-visible copy are.
+    assert ctx.get_device_context().tolist() == [0, 1, ctx.get_heap_bases().item(), ctx.heap_size, 0, 0,
+                                                 ctx.timeout_ns, ctx.faults.data_ptr(), ctx.host_faults.data_ptr()]
 
 
 @needs_interpreter
@@ -258,6 +261,9 @@ def test_timeout_and_on_timeout_reach_the_kernels(make_context, monkeypatch, on_
     assert ctx.faults.dtype == torch.int32 and ctx.faults.device == ctx.device
     assert ctx.faults.tolist() == [0] + [0] * ctx.world_size + [trap] + [0] * ctx.world_size + [0]
     assert ctx.host_faults.data_ptr() == ctx.faults.data_ptr()  # CPU ranks: the same words
+    trailer = ctx.get_device_context()
+    assert [trailer[trailer_index(name, ctx.world_size)].item() for name in ("timeout_ns", "faults", "host_faults")] \
+        == [2_500_000_000, ctx.faults.data_ptr(), ctx.host_faults.data_ptr()]
     assert not ctx.failed
     ctx.check()  # nothing recorded: does not raise
 

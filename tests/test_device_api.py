@@ -34,6 +34,7 @@ from iris.errors import IrisTimeoutError
 from iris.testing import RankReport, backend_rank_device, seeded_generator, spawn_reports
 from iris_triton.device.clock import now_ns
 from iris_triton.device.context import DeviceContext, method_source
+from iris_triton.protocol.waits import failed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -931,6 +932,23 @@ def test_the_device_functions_are_one_list():
         assert getattr(iris_triton, name) is getattr(iris_triton.device.functions, name), name
         # ``iris.<name>``, as kernels written for upstream iris call them.
         assert getattr(iris, name) is getattr(iris_triton.device.functions, name), f"iris.{name}"
+
+
+@triton.jit
+def _failed_without_fault_words_kernel(heap_bases, out, RANK: tl.constexpr, WORLD: tl.constexpr):
+    tl.store(out, failed(DeviceContext(RANK, WORLD, heap_bases)).to(tl.int32))
+
+
+def test_iris_waits_refuse_a_device_context_without_fault_words():
+    # A context built from the heap bases alone has no timeout or fault words to record a
+    # give-up in: iris's waits refuse it where the kernel is built (compiled or interpreted),
+    # instead of writing elsewhere.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.full((1,), 7, dtype=torch.int32, device=device)
+    with pytest.raises(Exception, match=r"built with initialize\(\) from ctx.get_device_context"):
+        _failed_without_fault_words_kernel[(1,)](torch.zeros(2, dtype=torch.int64, device=device), out, RANK=0,
+                                                 WORLD=2)
+    assert out.item() == 7
 
 
 @pytest.mark.parametrize("name", list(iris_triton.device.functions.DEVICE_FUNCTIONS))

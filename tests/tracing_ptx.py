@@ -87,11 +87,11 @@ def kernels(directory: Path) -> dict:
     shape = {k: v for k, v in collective_shape("cuda", 1 << 20).items() if k != "num_warps"}
     steps = ("_push_segments", "_reduce_and_share_segment", "_collect_shared")  # the two-shot all_reduce
     ccl_types = {"inp": "*bf16", "out": "*bf16", "ws": "*bf16", "sync": "*i32"}
-    ccl_divisible = ("context", "inp", "out", "ws", "sync", "faults", "host_faults", "m", "stride")
+    ccl_divisible = ("context", "inp", "out", "ws", "sync", "m", "stride")
     config = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k not in ptx_kernels.OPTIONS}
     options = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k in ptx_kernels.OPTIONS}
     fused_types = {name: "*bf16" for name in ("a", "b", "out", "recv")} | {"flags": "*i32", "calls": "*i32"}
-    fused_divisible = ("a", "b", "out", "recv", "flags", "calls", "faults", "host_faults", "heap_bases", "m", "K", "N",
+    fused_divisible = ("a", "b", "out", "recv", "flags", "calls", "context", "m", "K", "N",
                        "stride_am", "stride_bk", "stride_om", "slot_stride")
 
     def collective(frontend):

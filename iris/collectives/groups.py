@@ -33,6 +33,7 @@ import torch.distributed as dist
 from iris.context.bootstrap import Communicator
 from iris.errors import IrisError, format_bytes
 from iris.heap import SymmetricHeap
+from iris.heap.device_context import make_device_context
 from iris.heap.mapping import HeapMapping
 
 __all__ = ["DEFAULT_ARENA_FRACTION", "Group", "GroupView", "GroupsMixin", "check_partition", "namespace_for",
@@ -115,8 +116,8 @@ class GroupView:
         view.heap = SymmetricHeap(HeapMapping(size=arena.numel(), peers=peers), comm, debug=context.config.debug,
                                   allocation_map=False)
         bases = context.get_heap_bases().tolist()
-        view._device_context = torch.tensor([view.rank, view.world_size, *(bases[r] for r in ranks),
-                                             context.heap.size, 0, 0], dtype=torch.int64, device=context.device)
+        view._device_context = make_device_context(view.rank, view.world_size, [bases[r] for r in ranks],
+                                                   context.heap.size, context.device)
         context.tracing.attach(view._device_context)
         view._heap_bases = view._device_context[2:2 + view.world_size]
         view._namespaces = {}

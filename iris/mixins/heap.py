@@ -10,6 +10,7 @@ import torch
 from iris.config import debug_from_environment
 from iris.errors import IrisError, NotOnHeapError, format_bytes
 from iris.heap import SymmetricHeap
+from iris.heap.device_context import make_device_context
 from iris.registry import heap_providers
 
 __all__ = ["HeapMixin", "DEFAULT_HEAP_PROVIDERS"]
@@ -57,11 +58,8 @@ class HeapMixin:
                                   allocation_map=self.config.debug or debug_from_environment(),
                                   node_layout=self.node_layout if self.node_layout.nodes > 1 else None)
         self.heap_creation_seconds = time.perf_counter() - start
-        # Upstream iris's layout: what follows the bases (the heap size, the trace buffer's trailer
-        # of iris.tracing) is for iris's own use.
-        self._device_context = torch.tensor(
-            [self.rank, self.world_size, *mapping.bases, mapping.size, 0, 0], dtype=torch.int64, device=self.device
-        )
+        self._device_context = make_device_context(self.rank, self.world_size, mapping.bases, mapping.size,
+                                                   self.device)
         self._heap_bases = self._device_context[2:2 + self.world_size]
         self.debug(
             f"heap: {format_bytes(mapping.size)} per rank via {name!r} in "
@@ -101,11 +99,11 @@ class HeapMixin:
         return self._heap_bases
 
     def get_device_context(self) -> torch.Tensor:
-        """int64 tensor ``[rank, world_size, base_0, ..., base_{W-1}, heap_size, trace buffer's
-        distance, trace capacity]`` on the context's device, the single argument from which device
-        code builds its context. Upstream iris's layout: the rank, the world size, then the heap
-        bases (``heap_bases`` is ``context + 2``); what follows the bases is iris's own
-        (:mod:`iris.tracing` for the last two) and may grow."""
+        """int64 tensor ``[rank, world_size, base_0, ..., base_{W-1}, ...]`` on the context's
+        device, the single argument from which device code builds its context. Upstream iris's
+        layout: the rank, the world size, then the heap bases (``heap_bases`` is ``context + 2``);
+        what follows the bases is iris's own trailer (:mod:`iris.heap.device_context`: the heap
+        size, the trace buffer, the timeout and fault words of the device-side waits) and may grow."""
         return self._device_context
 
     def is_symmetric(self, tensor: torch.Tensor) -> bool:

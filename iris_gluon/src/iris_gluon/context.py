@@ -23,6 +23,7 @@ from triton.language.core import _aggregate as aggregate
 
 from iris_gluon.layouts import block_layout, tile_layout
 from iris_triton.device.context import with_device_methods
+from iris_triton.device.failstop import FailStop
 from iris_triton.device.tracing import DeviceTracing
 
 __all__ = ["IrisDeviceCtx"]
@@ -36,9 +37,10 @@ class IrisDeviceCtx:
     num_ranks: tl.tensor
     heap_bases: tl.tensor
     tracing: DeviceTracing
+    failstop: FailStop
 
     @gluon.constexpr_function
-    def __init__(self, rank, world_size, heap_bases, tracing=None):
+    def __init__(self, rank, world_size, heap_bases, tracing=None, failstop=None):
         self.rank = rank
         self.world_size = world_size
         # Upstream iris's names of the same two values.
@@ -46,6 +48,7 @@ class IrisDeviceCtx:
         self.num_ranks = world_size
         self.heap_bases = heap_bases
         self.tracing = DeviceTracing(False, heap_bases, heap_bases) if tracing is None else tracing
+        self.failstop = FailStop(False, heap_bases, heap_bases, heap_bases) if failstop is None else failstop
 
     @gluon.jit
     def initialize(context_tensor, RANK: gl.constexpr = None, WORLD_SIZE: gl.constexpr = None,
@@ -63,7 +66,8 @@ class IrisDeviceCtx:
         else:
             world_size = gl.to_tensor(WORLD_SIZE)
         return IrisDeviceCtx(rank, world_size, context_tensor + 2,
-                             DeviceTracing.of(context_tensor, world_size, tracing))
+                             DeviceTracing.of(context_tensor, world_size, tracing),
+                             FailStop.of(context_tensor, world_size))
 
     @gluon.jit
     def block_offsets(self, ptr, start, BLOCK: gl.constexpr):

@@ -12,6 +12,7 @@ import torch
 from iris.backend import Backend, DeviceOps
 from iris.context import Context
 from iris.errors import IrisError
+from iris.heap.device_context import set_trailer
 from iris_triton.device.frontend import TRITON
 from iris_triton.collectives.p2p import PeerRegions
 from iris_triton.tuning import COMPILE_ONLY_PROGRAMS, CPU_PROGRAMS
@@ -141,6 +142,9 @@ class TritonDeviceOps(DeviceOps):
             self.host_faults = self.faults
             host_words = self.faults.numpy()
         self._fault_word_sets.append((host_words, peers, self.comm))
+        # Where kernels find them, and the timeout: the device context's trailer (iris_triton.device.failstop).
+        set_trailer(self._device_context, timeout_ns=self.timeout_ns, faults=self.faults.data_ptr(),
+                    host_faults=self.host_faults.data_ptr())
         self._barrier_state = self.zeros(state_words(self.world_size), dtype=torch.int32)
         self.p2p_regions = PeerRegions.allocate(self)
 
@@ -224,9 +228,8 @@ class TritonDeviceOps(DeviceOps):
 
         self._refuse_across_nodes("device_barrier")
         with self._call("device_barrier"):
-            device_barrier_kernel[(1,)](self._barrier_state, self.get_heap_bases(), self.faults, self.host_faults,
-                                        self.rank, self.world_size, self.timeout_ns, TRACING=self.tracing.enabled,
-                                        num_warps=1)
+            device_barrier_kernel[(1,)](self.get_device_context(), self._barrier_state, RANK=self.rank,
+                                        WORLD=self.world_size, TRACING=self.tracing.enabled, num_warps=1)
 
     def _trace_event_names(self) -> dict[int, str]:
         """Every operation whose kernels wait on peers, by its code (:mod:`iris_triton.protocol.waits`)."""

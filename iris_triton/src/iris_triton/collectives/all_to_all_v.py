@@ -96,7 +96,7 @@ def _pick(table, where):
 
 
 @triton.jit
-def _table_holds(slot, words, cap_rows, faults, host_faults, RANK: tl.constexpr, WORLD: tl.constexpr,
+def _table_holds(dctx, slot, words, cap_rows, RANK: tl.constexpr, WORLD: tl.constexpr,
                  LANES: tl.constexpr, SITE: tl.constexpr, SAME_BOUND: tl.constexpr, EXPECTED: tl.constexpr):
     """Whether every rank's row of the table (``words``: the slot's offsets, one vector) makes a
     call that fits (the module's checks). Every rank checks the same table, so every rank reaches
@@ -113,23 +113,23 @@ def _table_holds(slot, words, cap_rows, faults, host_faults, RANK: tl.constexpr,
         bad = (sends > _pick(table, words == q * LANES + 2 * WORLD)) | (
             _pick(tl.where(table < 0, 1, 0), (source == q) & (lane < 2 * WORLD)) > 0)
         if bad:  # negative, or more rows than q's input has
-            record_failure(faults, host_faults, WORLD, q, SPLITS * 256 + SITE)
+            record_failure(dctx, q, SPLITS * 256 + SITE)
         ok = ok & (not bad)
         bound = _pick(table, words == q * LANES + 2 * WORLD + 1)
         if SAME_BOUND:
             if bound != here:
-                record_failure(faults, host_faults, WORLD, q, BOUNDS * 256 + SITE)
+                record_failure(dctx, q, BOUNDS * 256 + SITE)
             ok = ok & (bound == here)
         receives = _pick(table, (source < WORLD) & (lane == q))
         if receives > bound:
-            record_failure(faults, host_faults, WORLD, q, OVERFLOW * 256 + SITE)
+            record_failure(dctx, q, OVERFLOW * 256 + SITE)
         if receives > cap_rows:
-            record_failure(faults, host_faults, WORLD, q, CAPACITY * 256 + SITE)
+            record_failure(dctx, q, CAPACITY * 256 + SITE)
         ok = ok & (receives <= bound) & (receives <= cap_rows)
         if EXPECTED:
             unmatched = _pick(tl.where(table != opposite, 1, 0), (lane == q) & (source < WORLD)) > 0
             if unmatched:
-                record_failure(faults, host_faults, WORLD, q, UNMATCHED * 256 + SITE)
+                record_failure(dctx, q, UNMATCHED * 256 + SITE)
             ok = ok & (not unmatched)
     return ok
 
@@ -190,9 +190,8 @@ def _take_rows(dctx, table, words, out, region, out_splits, row, RANK: tl.conste
 # -- the kernel source ---------------------------------------------------------------------------------
 
 
-def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_splits, sync, programs, faults,
-                        host_faults, in_rows, bound, cap_rows, row, out_numel, timeout_ns, signature,
-                        CTX: tl.constexpr,
+def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_splits, sync, programs, in_rows,
+                        bound, cap_rows, row, out_numel, signature, CTX: tl.constexpr,
                         TRACING: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, LANES: tl.constexpr,
                         TABLE: tl.constexpr, SITE: tl.constexpr, EXPECTED: tl.constexpr,
                         SAME_BOUND: tl.constexpr, REPORT: tl.constexpr, BLOCK: tl.constexpr):
@@ -209,7 +208,7 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     slot = table + (call & 1) * WORLD * LANES
     lanes = dctx.block_offsets(table, 0, LANES)
     mine = _own_row(lanes, splits, expected, in_rows, bound, WORLD, EXPECTED)
-    alive = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    alive = not failed(dctx)  # a failed context sends peers nothing, and its output is NaN
     if alive:
         for q in tl.static_range(WORLD):
             if q != RANK:
@@ -218,20 +217,18 @@ def all_to_all_v_kernel(context, inp, out, region, table, splits, expected, out_
     tl.debug_barrier()  # this rank's row, as every thread of the program reads it below
     announce(dctx, headers, announced, RANK, WORLD)
     count += 1
-    _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
-                             SITE)
-    ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
+    _signal_peers(dctx, flags, count, RANK, WORLD)
+    ok = alive & _wait_peers(dctx, flags, count, headers, announced, RANK, WORLD, SITE)
+    ok = ok & peers_announced(dctx, headers, announced, RANK, WORLD, SITE, False)
     words = dctx.block_offsets(table, 0, TABLE)
     if ok:
-        ok = _table_holds(slot, words, cap_rows, faults, host_faults, RANK, WORLD, LANES, SITE, SAME_BOUND, EXPECTED)
+        ok = _table_holds(dctx, slot, words, cap_rows, RANK, WORLD, LANES, SITE, SAME_BOUND, EXPECTED)
     count += 1
     if ok:  # every rank's verdict is the same: either all push, or none does
         counts = tl.load(slot + words, mask=(words // LANES < WORLD) & (words % LANES < WORLD), other=0)
         _push_rows(dctx, counts, words, inp, out, region, row, RANK, WORLD, LANES, BLOCK)
-        _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-        ok = _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
-                         SITE)
+        _signal_peers(dctx, flags, count, RANK, WORLD)
+        ok = _wait_peers(dctx, flags, count, headers, announced, RANK, WORLD, SITE)
         if ok:
             _take_rows(dctx, counts, words, out, region, out_splits, row, RANK, WORLD, LANES, BLOCK, REPORT)
     _finish(dctx, sync, programs, call, count)
@@ -288,9 +285,8 @@ def _launch(call: CollectiveCall, need_bytes: int | None, expected: torch.Tensor
         table=ws[:front_bytes].view(torch.int64), splits=call.input_splits,
         expected=call.input_splits if expected is None else expected,
         out_splits=call.input_splits if out_splits is None else out_splits, sync=ctx.collective_sync(),
-        programs=ctx.programs, faults=ctx.faults, host_faults=ctx.host_faults, in_rows=in_rows, bound=bound,
-        cap_rows=cap_rows, row=row, out_numel=call.output.numel(), timeout_ns=ctx.timeout_ns,
-        signature=call.signature, CTX=front.device_context,
+        programs=ctx.programs, in_rows=in_rows, bound=bound, cap_rows=cap_rows, row=row,
+        out_numel=call.output.numel(), signature=call.signature, CTX=front.device_context,
         TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world, LANES=table_lanes(world),
         TABLE=table_lanes(world) * triton.next_power_of_2(world), SITE=site_code(call.collective),
         EXPECTED=expected is not None, SAME_BOUND=out_splits is not None, REPORT=out_splits is not None,

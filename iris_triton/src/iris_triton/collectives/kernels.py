@@ -78,11 +78,11 @@ def _finish(dctx, sync, programs, call, count):
 
 
 @triton.jit
-def _signal_peers(dctx, flags, count, faults, RANK: tl.constexpr, WORLD: tl.constexpr):
+def _signal_peers(dctx, flags, count, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Release this program's writes so far to every peer: its flag [p, RANK] := ``count``;
     nothing once a failure is recorded on this rank (:mod:`iris_triton.protocol.waits`: a failed context
     sends peers nothing)."""
-    if not failed(faults):
+    if not failed(dctx):
         row = flags + tl.program_id(0) * WORLD
         for q in tl.static_range(WORLD):
             if q != RANK:
@@ -90,8 +90,8 @@ def _signal_peers(dctx, flags, count, faults, RANK: tl.constexpr, WORLD: tl.cons
 
 
 @triton.jit
-def _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK: tl.constexpr,
-                WORLD: tl.constexpr, SITE: tl.constexpr):
+def _wait_peers(dctx, flags, count, headers, announced, RANK: tl.constexpr, WORLD: tl.constexpr,
+                SITE: tl.constexpr):
     """Whether every peer's flag [p, peer] here reached ``count`` within the timeout; a wait
     that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.protocol.waits`), and gives up
     at once where a peer announced another call than ``announced`` in ``headers`` (a mismatch)."""
@@ -100,8 +100,7 @@ def _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, an
     waiting = dctx.tracing.begin(WAIT_EVENT, op=count)
     for q in tl.static_range(WORLD):
         if q != RANK:
-            ok = ok & wait_for_call(row + q, count, timeout_ns, faults, host_faults, q, headers, announced, RANK,
-                                    WORLD, SITE)
+            ok = ok & wait_for_call(dctx, row + q, count, q, headers, announced, SITE)
     dctx.tracing.end(waiting)
     return ok
 
@@ -314,20 +313,19 @@ def _each_block(STEP: tl.constexpr, dctx, r, per_round, inp, out, region, n, m, 
 # -- the kernel source ---------------------------------------------------------------------------------
 
 
-def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, m, out_numel, stride, timeout_ns,
-                      signature, CTX: tl.constexpr, TRACING: tl.constexpr,
-                      RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr, MIDDLE: tl.constexpr,
-                      CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr, SITE: tl.constexpr,
-                      BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
+def collective_kernel(context, inp, out, ws, sync, programs, n, m, out_numel, stride, signature, CTX: tl.constexpr,
+                      TRACING: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, PUSH: tl.constexpr,
+                      MIDDLE: tl.constexpr, CONSUME: tl.constexpr, OP: tl.constexpr, SRC: tl.constexpr,
+                      SITE: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr, SYNCS: tl.constexpr):
     """One collective, by the protocol above: ``PUSH`` every block of a round, (two-shot)
     ``MIDDLE`` every block of it once the peers pushed theirs, ``CONSUME`` every block once the
     peers pushed (two-shot: shared) theirs; the signals and waits between steps as the module
     says.
     Blocks cover segments of ``m`` elements; ``n`` is the input's element count; ``stride`` is
     the distance between the workspace's two slots (elements); ``programs`` is the number of
-    programs the sync words are laid out for (the grid may be smaller); ``faults``, ``host_faults``
-    and ``timeout_ns`` bound the waits and record a give-up (:mod:`iris_triton.protocol.waits`), after
-    which the program fills ``out`` (``out_numel`` elements) with NaN (integers: -1). Before its
+    programs the sync words are laid out for (the grid may be smaller). The waits are bounded by
+    the context's timeout and record a give-up in its fault words (:mod:`iris_triton.protocol.waits`),
+    after which the program fills ``out`` (``out_numel`` elements) with NaN (integers: -1). Before its
     first signal a program announces the call (its number and ``signature``) to its peers, and
     after its first wait it checks what they announced: a peer in a different call is a failure,
     not data (:func:`iris_triton.protocol.calls.announce`); every wait also reads the headers, so a peer in a
@@ -342,16 +340,14 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
     region = ws + (call & 1) * stride
     rounds, per_round = _schedule(m, BLOCK, ROUND, SYNCS)
     lag: tl.constexpr = 1 if MIDDLE is None else 2  # steps between a round's push and its consume
-    ok = not failed(faults)  # every wait so far succeeded, on a context that had not failed before
+    ok = not failed(dctx)  # every wait so far succeeded, on a context that had not failed before
     for i in range(rounds + lag):
         if (i < rounds) & ok:  # after a give-up nothing more reaches a peer
             _each_block(PUSH, dctx, i, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC, BLOCK, ROUND)
         if i > 0:  # the peers' count of step i - 1 covers their pushes up to round i - 1
-            ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK,
-                                  WORLD, SITE)
+            ok = ok & _wait_peers(dctx, flags, count, headers, announced, RANK, WORLD, SITE)
             if i == 1:
-                ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE,
-                                          False)
+                ok = ok & peers_announced(dctx, headers, announced, RANK, WORLD, SITE, False)
             if MIDDLE is not None:
                 if (i <= rounds) & ok:
                     _each_block(MIDDLE, dctx, i - 1, per_round, inp, out, region, n, m, RANK, WORLD, OP, SRC,
@@ -362,7 +358,7 @@ def collective_kernel(context, inp, out, ws, sync, programs, faults, host_faults
         if i < rounds + lag - 1:
             count += 1
             if ok:  # after a give-up, nothing this program computes may reach a peer as valid
-                _signal_peers(dctx, flags, count, faults, RANK, WORLD)
+                _signal_peers(dctx, flags, count, RANK, WORLD)
     _finish(dctx, sync, programs, call, count)
     if not ok:
         poison_blocks(dctx, out, out_numel, m, tl.program_id(0), tl.num_programs(0), BLOCK)
@@ -402,8 +398,8 @@ def _launch(call: CollectiveCall, n: int, m: int, slot_elements: int, push, cons
     grid = (max(1, min(ctx.programs, triton.cdiv(m, shape["BLOCK"]))),)
     return front.launch(
         collective_kernel, grid, context=ctx.get_device_context(), inp=inp, out=out, ws=ws,
-        sync=ctx.collective_sync(), programs=ctx.programs, faults=ctx.faults, host_faults=ctx.host_faults, n=n, m=m,
-        out_numel=out_numel, stride=stride, timeout_ns=ctx.timeout_ns, signature=call.signature,
+        sync=ctx.collective_sync(), programs=ctx.programs, n=n, m=m, out_numel=out_numel, stride=stride,
+        signature=call.signature,
         CTX=front.device_context, TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=ctx.world_size, PUSH=push,
         MIDDLE=middle, CONSUME=consume, OP=call.op, SRC=call.src, SITE=site_code(call.collective), **shape)
 

@@ -90,20 +90,19 @@ def _first_flag(buffer, w):
 def _arrived(dctx, buffer, w, mask, flag, where, SITE: tl.constexpr):
     """``(payload, arrived)`` of words ``w`` of ``buffer`` once all of them carry ``flag`` in
     their high half (:func:`iris_triton.protocol.waits.read_when_arrived`, waiting meanwhile on the first
-    word's, and on the peers' headers); ``where`` is ``(faults, host_faults, peer, timeout_ns,
-    headers)``."""
-    faults, host_faults, peer, timeout_ns, headers = where
-    words, arrived = read_when_arrived(dctx, buffer, w, mask, flag, faults, host_faults, peer, timeout_ns, headers,
-                                       flag, _flag_differs, _first_flag, "eq", SITE)
+    word's, and on the peers' headers); ``where`` is ``(peer, headers)``."""
+    peer, headers = where
+    words, arrived = read_when_arrived(dctx, buffer, w, mask, flag, peer, headers, flag, _flag_differs, _first_flag,
+                                       "eq", SITE)
     return words & _PAYLOAD_MASK, arrived
 
 
 @triton.jit
-def _received(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns, headers, SIZE: tl.constexpr,
-              DTYPE: tl.constexpr, SITE: tl.constexpr):
+def _received(dctx, buffer, e, mask, flag, peer, headers, SIZE: tl.constexpr, DTYPE: tl.constexpr,
+              SITE: tl.constexpr):
     """``(elements, arrived)``: elements ``e`` (of ``DTYPE``, ``SIZE`` bytes) that ``peer``
     pushed into ``buffer``."""
-    where = (faults, host_faults, peer, timeout_ns, headers)
+    where = (peer, headers)
     if SIZE == 1:
         words, arrived = _arrived(dctx, buffer, e // 4, mask, flag, where, SITE)
         bits = ((words >> (8 * (e % 4))) & 0xFF).to(tl.int8)
@@ -123,20 +122,18 @@ def _received(dctx, buffer, e, mask, flag, faults, host_faults, peer, timeout_ns
 
 @triton.jit
 def _own_elements(args):
-    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns, headers = args
+    dctx, inp, slot, capacity, e, mask, flag, headers = args
     return tl.load(inp + e, mask=mask)
 
 
 @triton.jit
 def _peer_elements(q, args):
-    dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns, headers = args
+    dctx, inp, slot, capacity, e, mask, flag, headers = args
     SIZE: tl.constexpr = inp.dtype.element_ty.primitive_bitwidth // 8
-    return _received(dctx, slot + q * capacity, e, mask, flag, faults, host_faults, q, timeout_ns, headers, SIZE,
-                     inp.dtype.element_ty, _SITE)
+    return _received(dctx, slot + q * capacity, e, mask, flag, q, headers, SIZE, inp.dtype.element_ty, _SITE)
 
 
-def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, words, capacity, timeout_ns,
-                       signature, CTX: tl.constexpr,
+def low_latency_kernel(context, inp, out, ws, sync, programs, n, words, capacity, signature, CTX: tl.constexpr,
                        TRACING: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr,
                        SIZE: tl.constexpr, BLOCK: tl.constexpr):
     """All-reduce ``n`` elements of ``SIZE`` bytes from ``inp`` into ``out`` (may be ``inp``):
@@ -151,7 +148,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     flag = header_value(call, signature)
     headers = headers_of(sync, programs, call, WORLD)
     slot = ws + (call & 1) * WORLD * capacity
-    ok = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    ok = not failed(dctx)  # a failed context sends peers nothing, and its output is NaN
     if ok & (tl.program_id(0) == 0):  # where every algorithm announces its calls: one write per peer
         announce(dctx, headers, flag, RANK, WORLD)
     if ok:
@@ -165,7 +162,7 @@ def low_latency_kernel(context, inp, out, ws, sync, programs, faults, host_fault
     for start in range(tl.program_id(0) * ELEMENTS, n, tl.num_programs(0) * ELEMENTS):
         e = dctx.block_offsets(inp, start, ELEMENTS)
         mask = e < n
-        args = (dctx, inp, slot, capacity, e, mask, flag, faults, host_faults, timeout_ns, headers)
+        args = (dctx, inp, slot, capacity, e, mask, flag, headers)
         acc, arrived = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
         tl.store(out + e, acc.to(out.dtype.element_ty), mask=mask)
         ok = ok & arrived
@@ -189,9 +186,8 @@ def _all_reduce(call: CollectiveCall):
     grid = (max(1, min(ctx.programs, triton.cdiv(words, shape["BLOCK"]))),)
     return front.launch(
         low_latency_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
-        ws=ws.view(torch.int64), sync=ctx.collective_sync(), programs=ctx.programs, faults=ctx.faults,
-        host_faults=ctx.host_faults, n=n, words=words, capacity=region_bytes // 8, timeout_ns=ctx.timeout_ns,
-        signature=call.signature, CTX=front.device_context, TRACING=ctx.tracing.enabled,
+        ws=ws.view(torch.int64), sync=ctx.collective_sync(), programs=ctx.programs, n=n, words=words,
+        capacity=region_bytes // 8, signature=call.signature, CTX=front.device_context, TRACING=ctx.tracing.enabled,
         RANK=ctx.rank, WORLD=ctx.world_size, OP=call.op, SIZE=size, **shape)
 
 

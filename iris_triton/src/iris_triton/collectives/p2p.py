@@ -107,12 +107,12 @@ def _header(words, source, slot, WORLD: tl.constexpr, PROGRAMS: tl.constexpr, SL
 
 
 @triton.jit
-def _accepted(consumed, faults, host_faults, peer, WORLD: tl.constexpr):
+def _accepted(dctx, consumed, peer):
     """Whether ``peer`` has not refused this rank's messages (its ``consumed`` word here); a
     refusal is recorded as a mismatch of the send."""
     refused = tl.load(consumed, volatile=True) >= REFUSED
     if refused:
-        record_failure(faults, host_faults, WORLD, peer, MISMATCH * 256 + _SEND_SITE)
+        record_failure(dctx, peer, MISMATCH * 256 + _SEND_SITE)
     return not refused
 
 
@@ -126,8 +126,7 @@ def _part(dctx, data, k, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
 # -- the kernel sources ------------------------------------------------------------------------------------
 
 
-def send_kernel(context, data, inbox, words, faults, host_faults, n, peer, what, timeout_ns, CTX: tl.constexpr,
-                TRACING: tl.constexpr,
+def send_kernel(context, data, inbox, words, n, peer, what, CTX: tl.constexpr, TRACING: tl.constexpr,
                 RANK: tl.constexpr, WORLD: tl.constexpr, SLOTS: tl.constexpr, PROGRAMS: tl.constexpr,
                 BLOCK: tl.constexpr):
     """Send ``data`` (``n`` elements, as integers of their size) to ``peer``, announcing ``what``
@@ -141,14 +140,13 @@ def send_kernel(context, data, inbox, words, faults, host_faults, n, peer, what,
     first = tl.load(sent)
     span = dctx.tracing.begin(OPERATION_EVENT + _SEND_SITE, peer, n * (data.dtype.element_ty.primitive_bitwidth // 8),
                               op=first)
-    ok = (not failed(faults)) & _accepted(consumed, faults, host_faults, peer, WORLD)
+    ok = (not failed(dctx)) & _accepted(dctx, consumed, peer)
     for k in range(chunks):
         seq = first + k
         if ok & (seq >= SLOTS):  # the slot is free once the receiver took chunk seq - SLOTS
-            ok = wait_or_record(consumed, seq - SLOTS + 1, RANK, dctx.heap_bases, timeout_ns, faults, host_faults,
-                                WORLD, peer, _SEND_SITE)
+            ok = wait_or_record(dctx, consumed, seq - SLOTS + 1, peer, _SEND_SITE)
             if ok:
-                ok = _accepted(consumed, faults, host_faults, peer, WORLD)
+                ok = _accepted(dctx, consumed, peer)
         if ok:
             slot = seq % SLOTS
             offs, within = _part(dctx, data, k, CHUNK, BLOCK)
@@ -163,8 +161,7 @@ def send_kernel(context, data, inbox, words, faults, host_faults, n, peer, what,
     dctx.tracing.end(span)
 
 
-def recv_kernel(context, data, inbox, words, faults, host_faults, n, peer, what, timeout_ns, CTX: tl.constexpr,
-                TRACING: tl.constexpr,
+def recv_kernel(context, data, inbox, words, n, peer, what, CTX: tl.constexpr, TRACING: tl.constexpr,
                 RANK: tl.constexpr, WORLD: tl.constexpr, SLOTS: tl.constexpr, PROGRAMS: tl.constexpr,
                 BLOCK: tl.constexpr):
     """Receive ``n`` elements from ``peer`` into ``data``, which must be a message announced as
@@ -179,18 +176,17 @@ def recv_kernel(context, data, inbox, words, faults, host_faults, n, peer, what,
     first = tl.load(taken)
     span = dctx.tracing.begin(OPERATION_EVENT + _RECV_SITE, peer, n * (data.dtype.element_ty.primitive_bitwidth // 8),
                               op=first)
-    ok = not failed(faults)
+    ok = not failed(dctx)
     for k in range(chunks):
         seq = first + k
         slot = seq % SLOTS
         if ok:
-            ok = wait_or_record(delivered, seq + 1, RANK, dctx.heap_bases, timeout_ns, faults, host_faults, WORLD,
-                                peer, _RECV_SITE)
+            ok = wait_or_record(dctx, delivered, seq + 1, peer, _RECV_SITE)
         if ok:
             header = _header(words, peer, slot, WORLD, PROGRAMS, SLOTS)
             same = (tl.load(header, volatile=True) == seq + 1) & (tl.load(header + 1, volatile=True) == what)
             if not same:
-                record_failure(faults, host_faults, WORLD, peer, MISMATCH * 256 + _RECV_SITE)
+                record_failure(dctx, peer, MISMATCH * 256 + _RECV_SITE)
                 dctx.signal(consumed, REFUSED, peer)
             ok = same
         if ok:
@@ -234,10 +230,9 @@ def _launch(call: CollectiveCall, kernel, tensor: torch.Tensor):
     front = ctx.frontend
     return front.launch(
         kernel, (regions.programs,), context=ctx.get_device_context(), data=tensor.view(bits),
-        inbox=regions.inbox.view(bits), words=regions.words, faults=ctx.faults, host_faults=ctx.host_faults,
-        n=tensor.numel(), peer=call.src, what=announcement(tensor), timeout_ns=ctx.timeout_ns,
-        CTX=front.device_context,
-        TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=ctx.world_size, SLOTS=SLOTS, PROGRAMS=regions.programs,
+        inbox=regions.inbox.view(bits), words=regions.words, n=tensor.numel(), peer=call.src,
+        what=announcement(tensor), CTX=front.device_context, TRACING=ctx.tracing.enabled, RANK=ctx.rank,
+        WORLD=ctx.world_size, SLOTS=SLOTS, PROGRAMS=regions.programs,
         BLOCK=regions.chunk_bytes // regions.programs // tensor.element_size())
 
 

@@ -70,7 +70,7 @@ def _first_word(buffer, e):
 @triton.jit
 def _own_elements(args):
     """This rank's elements, with the replacement its peers see."""
-    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns, headers, announced = args
+    dctx, inp, slot, capacity, e, mask, headers, announced = args
     return _sendable(inp, e, mask, slot.dtype.element_ty).to(inp.dtype.element_ty, bitcast=True)
 
 
@@ -78,16 +78,16 @@ def _own_elements(args):
 def _peer_elements(q, args):
     """``(elements, arrived)``: peer q's elements once they all landed; the sentinel goes back,
     for the slot's next call."""
-    dctx, inp, slot, capacity, e, mask, faults, host_faults, timeout_ns, headers, announced = args
+    dctx, inp, slot, capacity, e, mask, headers, announced = args
     region = slot + q * capacity
-    bits, arrived = read_when_arrived(dctx, region, e, mask, -1, faults, host_faults, q, timeout_ns, headers, announced,
-                                      _is_sentinel, _first_word, "ne", _SITE)
+    bits, arrived = read_when_arrived(dctx, region, e, mask, -1, q, headers, announced, _is_sentinel, _first_word,
+                                      "ne", _SITE)
     tl.store(region + e, bits | -1, mask=mask)
     return bits.to(inp.dtype.element_ty, bitcast=True), arrived
 
 
-def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, n, capacity, timeout_ns, signature,
-                    CTX: tl.constexpr, TRACING: tl.constexpr,
+def sentinel_kernel(context, inp, out, ws, sync, programs, n, capacity, signature, CTX: tl.constexpr,
+                    TRACING: tl.constexpr,
                     RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                     LAG: tl.constexpr):
     """All-reduce ``n`` floats from ``inp`` into ``out`` (may be ``inp``): push this rank's
@@ -115,7 +115,7 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
     first, stride = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
     blocks = tl.cdiv(n - first, stride)
     lag = tl.minimum(blocks, LAG)
-    alive = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    alive = not failed(dctx)  # a failed context sends peers nothing, and its output is NaN
     ok = alive  # and every block so far arrived
     for step in range(0, blocks + lag):
         if (step < blocks) & alive:
@@ -126,11 +126,11 @@ def sentinel_kernel(context, inp, out, ws, sync, programs, faults, host_faults, 
                     publish(dctx, slot + RANK * capacity + e, bits, q, e < n)
         if step >= lag:
             e = dctx.block_offsets(inp, first + (step - lag) * stride, BLOCK)
-            args = (dctx, inp, slot, capacity, e, e < n, faults, host_faults, timeout_ns, headers, announced)
+            args = (dctx, inp, slot, capacity, e, e < n, headers, announced)
             acc, arrived = reduce_in_rank_order(_own_elements, _peer_elements, args, RANK, WORLD, OP)
             tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
             ok = ok & arrived
-    ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, _SITE, True)
+    ok = ok & peers_announced(dctx, headers, announced, RANK, WORLD, _SITE, True)
     count_call(sync, programs, call, dctx.block_offsets(sync, 0, LANES))
     if not ok:
         poison_blocks(dctx, out, n, n, tl.program_id(0), tl.num_programs(0), BLOCK)
@@ -155,8 +155,7 @@ def _all_reduce(call: CollectiveCall):
     return front.launch(
         sentinel_kernel, grid, context=ctx.get_device_context(), inp=call.input, out=call.output,
         ws=ws[: 2 * world * region_bytes].view(_BITS[size]), sync=ctx.collective_sync(), programs=ctx.programs,
-        faults=ctx.faults, host_faults=ctx.host_faults, n=n, capacity=region_bytes // size, timeout_ns=ctx.timeout_ns,
-        signature=call.signature, CTX=front.device_context,
+        n=n, capacity=region_bytes // size, signature=call.signature, CTX=front.device_context,
         TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world, OP=call.op, **shape)
 
 

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from iris_triton.device import functions as device
 from iris_triton.device.compiled import device_class, device_constructor, device_method
+from iris_triton.device.failstop import FailStop
 from iris_triton.device.tracing import DeviceTracing
 
 __all__ = ["DeviceContext", "DeviceMethods", "method_source", "with_device_methods"]
@@ -116,13 +117,15 @@ class DeviceContext:
     world_size: tl.constexpr
     heap_bases: tl.tensor
     tracing: DeviceTracing
+    failstop: FailStop
 
     @device_constructor
-    def __init__(self, rank, world_size, heap_bases, tracing=None):
+    def __init__(self, rank, world_size, heap_bases, tracing=None, failstop=None):
         self.rank = tl.constexpr(rank)
         self.world_size = tl.constexpr(world_size)
         self.heap_bases = heap_bases
         self.tracing = DeviceTracing(False, heap_bases, heap_bases) if tracing is None else tracing
+        self.failstop = FailStop(False, heap_bases, heap_bases, heap_bases) if failstop is None else failstop
 
     @device_method
     def initialize(context_tensor, RANK: tl.constexpr, WORLD_SIZE: tl.constexpr, tracing: tl.constexpr = False):
@@ -130,9 +133,11 @@ class DeviceContext:
         base_0, ..., base_{W-1}, ...]`` that ``ctx.get_device_context()`` returns. ``RANK`` and
         ``WORLD_SIZE`` are compile-time constants (``tl.constexpr`` kernel arguments), as in
         upstream iris kernels; ``tracing`` builds its ``tracing`` member
-        (:class:`iris_triton.device.tracing.DeviceTracing`)."""
+        (:class:`iris_triton.device.tracing.DeviceTracing`). Its ``failstop`` member
+        (:class:`iris_triton.device.failstop.FailStop`) carries what iris's waits need."""
         return DeviceContext(RANK, WORLD_SIZE, context_tensor + 2,
-                             DeviceTracing.of(context_tensor, WORLD_SIZE, tracing))
+                             DeviceTracing.of(context_tensor, WORLD_SIZE, tracing),
+                             FailStop.of(context_tensor, WORLD_SIZE))
 
     @device_method
     def block_offsets(self, ptr, start, BLOCK: tl.constexpr):

@@ -22,6 +22,7 @@ import linecache
 import triton
 import triton.language as tl
 
+from iris.heap.device_context import TRAILER
 from iris.tracing import EVENT_FIELDS, EVENT_IDS, OPERATION_EVENTS, TRACE_HEADER
 from iris_triton.device.clock import now_ns
 from iris_triton.device.compiled import device_class, device_constructor, device_method
@@ -39,6 +40,9 @@ WAIT_EVENT: tl.constexpr = tl.constexpr(EVENT_IDS["wait"])
 PUSH_EVENT: tl.constexpr = tl.constexpr(EVENT_IDS["push"])
 COMPUTE_EVENT: tl.constexpr = tl.constexpr(EVENT_IDS["compute"])
 
+# The trailer words' distances from the context tensor, less the world size.
+_TRACE_DISTANCE: tl.constexpr = tl.constexpr(2 + TRAILER.index("trace_distance"))
+_TRACE_CAPACITY: tl.constexpr = tl.constexpr(2 + TRAILER.index("trace_capacity"))
 _HEADER: tl.constexpr = tl.constexpr(TRACE_HEADER)
 _FIELDS: tl.constexpr = tl.constexpr(len(EVENT_FIELDS))
 _KIND, _PROGRAM, _TILE, _TILE_N, _TARGET, _START, _END, _BYTES, _OP = (
@@ -105,13 +109,13 @@ class DeviceTracing:
     @device_method
     def of(context_tensor, world_size, enabled: tl.constexpr):
         """The member of a context built from ``context_tensor`` (``world_size`` ranks); enabled,
-        it reads where this rank's trace buffer is from the tensor's trailer (:mod:`iris.tracing`)."""
+        it reads where this rank's trace buffer is from the tensor's trailer
+        (:mod:`iris.heap.device_context`)."""
         buffer = context_tensor
         capacity = context_tensor
         if enabled:
-            trailer = context_tensor + 3 + world_size
-            buffer = context_tensor + tl.load(trailer)
-            capacity = tl.load(trailer + 1)
+            buffer = context_tensor + tl.load(context_tensor + world_size + _TRACE_DISTANCE)
+            capacity = tl.load(context_tensor + world_size + _TRACE_CAPACITY)
         return DeviceTracing(enabled, buffer, capacity)
 
     @device_method

@@ -39,7 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from iris_triton.device import functions as device
 from iris_triton.protocol.calls import announce, header_value
 from iris_triton.device.context import DeviceContext
 from iris_triton.protocol.reductions import own_block, reduce_in_rank_order, stacked_block
@@ -52,15 +51,15 @@ SUM_BLOCK = 2048
 
 
 @triton.jit
-def wait_for_peers_kernel(counter, flags, headers, signature, heap_bases, faults, host_faults, timeout_ns,
-                          AHEAD: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, SITE: tl.constexpr,
-                          ANNOUNCE: tl.constexpr):
+def wait_for_peers_kernel(context, counter, flags, headers, signature, AHEAD: tl.constexpr, RANK: tl.constexpr,
+                          WORLD: tl.constexpr, SITE: tl.constexpr, ANNOUNCE: tl.constexpr):
     """Wait until every peer's ``flags[q]`` here reaches this rank's ``counter`` (the call's number)
     plus ``AHEAD``. With ``ANNOUNCE`` (the wait before this rank's copies, for the peers to free
     the previous call's data: then no peer still reads the header two calls back), then announce
     the call (``signature``) in header ``RANK`` of its row of ``headers`` on every peer; without
     (the wait for the peers' data), read the peers' headers while waiting, and check each peer's
     once its flag arrived (:func:`iris_triton.protocol.waits.wait_for_peer_call`)."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
     call = tl.load(counter)
     target = call + AHEAD
     row = headers + (call & 1) * WORLD
@@ -68,34 +67,34 @@ def wait_for_peers_kernel(counter, flags, headers, signature, heap_bases, faults
     for q in tl.static_range(WORLD):
         if q != RANK:
             if ANNOUNCE:
-                wait_or_record(flags + q, target, RANK, heap_bases, timeout_ns, faults, host_faults, WORLD, q, SITE)
+                wait_or_record(dctx, flags + q, target, q, SITE)
             else:
-                wait_for_peer_call(flags + q, target, timeout_ns, faults, host_faults, q, row, announced, RANK, WORLD,
-                                   SITE)
+                wait_for_peer_call(dctx, flags + q, target, q, row, announced, SITE)
     if ANNOUNCE:
-        if not failed(faults):
-            announce(DeviceContext(RANK, WORLD, heap_bases), row, announced, RANK, WORLD)
+        if not failed(dctx):
+            announce(dctx, row, announced, RANK, WORLD)
 
 
 @triton.jit
-def poison_if_failed_kernel(out, numel, faults, heap_bases, RANK: tl.constexpr, WORLD: tl.constexpr,
-                            BLOCK: tl.constexpr):
+def poison_if_failed_kernel(context, out, numel, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     """Fill ``out`` with NaN if a failure is recorded on this rank (a wait of the call gave up)."""
-    if failed(faults):
-        poison(DeviceContext(RANK, WORLD, heap_bases), out, numel, BLOCK)
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
+    if failed(dctx):
+        poison(dctx, out, numel, BLOCK)
 
 
 @triton.jit
-def signal_peers_kernel(counter, flags, heap_bases, faults, RANK: tl.constexpr, WORLD: tl.constexpr):
+def signal_peers_kernel(context, counter, flags, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Advance this rank's ``counter`` and set ``flags[RANK]`` on every peer to it (release, system
     scope: what this stream did before, copies included, is visible to whoever sees the flag);
-    on a failed context (``faults``) no flag: its peers give up rather than take its data."""
+    on a failed context no flag: its peers give up rather than take its data."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
     count = tl.load(counter) + 1
     tl.store(counter, count)
-    if not failed(faults):
+    if not failed(dctx):
         for q in tl.static_range(WORLD):
             if q != RANK:
-                device.signal(flags + RANK, count, RANK, q, heap_bases)
+                dctx.signal(flags + RANK, count, q)
 
 
 @triton.jit
@@ -231,16 +230,16 @@ class CopyEngineOps:
         1), or before the copies, for the peers to free the previous call's (0; then announce the
         call of ``signature``)."""
         ctx = self._context
-        wait_for_peers_kernel[(1,)](counter, flags, sync.headers, signature, ctx.get_heap_bases(), ctx.faults,
-                                    ctx.host_faults, ctx.timeout_ns, AHEAD=ahead, RANK=ctx.rank, WORLD=ctx.world_size,
-                                    SITE=site_code(site), ANNOUNCE=ahead == 0, num_warps=1)
+        wait_for_peers_kernel[(1,)](ctx.get_device_context(), counter, flags, sync.headers, signature, AHEAD=ahead,
+                                    RANK=ctx.rank, WORLD=ctx.world_size, SITE=site_code(site), ANNOUNCE=ahead == 0,
+                                    num_warps=1)
 
     def _poison_if_failed(self, out: torch.Tensor) -> None:
         ctx = self._context
-        poison_if_failed_kernel[(1,)](out, out.numel(), ctx.faults, ctx.get_heap_bases(), RANK=ctx.rank,
-                                      WORLD=ctx.world_size, BLOCK=1024)
+        poison_if_failed_kernel[(1,)](ctx.get_device_context(), out, out.numel(), RANK=ctx.rank, WORLD=ctx.world_size,
+                                      BLOCK=1024)
 
     def _signal(self, counter, flags) -> None:
         ctx = self._context
-        signal_peers_kernel[(1,)](counter, flags, ctx.get_heap_bases(), ctx.faults, RANK=ctx.rank,
-                                  WORLD=ctx.world_size, num_warps=1)
+        signal_peers_kernel[(1,)](ctx.get_device_context(), counter, flags, RANK=ctx.rank, WORLD=ctx.world_size,
+                                  num_warps=1)

@@ -34,11 +34,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from iris_triton.device import functions as device
 from iris_triton.protocol.calls import LANES, announce, call_number, count_call, header_value
 from iris_triton.device.context import DeviceContext
 from iris_triton.operations.gemm import tile_coordinates, tile_product
-from iris_triton.device.tracing import COMPUTE_EVENT, OPERATION_EVENT, PUSH_EVENT, WAIT_EVENT, DeviceTracing
+from iris_triton.device.tracing import COMPUTE_EVENT, OPERATION_EVENT, PUSH_EVENT, WAIT_EVENT
 from iris_triton.protocol.waits import failed, poison, site_code, wait_for_peer_call
 
 __all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
@@ -49,7 +48,7 @@ MATMUL_REDUCE_SCATTER_SITE: tl.constexpr = tl.constexpr(site_code("matmul_reduce
 
 
 @triton.jit
-def push_rows_kernel(shard, gathered, flags, calls, headers, signature, heap_bases, faults, capacity, m, K,
+def push_rows_kernel(context, shard, gathered, flags, calls, headers, signature, capacity, m, K,
                      stride_sm, stride_sk, flag_stride, slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr,
                      TRACING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Copy this rank's ``m x K`` ``shard`` into rows ``[RANK * m, (RANK + 1) * m)`` of the call's
@@ -57,18 +56,17 @@ def push_rows_kernel(shard, gathered, flags, calls, headers, signature, heap_bas
     ``WORLD * m x K``), one tile of ``BLOCK_M`` rows at a time; after each tile set flag
     ``[RANK, tile]`` (``flags`` rows ``flag_stride`` apart) on every rank to the call's number,
     having first announced the call (``signature``) in header ``RANK`` of the call's row of
-    ``headers`` on every peer. On a failed context (``faults``) it sends nothing."""
+    ``headers`` on every peer. On a failed context it sends nothing."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD, TRACING)
     call = call_number(calls)
-    tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
     slot = gathered + (call & 1) * slot_stride
     offs_k = tl.arange(0, BLOCK_K)
-    alive = not failed(faults)
+    alive = not failed(dctx)
     if alive:
-        announce(DeviceContext(RANK, WORLD, heap_bases), headers + (call & 1) * WORLD, header_value(call, signature),
-                 RANK, WORLD)
+        announce(dctx, headers + (call & 1) * WORLD, header_value(call, signature), RANK, WORLD)
     tiles = tl.where(alive, tl.cdiv(m, BLOCK_M), 0)
     for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        pushing = tracing.begin(PUSH_EVENT, nbytes=BLOCK_M * K * (shard.dtype.element_ty.primitive_bitwidth // 8),
+        pushing = dctx.tracing.begin(PUSH_EVENT, nbytes=BLOCK_M * K * (shard.dtype.element_ty.primitive_bitwidth // 8),
                                 tile=tile, op=call)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -77,17 +75,16 @@ def push_rows_kernel(shard, gathered, flags, calls, headers, signature, heap_bas
             x = tl.load(shard + rows[:, None] * stride_sm + cols[None, :] * stride_sk, mask=mask)
             target = slot + (RANK * m + rows[:, None]) * K + cols[None, :]
             for q in tl.static_range(WORLD):
-                device.store(target, x, RANK, q, heap_bases, mask=mask)
+                dctx.store(target, x, q, mask=mask)
         for q in tl.static_range(WORLD):
-            device.signal(flags + RANK * flag_stride + tile, call + 1, RANK, q, heap_bases)
-        tracing.end(pushing)
+            dctx.signal(flags + RANK * flag_stride + tile, call + 1, q)
+        dctx.tracing.end(pushing)
     count_call(calls, capacity, call, tl.arange(0, LANES))
 
 
 @triton.jit
-def all_gather_matmul_kernel(gathered, b, out, flags, calls, headers, signature, heap_bases, faults, host_faults,
-                             capacity, m, N, K,
-                             stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride, timeout_ns,
+def all_gather_matmul_kernel(context, gathered, b, out, flags, calls, headers, signature, capacity, m, N, K,
+                             stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride,
                              RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
@@ -95,12 +92,12 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, headers, signature,
     source rank by source rank from this one on; a tile waits for the flag of its row tile, and
     for the header its source announced (:func:`push_rows_kernel`) to be this call's (``signature``).
     A wait that gives up fills ``out`` (contiguous) with NaN (:mod:`iris_triton.protocol.waits`)."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD, TRACING)
     call = call_number(calls)
     row = headers + (call & 1) * WORLD  # the call's headers, one per source rank
     announced = header_value(call, signature)
-    tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
-    span = tracing.begin(OPERATION_EVENT + ALL_GATHER_MATMUL_SITE, op=call)
-    ok = not failed(faults)  # every wait so far succeeded, on a context that had not failed before
+    span = dctx.tracing.begin(OPERATION_EVENT + ALL_GATHER_MATMUL_SITE, op=call)
+    ok = not failed(dctx)  # every wait so far succeeded, on a context that had not failed before
     slot = gathered + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
@@ -108,28 +105,27 @@ def all_gather_matmul_kernel(gathered, b, out, flags, calls, headers, signature,
     for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
         source = (RANK + t // per_source) % WORLD
         tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
-        waiting = tracing.begin(WAIT_EVENT, source, tile=tile_row, op=call)
-        ok = ok & wait_for_peer_call(flags + source * flag_stride + tile_row, call + 1, timeout_ns, faults,
-                                     host_faults, source, row, announced, RANK, WORLD, ALL_GATHER_MATMUL_SITE)
-        tracing.end(waiting)
-        computing = tracing.begin(COMPUTE_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
+        waiting = dctx.tracing.begin(WAIT_EVENT, source, tile=tile_row, op=call)
+        ok = ok & wait_for_peer_call(dctx, flags + source * flag_stride + tile_row, call + 1, source, row, announced,
+                                     ALL_GATHER_MATMUL_SITE)
+        dctx.tracing.end(waiting)
+        computing = dctx.tracing.begin(COMPUTE_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
         acc, offs_m, offs_n = tile_product(slot + source * m * K, b, m, N, K, K, 1, stride_bk, stride_bn, tile_row,
                                            tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         rows = source * m + offs_m
         tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
-        tracing.end(computing)
+        dctx.tracing.end(computing)
     count_call(calls, capacity, call, tl.arange(0, LANES))
     if not ok:
-        poison(DeviceContext(RANK, WORLD, heap_bases), out, WORLD * m * N, BLOCK_M * BLOCK_N)
-    tracing.end(span)
+        poison(dctx, out, WORLD * m * N, BLOCK_M * BLOCK_N)
+    dctx.tracing.end(span)
 
 
 @triton.jit
-def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, headers, signature, heap_bases, faults, host_faults,
-                                 capacity, m, N, K,
+def matmul_reduce_scatter_kernel(context, a, b, out, recv, flags, calls, headers, signature, capacity, m, N, K,
                                  stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride,
-                                 slot_stride, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
+                                 slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr,
                                  TRACING: tl.constexpr, BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                                  EVEN_K: tl.constexpr):
@@ -140,15 +136,15 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, headers, signatu
     (``signature``) in header ``RANK`` of the call's row of ``headers`` on every peer, and a wait
     checks the header of the peer whose flag it waited for. A wait that gives up fills ``out``
     (contiguous) with NaN (:mod:`iris_triton.protocol.waits`)."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD, TRACING)
     call = call_number(calls)
-    tracing = DeviceTracing.of(heap_bases - 2, WORLD, TRACING)  # heap_bases is the device context + 2
-    span = tracing.begin(OPERATION_EVENT + MATMUL_REDUCE_SCATTER_SITE, op=call)
-    alive = not failed(faults)  # a failed context sends peers nothing, and its output is NaN
+    span = dctx.tracing.begin(OPERATION_EVENT + MATMUL_REDUCE_SCATTER_SITE, op=call)
+    alive = not failed(dctx)  # a failed context sends peers nothing, and its output is NaN
     ok = alive  # and every wait so far succeeded
     row = headers + (call & 1) * WORLD  # the call's headers, one per source rank
     announced = header_value(call, signature)
     if alive:
-        announce(DeviceContext(RANK, WORLD, heap_bases), row, announced, RANK, WORLD)
+        announce(dctx, row, announced, RANK, WORLD)
     slot = recv + (call & 1) * slot_stride
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
@@ -157,35 +153,34 @@ def matmul_reduce_scatter_kernel(a, b, out, recv, flags, calls, headers, signatu
         owner = (RANK + step) % WORLD  # a new value each step: not an annotated constexpr, which cannot be reassigned
         for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
             tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-            computing = tracing.begin(COMPUTE_EVENT, owner, tile=tile_row, tile_n=tile_col, op=call)
+            computing = dctx.tracing.begin(COMPUTE_EVENT, owner, tile=tile_row, tile_n=tile_col, op=call)
             acc, offs_m, offs_n = tile_product(a + owner * m * stride_am, b, m, N, K, stride_am, stride_ak,
                                                stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
                                                EVEN_K)
             mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
             part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
             if alive:
-                device.store(part, acc.to(out.dtype.element_ty), RANK, owner, heap_bases, mask=mask)
-                device.signal(flags + RANK * flag_stride + t, call + 1, RANK, owner, heap_bases)
-            tracing.end(computing)
+                dctx.store(part, acc.to(out.dtype.element_ty), owner, mask=mask)
+                dctx.signal(flags + RANK * flag_stride + t, call + 1, owner)
+            dctx.tracing.end(computing)
     for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        computing = tracing.begin(COMPUTE_EVENT, tile=tile_row, tile_n=tile_col, op=call)
+        computing = dctx.tracing.begin(COMPUTE_EVENT, tile=tile_row, tile_n=tile_col, op=call)
         acc, offs_m, offs_n = tile_product(a + RANK * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
                                            stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
         for source in tl.static_range(WORLD):
             if source != RANK:
-                waiting = tracing.begin(WAIT_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
-                ok = ok & wait_for_peer_call(flags + source * flag_stride + t, call + 1, timeout_ns, faults,
-                                             host_faults, source, row, announced, RANK, WORLD,
+                waiting = dctx.tracing.begin(WAIT_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
+                ok = ok & wait_for_peer_call(dctx, flags + source * flag_stride + t, call + 1, source, row, announced,
                                              MATMUL_REDUCE_SCATTER_SITE)
-                tracing.end(waiting)
+                dctx.tracing.end(waiting)
                 part = slot + source * m * N + offs_m[:, None] * N + offs_n[None, :]
                 acc += tl.load(part, mask=mask).to(tl.float32)
         tl.store(out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=mask)
-        tracing.end(computing)
+        dctx.tracing.end(computing)
     count_call(calls, capacity, call, tl.arange(0, LANES))
     if not ok:
-        poison(DeviceContext(RANK, WORLD, heap_bases), out, m * N, BLOCK_M * BLOCK_N)
-    tracing.end(span)
+        poison(dctx, out, m * N, BLOCK_M * BLOCK_N)
+    dctx.tracing.end(span)

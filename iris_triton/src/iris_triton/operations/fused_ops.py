@@ -199,18 +199,18 @@ class FusedOps:
         gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.kernel_device_type], tiles))
         with _announced_call(ctx, "all_gather_matmul", (out, a_shard, b), f"fused/{tile}") as signature:
             common = dict(flags=buffers.flags, headers=buffers.headers, signature=signature,
-                          heap_bases=ctx.get_heap_bases(), faults=ctx.faults, capacity=buffers.programs,
+                          context=ctx.get_device_context(), capacity=buffers.programs,
                           flag_stride=buffers.flag_stride, slot_stride=buffers.slot_stride, RANK=ctx.rank,
                           WORLD=ctx.world_size, TRACING=ctx.tracing.enabled)
             with self._alongside():
                 push_rows_kernel[(push_programs,)](
-                    a_shard, buffers.data, calls=buffers.push_calls, m=m, K=K, stride_sm=a_shard.stride(0),
-                    stride_sk=a_shard.stride(1), BLOCK_M=block_m, BLOCK_K=PUSH_BLOCK_K[ctx.kernel_device_type],
-                    **common)
+                    shard=a_shard, gathered=buffers.data, calls=buffers.push_calls, m=m, K=K,
+                    stride_sm=a_shard.stride(0), stride_sk=a_shard.stride(1), BLOCK_M=block_m,
+                    BLOCK_K=PUSH_BLOCK_K[ctx.kernel_device_type], **common)
             all_gather_matmul_kernel[(gemm_programs,)](
-                buffers.data, b, out, calls=buffers.gemm_calls, host_faults=ctx.host_faults, m=m, N=N,
-                K=K, stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
-                timeout_ns=ctx.timeout_ns, EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
+                gathered=buffers.data, b=b, out=out, calls=buffers.gemm_calls, m=m, N=N, K=K,
+                stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
+                EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
             self._join()
         return out
 
@@ -252,11 +252,10 @@ class FusedOps:
         buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
         with _announced_call(ctx, name, described, f"fused/{self._tile_name(method)}") as signature:
             matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
-                a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, buffers.headers, signature,
-                ctx.get_heap_bases(), ctx.faults, ctx.host_faults, buffers.programs, m, N, K, a.stride(0),
-                a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), buffers.flag_stride,
-                buffers.slot_stride, ctx.timeout_ns, RANK=ctx.rank, WORLD=ctx.world_size,
-                TRACING=ctx.tracing.enabled, EVEN_K=K % config["BLOCK_K"] == 0, **config)
+                ctx.get_device_context(), a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, buffers.headers,
+                signature, buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                out.stride(0), out.stride(1), buffers.flag_stride, buffers.slot_stride, RANK=ctx.rank,
+                WORLD=ctx.world_size, TRACING=ctx.tracing.enabled, EVEN_K=K % config["BLOCK_K"] == 0, **config)
         return out
 
     @declared

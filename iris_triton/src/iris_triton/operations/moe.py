@@ -46,7 +46,8 @@ import triton.language as tl
 
 from iris.collectives import SAME_SIZE_INTEGER
 from iris.errors import IrisError
-from iris_triton.protocol.waits import failure_code, record_failure
+from iris_triton.device.context import DeviceContext
+from iris_triton.protocol.waits import failed, failure_code, record_failure
 
 __all__ = ["DTYPES", "FP8_MAX", "HEADER_BYTES", "MoeDispatch", "MoeHandle", "combine", "dispatch", "finish_kernel"]
 
@@ -107,22 +108,23 @@ class MoeDispatch:
 
 
 @triton.jit
-def finish_kernel(out, numel, verdict, faults, host_faults, WORLD: tl.constexpr, RECORD: tl.constexpr,
+def finish_kernel(context, out, numel, verdict, RANK: tl.constexpr, WORLD: tl.constexpr, RECORD: tl.constexpr,
                   IDS_CODE: tl.constexpr, CAPACITY_CODE: tl.constexpr, BLOCK: tl.constexpr):
     """The end of a call: with ``RECORD``, record the routing table's verdict (``verdict``: int32
     [2 * WORLD], the ranks that passed ids out of range, then those with an expert over
     capacity); then, if the verdict or any earlier failure of this rank failed the call, fill
     ``out`` (``numel`` bytes) with all-ones bits. No wait: every rank has the same verdict."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
     lanes = tl.arange(0, BLOCK)
-    bad = tl.load(faults, volatile=True) != 0
+    bad = failed(dctx)
     if RECORD:
         found = tl.sum(tl.load(verdict + lanes, mask=lanes < 2 * WORLD, other=0), axis=0) != 0
         if tl.program_id(0) == 0:
             for q in tl.static_range(WORLD):
                 if tl.load(verdict + q) != 0:
-                    record_failure(faults, host_faults, WORLD, q, IDS_CODE)
+                    record_failure(dctx, q, IDS_CODE)
                 if tl.load(verdict + WORLD + q) != 0:
-                    record_failure(faults, host_faults, WORLD, q, CAPACITY_CODE)
+                    record_failure(dctx, q, CAPACITY_CODE)
         bad = bad | found
     if bad:
         for start in range(tl.program_id(0) * BLOCK, numel, tl.num_programs(0) * BLOCK):
@@ -135,7 +137,7 @@ def _finish(ctx, out: torch.Tensor, verdict: torch.Tensor | None) -> None:
     flat = out.view(-1).view(torch.int8)
     programs = max(1, min(ctx.programs, triton.cdiv(flat.numel(), POISON_BLOCK)))
     finish_kernel[(programs,)](
-        flat, flat.numel(), ctx.faults if verdict is None else verdict, ctx.faults, ctx.host_faults,
+        ctx.get_device_context(), flat, flat.numel(), ctx.faults if verdict is None else verdict, RANK=ctx.rank,
         WORLD=ctx.world_size, RECORD=verdict is not None, IDS_CODE=failure_code("moe_dispatch", "expert_ids"),
         CAPACITY_CODE=failure_code("moe_dispatch", "expert_capacity"), BLOCK=POISON_BLOCK)
 

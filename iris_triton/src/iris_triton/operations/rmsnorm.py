@@ -184,9 +184,8 @@ def _poison_rows(dctx, out, residual_out, tokens, share, hidden, RANK: tl.conste
 # -- the kernel source ---------------------------------------------------------------------------------
 
 
-def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, ws, sync, programs, faults,
-                              host_faults, tokens, share, hidden, region, eps, timeout_ns, signature,
-                              CTX: tl.constexpr,
+def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, ws, sync, programs, tokens, share,
+                              hidden, region, eps, signature, CTX: tl.constexpr,
                               TRACING: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, TWO_SHOT: tl.constexpr,
                               RESIDUAL_OUT: tl.constexpr, SITE: tl.constexpr, BLOCK: tl.constexpr,
                               CHUNKS: tl.constexpr):
@@ -204,14 +203,13 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
     announce(dctx, headers, announced, RANK, WORLD)
     slot = ws + (call & 1) * WORLD * region
     part = share * hidden
-    alive = not failed(faults)  # a failed context sends peers nothing, and its outputs are NaN
+    alive = not failed(dctx)  # a failed context sends peers nothing, and its outputs are NaN
     if alive:
         _push_rows(dctx, x, slot, tokens, share, hidden, region, RANK, WORLD, TWO_SHOT, BLOCK, CHUNKS)
     count += 1
-    _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-    ok = alive & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
-                             SITE)
-    ok = ok & peers_announced(headers, announced, faults, host_faults, timeout_ns, RANK, WORLD, SITE, False)
+    _signal_peers(dctx, flags, count, RANK, WORLD)
+    ok = alive & _wait_peers(dctx, flags, count, headers, announced, RANK, WORLD, SITE)
+    ok = ok & peers_announced(dctx, headers, announced, RANK, WORLD, SITE, False)
     if ok:  # nothing computed from another call's data may reach out, or a peer
         first = RANK * share if TWO_SHOT else 0
         for r in range(tl.program_id(0), share, tl.num_programs(0)):
@@ -221,9 +219,8 @@ def all_reduce_rmsnorm_kernel(context, x, residual, weight, out, residual_out, w
     if TWO_SHOT:
         count += 1
         if ok:
-            _signal_peers(dctx, flags, count, faults, RANK, WORLD)
-        ok = ok & _wait_peers(dctx, flags, count, faults, host_faults, timeout_ns, headers, announced, RANK, WORLD,
-                              SITE)
+            _signal_peers(dctx, flags, count, RANK, WORLD)
+        ok = ok & _wait_peers(dctx, flags, count, headers, announced, RANK, WORLD, SITE)
         if ok:
             _collect_rows(dctx, out, residual_out, slot, tokens, share, hidden, region, part, RANK, WORLD,
                           RESIDUAL_OUT, BLOCK, CHUNKS)
@@ -342,8 +339,7 @@ def _launch(ctx, out, x, residual, weight, eps, residual_out, two_shot: bool, sh
             all_reduce_rmsnorm_kernel, (max(1, min(ctx.programs, share)),), context=ctx.get_device_context(), x=x,
             residual=residual, weight=weight, out=out, residual_out=out if residual_out is None else residual_out,
             ws=space[:2 * world * region_bytes].view(x.dtype), sync=ctx.collective_sync(), programs=ctx.programs,
-            faults=ctx.faults, host_faults=ctx.host_faults, tokens=tokens, share=share, hidden=hidden,
-            region=region_bytes // size, eps=float(eps), timeout_ns=ctx.timeout_ns,
+            tokens=tokens, share=share, hidden=hidden, region=region_bytes // size, eps=float(eps),
             signature=signature, CTX=front.device_context,
             TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world,
             TWO_SHOT=two_shot, RESIDUAL_OUT=residual_out is not None, SITE=site_code(SITE), BLOCK=block,

@@ -10,8 +10,8 @@ words (:mod:`iris_triton.protocol.waits`).
 import triton
 import triton.language as tl
 
-from iris_triton.device import functions as device
-from iris_triton.device.tracing import OPERATION_EVENT, DeviceTracing
+from iris_triton.device.context import DeviceContext
+from iris_triton.device.tracing import OPERATION_EVENT
 from iris_triton.protocol.waits import failed, site_code, wait_or_record
 
 __all__ = ["device_barrier_kernel", "state_words"]
@@ -25,18 +25,16 @@ def state_words(world_size: int) -> int:
 
 
 @triton.jit
-def device_barrier_kernel(state_ptr, heap_bases, faults, host_faults, rank, world_size, timeout_ns,
-                          TRACING: tl.constexpr):
-    tracing = DeviceTracing.of(heap_bases - 2, world_size, TRACING)  # heap_bases is the device context + 2
+def device_barrier_kernel(context, state_ptr, RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr):
+    dctx = DeviceContext.initialize(context, RANK, WORLD, TRACING)
     arrivals = state_ptr
-    epoch_ptr = state_ptr + world_size
+    epoch_ptr = state_ptr + WORLD
     epoch = tl.load(epoch_ptr) + 1
-    span = tracing.begin(OPERATION_EVENT + DEVICE_BARRIER_SITE, op=epoch)
+    span = dctx.tracing.begin(OPERATION_EVENT + DEVICE_BARRIER_SITE, op=epoch)
     tl.store(epoch_ptr, epoch)
-    if not failed(faults):  # a failed context sends peers nothing: they give up rather than pass
-        for peer in range(world_size):
-            device.atomic_add(arrivals + rank, 1, rank, peer, heap_bases, sem="release", scope="sys")
-    for peer in range(world_size):
-        wait_or_record(arrivals + peer, epoch, rank, heap_bases, timeout_ns, faults, host_faults, world_size, peer,
-                       DEVICE_BARRIER_SITE)
-    tracing.end(span)
+    if not failed(dctx):  # a failed context sends peers nothing: they give up rather than pass
+        for peer in range(WORLD):
+            dctx.atomic_add(arrivals + RANK, 1, peer, sem="release", scope="sys")
+    for peer in range(WORLD):
+        wait_or_record(dctx, arrivals + peer, epoch, peer, DEVICE_BARRIER_SITE)
+    dctx.tracing.end(span)

@@ -1,12 +1,14 @@
 """Device-side waits of iris's kernels: bounded in wall-clock time, recorded when they give up.
 
-Every kernel of iris that waits on peers receives the context's *fault words* (``ctx.faults``, int32
-on the device: word 0 holds the code of the first failure on this rank, word ``1 + q`` the code of
-a failure while waiting for peer ``q``, word ``1 + world`` asks for a trap; where peer ``q`` made a
-different call, word ``2 + world + q`` holds the header it announced and word ``2 + 2 * world``
-this rank's: :func:`record_mismatch`), a host-visible copy of them (``ctx.host_faults``: pinned
-host memory on GPUs, which the host reads without a synchronisation; the same words on CPU ranks)
-and the timeout in nanoseconds.
+Every kernel of iris that waits on peers finds, in its device context's ``failstop`` member
+(:class:`iris_triton.device.failstop.FailStop`, read from the device-context tensor), the context's
+*fault words* (``ctx.faults``, int32 on the device: word 0 holds the code of the first failure on
+this rank, word ``1 + q`` the code of a failure while waiting for peer ``q``, word ``1 + world``
+asks for a trap; where peer ``q`` made a different call, word ``2 + world + q`` holds the header it
+announced and word ``2 + 2 * world`` this rank's: :func:`record_mismatch`), a host-visible copy of
+them (``ctx.host_faults``: pinned host memory on GPUs, which the host reads without a
+synchronisation; the same words on CPU ranks) and the timeout in nanoseconds. The functions here
+take that device context (``dctx``) for all three.
 
 A wait that gives up writes its code (:func:`failure_code`: the operation and the kind of failure)
 into both, and the kernel then fills the call's output with all-ones bits (NaN for floating-point
@@ -31,7 +33,6 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
-from iris_triton.device import functions as device
 from iris_triton.protocol.calls import announcements_of
 from iris_triton.device.clock import INTERPRETING, now_ns
 
@@ -123,10 +124,20 @@ else:
 
 
 @triton.jit
-def record_failure(faults, host_faults, world, peer, code):
-    """Record ``code`` for ``peer`` in the fault words and their host-visible copy, unless a
-    failure is recorded for that peer already (the first says what happened: later waits give up
+def _fault_words(dctx):
+    """``dctx``'s fault words and their host-visible copy; a context without them is refused."""
+    tl.static_assert(dctx.failstop.present, "iris's waits need a device context built with initialize() from "
+                                            "ctx.get_device_context(), which carries the fault words and timeout")
+    return dctx.failstop.faults, dctx.failstop.host_faults
+
+
+@triton.jit
+def record_failure(dctx, peer, code):
+    """Record ``code`` for ``peer`` in ``dctx``'s fault words and their host-visible copy, unless
+    a failure is recorded for that peer already (the first says what happened: later waits give up
     because of it); trap if asked."""
+    faults, host_faults = _fault_words(dctx)
+    world = dctx.world_size
     if tl.load(faults + 1 + peer, volatile=True) == 0:
         tl.store(faults + 1 + peer, code)
         tl.store(host_faults + 1 + peer, code, cache_modifier=".wt")
@@ -137,35 +148,38 @@ def record_failure(faults, host_faults, world, peer, code):
 
 
 @triton.jit
-def record_mismatch(faults, host_faults, world, peer, seen, announced, SITE: tl.constexpr):
+def record_mismatch(dctx, peer, seen, announced, SITE: tl.constexpr):
     """Record that ``peer`` announced ``seen`` where this rank's call announced ``announced`` (a
     different call of the same number): a mismatch of ``SITE``, with both headers, unless a failure
     is recorded for that peer already."""
+    faults, host_faults = _fault_words(dctx)
+    world = dctx.world_size
     if tl.load(faults + 1 + peer, volatile=True) == 0:
         tl.store(faults + 2 + world + peer, seen)
         tl.store(host_faults + 2 + world + peer, seen, cache_modifier=".wt")
         tl.store(faults + 2 + 2 * world, announced)
         tl.store(host_faults + 2 + 2 * world, announced, cache_modifier=".wt")
-    record_failure(faults, host_faults, world, peer, MISMATCH * 256 + SITE)
+    record_failure(dctx, peer, MISMATCH * 256 + SITE)
 
 
 @triton.jit
-def failed(faults):
-    """Whether a failure is recorded on this rank (the context is failed)."""
+def failed(dctx):
+    """Whether a failure is recorded on this rank (the context ``dctx`` is failed)."""
+    faults, _ = _fault_words(dctx)
     return tl.load(faults, volatile=True) != 0
 
 
 @triton.jit
-def wait_or_record(flag, value, rank, heap_bases, timeout_ns, faults, host_faults, world, peer, SITE: tl.constexpr):
+def wait_or_record(dctx, flag, value, peer, SITE: tl.constexpr):
     """Wait until this rank's ``flag`` >= ``value`` (acquire, system scope) and return True; give
-    up (False) after ``timeout_ns`` or at once when the context has failed, recording a timeout of
+    up (False) after the context's timeout or at once when it has failed, recording a timeout of
     ``SITE`` for ``peer``."""
     ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
     if not ok:
-        if not failed(faults):  # else give up at once: the context failed, and said why already
-            ok = device.wait_until(flag, value, rank, rank, heap_bases, timeout_ns)
+        if not failed(dctx):  # else give up at once: the context failed, and said why already
+            ok = dctx.wait_until(flag, value, dctx.rank, dctx.failstop.timeout_ns)
             if not ok:
-                record_failure(faults, host_faults, world, peer, TIMEOUT * 256 + SITE)
+                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
     return ok
 
 
@@ -176,13 +190,15 @@ def _differs(seen, announced):
 
 
 @triton.jit
-def other_call(headers, announced, faults, host_faults, rank, world, SITE: tl.constexpr):
+def other_call(dctx, headers, announced, SITE: tl.constexpr):
     """Whether a peer announced another call of this call's number than ``announced``, in
     ``headers`` (one per source rank: :func:`iris_triton.protocol.calls.announce`) or in its announcement
     of a call that waits on the host (:func:`iris_triton.protocol.calls.announce_kernel`); the first such
     peer is recorded as a mismatch (:func:`record_mismatch`). A header of an earlier call is no
-    verdict: the peer has not announced this call yet. ``rank`` and ``world`` may be run-time
-    values (a loop, not unrolled: it runs only while a wait spins)."""
+    verdict: the peer has not announced this call yet. A loop over the peers, not unrolled: it
+    runs only while a wait spins."""
+    rank = dctx.rank
+    world = dctx.world_size
     announcements = announcements_of(headers, announced, world)
     found = tl.program_id(0) < 0
     for q in range(0, world):
@@ -191,54 +207,52 @@ def other_call(headers, announced, faults, host_faults, rank, world, SITE: tl.co
         seen = tl.where(_differs(seen, announced), seen, pending)
         other = _differs(seen, announced) & (q != rank)
         if other & (not found):
-            record_mismatch(faults, host_faults, world, q, seen, announced, SITE)
+            record_mismatch(dctx, q, seen, announced, SITE)
         found = found | other
     return found
 
 
 @triton.jit
-def _give_up(start, timeout_ns, headers, announced, faults, host_faults, rank, world, SITE: tl.constexpr):
+def _give_up(dctx, start, headers, announced, SITE: tl.constexpr):
     """Whether a wait that began at ``start`` gives up now: a peer announced another call
-    (:func:`other_call`), this rank recorded a failure (another program, say), or the timeout
-    passed."""
-    return other_call(headers, announced, faults, host_faults, rank, world, SITE) | failed(faults) | \
-        (now_ns() - start >= timeout_ns)
+    (:func:`other_call`), this rank recorded a failure (another program, say), or the context's
+    timeout passed."""
+    return other_call(dctx, headers, announced, SITE) | failed(dctx) | \
+        (now_ns() - start >= dctx.failstop.timeout_ns)
 
 
 @triton.jit
-def wait_for_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD,
-                  SITE: tl.constexpr):
+def wait_for_call(dctx, flag, value, peer, headers, announced, SITE: tl.constexpr):
     """:func:`wait_or_record` for protocols whose calls announce themselves in ``headers``: wait
     until this rank's ``flag`` >= ``value`` (acquire, system scope) and return True; give up
-    (False) after ``timeout_ns`` (recording a timeout of ``SITE`` for ``peer``), at once when the
-    context has failed, and as soon as a peer announced another call (:func:`other_call`: a
-    mismatch) or another program of this rank recorded a failure."""
+    (False) after the context's timeout (recording a timeout of ``SITE`` for ``peer``), at once
+    when the context has failed, and as soon as a peer announced another call
+    (:func:`other_call`: a mismatch) or another program of this rank recorded a failure."""
     ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
     if not ok:
-        if not failed(faults):  # else give up at once: the context failed, and said why already
+        if not failed(dctx):  # else give up at once: the context failed, and said why already
             start = now_ns()
-            stop = other_call(headers, announced, faults, host_faults, RANK, WORLD, SITE)
+            stop = other_call(dctx, headers, announced, SITE)
             while (not ok) & (not stop):
                 ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
-                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, RANK, WORLD, SITE)
-            if (not ok) & (not failed(faults)):
-                record_failure(faults, host_faults, WORLD, peer, TIMEOUT * 256 + SITE)
+                stop = _give_up(dctx, start, headers, announced, SITE)
+            if (not ok) & (not failed(dctx)):
+                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
     return ok
 
 
 @triton.jit
-def wait_for_peer_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD,
-                       SITE: tl.constexpr):
+def wait_for_peer_call(dctx, flag, value, peer, headers, announced, SITE: tl.constexpr):
     """:func:`wait_for_call` for a flag that ``peer`` sets after it announced its call in
     ``headers`` (released before the flag): once the flag arrived, ``peer``'s header must be
     ``announced``; another header is a mismatch (the flag is of a different call of this number),
-    recorded with both headers, and the wait fails. ``peer`` may be ``RANK`` (this rank's own flag,
-    set by another kernel of the call): no header to check."""
-    ok = wait_for_call(flag, value, timeout_ns, faults, host_faults, peer, headers, announced, RANK, WORLD, SITE)
-    if ok & (peer != RANK):
+    recorded with both headers, and the wait fails. ``peer`` may be this rank (its own flag, set
+    by another kernel of the call): no header to check."""
+    ok = wait_for_call(dctx, flag, value, peer, headers, announced, SITE)
+    if ok & (peer != dctx.rank):
         seen = tl.load(headers + peer, volatile=True)
         if seen != announced:
-            record_mismatch(faults, host_faults, WORLD, peer, seen, announced, SITE)
+            record_mismatch(dctx, peer, seen, announced, SITE)
             ok = False
     return ok
 
@@ -300,15 +314,15 @@ else:
 
 
 @triton.jit
-def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, peer, timeout_ns, headers, announced,
-                      MISSING: tl.constexpr, FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
+def read_when_arrived(dctx, buffer, offs, mask, expected, peer, headers, announced, MISSING: tl.constexpr,
+                      FIRST_WORD: tl.constexpr, CMP: tl.constexpr, SITE: tl.constexpr):
     """``(buffer[offs], ok)``: reads of this rank's memory (:func:`read_published`), once no lane
     of ``mask`` is ``MISSING(values, expected)``, for protocols whose data announces itself,
     without a flag; the data must be written by :func:`publish`.
 
     While some lane is missing, it waits until ``FIRST_WORD(buffer, offs)`` (a pointer to an int32
     word of the block that changes when the block lands) compares ``CMP`` against ``expected``,
-    then reads the block until no lane is missing, all within ``timeout_ns`` of wall-clock time
+    then reads the block until no lane is missing, all within the context's timeout
     (a block's stores land one after another, and a peer's process may be descheduled between
     them). It gives up at once when the context has failed, and as soon as a peer announced
     another call in ``headers`` (this call's header: ``announced``; :func:`other_call`) or another
@@ -318,23 +332,21 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, faults, host_faults, p
     missing = tl.sum(MISSING(values, expected) & mask, axis=0)
     ok = missing == 0
     if not ok:
-        if not failed(faults):
+        if not failed(dctx):
             start = now_ns()
             first = FIRST_WORD(buffer, offs)
             landed = _landed(first, expected, CMP)
-            stop = other_call(headers, announced, faults, host_faults, dctx.rank, dctx.world_size, SITE)
+            stop = other_call(dctx, headers, announced, SITE)
             while (not landed) & (not stop):
                 landed = _landed(first, expected, CMP)
-                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, dctx.rank,
-                                dctx.world_size, SITE)
+                stop = _give_up(dctx, start, headers, announced, SITE)
             while (missing > 0) & (not stop):
                 values = read_published(buffer + offs, mask)
                 missing = tl.sum(MISSING(values, expected) & mask, axis=0)
-                stop = _give_up(start, timeout_ns, headers, announced, faults, host_faults, dctx.rank,
-                                dctx.world_size, SITE)
+                stop = _give_up(dctx, start, headers, announced, SITE)
             ok = missing == 0
-            if (not ok) & (not failed(faults)):
-                record_failure(faults, host_faults, dctx.world_size, peer, TIMEOUT * 256 + SITE)
+            if (not ok) & (not failed(dctx)):
+                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
     return values, ok
 
 
@@ -345,32 +357,32 @@ def _signed_int(bitwidth):
 
 
 @triton.jit
-def peers_announced(headers, value, faults, host_faults, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr,
-                    SITE: tl.constexpr, WAIT: tl.constexpr):
+def peers_announced(dctx, headers, value, RANK: tl.constexpr, WORLD: tl.constexpr, SITE: tl.constexpr,
+                    WAIT: tl.constexpr):
     """Whether every peer announced ``value`` in ``headers`` (this program's row, one header per
     source rank: :func:`iris_triton.protocol.calls.announce`). A peer that announced another call of the
     same number made a different call: recorded as a mismatch. With ``WAIT`` (protocols without
     a fence, whose header may land after the data), a header of an earlier call is waited on
-    within ``timeout_ns``; without it the header was released before the flag already waited
+    within the context's timeout; without it the header was released before the flag already waited
     for, and any other value is a mismatch."""
-    ok = not failed(faults)  # a failed context checks nothing more (and names no one else)
+    ok = not failed(dctx)  # a failed context checks nothing more (and names no one else)
     for q in tl.static_range(WORLD):
         if q != RANK:
             seen = tl.load(headers + q, volatile=True)
             if WAIT:
-                if (seen != value) & ((seen >> 16) != (value >> 16)) & (not failed(faults)):
+                if (seen != value) & ((seen >> 16) != (value >> 16)) & (not failed(dctx)):
                     start = now_ns()
-                    while ((seen >> 16) != (value >> 16)) & (now_ns() - start < timeout_ns):
+                    while ((seen >> 16) != (value >> 16)) & (now_ns() - start < dctx.failstop.timeout_ns):
                         seen = tl.load(headers + q, volatile=True)
             same = seen == value
             if ok & (not same):
                 if WAIT:
                     if (seen >> 16) != (value >> 16):  # an earlier call's header: the peer never got to this call
-                        record_failure(faults, host_faults, WORLD, q, TIMEOUT * 256 + SITE)
+                        record_failure(dctx, q, TIMEOUT * 256 + SITE)
                     else:
-                        record_mismatch(faults, host_faults, WORLD, q, seen, value, SITE)
+                        record_mismatch(dctx, q, seen, value, SITE)
                 else:
-                    record_mismatch(faults, host_faults, WORLD, q, seen, value, SITE)
+                    record_mismatch(dctx, q, seen, value, SITE)
             ok = ok & same
     return ok
 

@@ -49,7 +49,7 @@ __all__ = ["SYNC_FIELDS", "all_gather", "all_reduce", "all_reduce_one_shot", "al
            "allocate_tile_sync", "broadcast", "gather", "reduce_scatter"]
 
 #: The int64 fields of a tile sync (``ctx.tile_sync``), in order.
-SYNC_FIELDS = ("flags", "faults", "host_faults", "timeout_ns", "tiles")
+SYNC_FIELDS = ("flags", "tiles")
 #: Flag values are ``call * KIND_SPAN + kind``.
 KIND_SPAN: tl.constexpr = tl.constexpr(8)
 ALL_REDUCE: tl.constexpr = tl.constexpr(1)
@@ -108,15 +108,12 @@ def _await(dctx, sync, flag, value, peer, ok, SITE: tl.constexpr):
     flag of an earlier call is waited out, another collective's is a mismatch. After a failure
     (``ok`` False) it waits for nothing."""
     if ok:
-        faults = _field(sync, 1).to(tl.pointer_type(tl.int32))
-        host_faults = _field(sync, 2).to(tl.pointer_type(tl.int32))
         waiting = dctx.tracing.begin(WAIT_EVENT, peer, op=value // KIND_SPAN)
-        ok = wait_or_record(flag, value - value % KIND_SPAN, dctx.rank, dctx.heap_bases, _field(sync, 3), faults,
-                            host_faults, dctx.world_size, peer, SITE)
+        ok = wait_or_record(dctx, flag, value - value % KIND_SPAN, peer, SITE)
         dctx.tracing.end(waiting)
         if ok:
             if tl.atomic_add(flag, 0, sem="acquire", scope="sys") != value:
-                record_failure(faults, host_faults, dctx.world_size, peer, MISMATCH * 256 + SITE)
+                record_failure(dctx, peer, MISMATCH * 256 + SITE)
                 ok = False
     return ok
 
@@ -133,15 +130,13 @@ def _arrive(dctx, sync, tile_id, hub, GATHER: tl.constexpr, KIND: tl.constexpr, 
         value = 0
         ok = True
     else:
-        faults = _field(sync, 1).to(tl.pointer_type(tl.int32))
-        inside = (tile_id >= 0) & (tile_id < _field(sync, 4))
+        inside = (tile_id >= 0) & (tile_id < _field(sync, 1))
         if not inside:
-            record_failure(faults, _field(sync, 2).to(tl.pointer_type(tl.int32)), dctx.world_size, dctx.rank,
-                           TILES * 256 + SITE)
+            record_failure(dctx, dctx.rank, TILES * 256 + SITE)
         words = 1 + 2 * dctx.world_size
         row = _field(sync, 0).to(tl.pointer_type(tl.int32)) + tl.where(inside, tile_id, 0) * words
         value = (tl.load(row) + 1) * KIND_SPAN + KIND
-        ok = inside & (not failed(faults))
+        ok = inside & (not failed(dctx))
         if ok:
             for q in range(dctx.world_size):
                 if _reads_mine(dctx.rank, q, hub, GATHER):
@@ -343,10 +338,10 @@ def gather(tile, src_view, source_rank, ctx, sync=None):
 
 def allocate_tile_sync(context, num_tiles: int):
     """What ``ctx.tile_sync(num_tiles)`` returns: the int64 fields :data:`SYNC_FIELDS` (the
-    address of ``num_tiles`` rows of zeroed flag words on the heap, of the context's fault words
-    and their host-visible copy, the timeout in nanoseconds, ``num_tiles``) on the context's
-    device. The flag words are allocated collectively and live as long as the context; a host
-    barrier follows, so that no peer signals into them before every rank has zeroed its own."""
+    address of ``num_tiles`` rows of zeroed flag words on the heap, ``num_tiles``) on the context's
+    device; the waits' timeout and fault words come with the kernel's device context. The flag
+    words are allocated collectively and live as long as the context; a host barrier follows, so
+    that no peer signals into them before every rank has zeroed its own."""
     import torch
 
     if isinstance(num_tiles, bool) or not isinstance(num_tiles, int) or num_tiles < 1:
@@ -355,6 +350,5 @@ def allocate_tile_sync(context, num_tiles: int):
     flags = context.zeros(num_tiles * (1 + 2 * context.world_size), dtype=torch.int32)
     context._tile_flags.append(flags)
     context.barrier()
-    fields = [flags.data_ptr(), context.faults.data_ptr(), context.host_faults.data_ptr(), context.timeout_ns,
-              num_tiles]
+    fields = [flags.data_ptr(), num_tiles]
     return torch.tensor(fields, dtype=torch.int64, device=context.device)
