@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import iris
+from iris.collectives.groups import GroupView
 from iris.errors import IrisError, IrisTimeoutError
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
@@ -229,6 +230,14 @@ def _partial_worker(rank: int) -> bytes:
                 except IrisTimeoutError as error:
                     report.check("partial/gave_up", "world rank(s) [2]" in str(error))
                     report.check("partial/poisoned", bool(torch.isnan(t).all().item()))
+                # The group's view keeps no copy of the context's state: it refers to the context's
+                # facts and reads its fail-stop state, here the failure the group's call recorded.
+                view = group.view
+                report.check("view/shares_the_facts",
+                             all(getattr(view, name) is getattr(ctx, name) for name in GroupView.SHARED))
+                report.check("view/reads_the_failure", view._failure is ctx._failure is not None and view.failed)
+                report.check("view/own_identity", (view.rank, view.world_size, view.group_ranks) == (0, 2, (0, 2))
+                             and view.heap is not ctx.heap and view.comm is not ctx.comm)
         dist.barrier()  # rank 2 waits (on torch's group) until rank 0 gave up
     return report.packed()
 
@@ -241,4 +250,5 @@ def test_tensor_and_data_parallel_groups_on_four_ranks():
 def test_a_group_of_two_in_three_ranks():
     reports = reports_on_available_ranks(_partial_worker, 3, timeout=60)
     assert_rank_checks(reports, "partial/", 5)
+    assert_rank_checks(reports, "view/", 3)
     assert_rank_checks(reports, "groups/pair/", 2 * 10)

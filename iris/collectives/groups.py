@@ -14,11 +14,11 @@ heap stays symmetric), inside which each group allocates symmetrically among its
 Groups made together by one ``new_subgroups`` call are disjoint, so they share one arena: every
 rank uses the arena for the one group it belongs to.
 
-Calls with ``group=`` run on a *group view* of the context: an object of the context's own class
-whose rank, world size, heap (the arena), host communicator, device context (the members'
-heap bases in group order) and fault words are the group's, and which shares everything else
-(configuration, fail-stop state, kernels) with the context. iris's algorithms run on it
-unchanged. A failure inside a group fails the whole context.
+Calls with ``group=`` run on a *group view* of the context (:class:`GroupView`): an object of the
+context's own class whose rank, world size, heap (the arena), host communicator, device context
+(the members' heap bases in group order), workspaces and fault words are the group's, and which
+reads everything else (configuration, fail-stop state, kernels) from the context. iris's
+algorithms run on it unchanged. A failure inside a group fails the whole context.
 """
 
 from __future__ import annotations
@@ -95,21 +95,30 @@ def check_partition(groups: list[list[int]], world_size: int) -> list[tuple[int,
 
 
 class GroupView:
-    """Put in front of a context's class to make a group view (:func:`view_class`); built by
-    :meth:`of`, never by ``iris.create``."""
+    """Put in front of a context's class to make a group view (:func:`view_class`); made by
+    :meth:`of`, never by ``iris.create``.
 
-    #: Attributes of the context that a view computes for itself rather than sharing.
-    OWN = frozenset({"rank", "world_size", "comm", "heap", "_device_context", "_heap_bases", "workspaces",
-                     "_torch_ccl", "ccl", "ops", "_namespaces"})
+    A view owns what makes it the group's: its rank, world size and host communicator, its heap
+    (the group's arena of the world heap), its device context (the members' heap bases in group
+    order), its workspaces and the backend's per-group state (fault words, barrier state:
+    ``_setup_group_view``), and its namespaces (``ccl``, ``ops``). It holds references to the
+    context's facts that every call reads (:attr:`SHARED`), and reads everything else (fail-stop
+    state, say) from the context at each access (:meth:`__getattr__`), so it never holds a stale
+    copy of the context's state."""
+
+    #: The context's attributes a view refers to as its own: each is set once, when the context is
+    #: made, and never rebound, so the reference stays the context's; every call reads some of them.
+    SHARED = ("config", "backend_spec", "device", "kernel_device_type", "programs", "timeout_ns", "tracing", "tuning",
+              "node_layout", "logger")
 
     @classmethod
     def of(cls, context, ranks: tuple[int, ...], comm: Communicator, arena: torch.Tensor) -> "GroupView":
         """The view of ``context`` for the group of world ``ranks`` (this rank among them),
         over ``comm`` and allocating its workspaces in ``arena`` (a heap tensor of the world)."""
         view = object.__new__(view_class(type(context)))
-        view.__dict__.update({k: v for k, v in context.__dict__.items() if k not in cls.OWN})
         view._world = context
         view._group_ranks = ranks
+        view.__dict__.update({name: getattr(context, name) for name in cls.SHARED})
         view.rank, view.world_size, view.comm = comm.rank, comm.world_size, comm
         start = arena.data_ptr() - context.heap.local.data_ptr()
         peers = tuple(context.heap.mapping.peers[r][start:start + arena.numel()] for r in ranks)
@@ -128,6 +137,14 @@ class GroupView:
             if hasattr(namespace, "_for_group"):
                 view.namespace(type(namespace))
         return view
+
+    def __getattr__(self, name: str):
+        """What the view does not own: its world context's (called only where the view has no
+        attribute ``name`` of its own)."""
+        world = self.__dict__.get("_world")
+        if world is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(world, name)
 
     # -- what differs from the context ----------------------------------------------------------
 
@@ -168,6 +185,12 @@ class GroupView:
 
     def _call(self, name: str, outputs: tuple = ()):
         return self._world._call(name, outputs)
+
+    def _describe_call(self, name: str, signature: int, description: str) -> tuple | None:
+        return self._world._describe_call(name, signature, description)
+
+    def _end_call(self, outer: tuple | None) -> None:
+        self._world._end_call(outer)
 
     @property
     def failed(self) -> bool:
