@@ -30,7 +30,7 @@ import torch
 
 from iris.heap.device_context import set_trailer
 
-__all__ = ["EVENT_FIELDS", "EVENT_IDS", "OPERATION_EVENTS", "TRACE_HEADER", "Tracing", "TracingMixin", "chrome_trace"]
+__all__ = ["EVENT_FIELDS", "EVENT_IDS", "OPERATION_EVENTS", "TRACE_HEADER", "Tracing", "TracingHost", "chrome_trace"]
 
 #: Words of the trace buffer before the first event (word 0: events appended).
 TRACE_HEADER = 8
@@ -291,23 +291,9 @@ def _end(event: dict) -> int:
 
 
 class TracingHost(Protocol):
-    """What TracingMixin needs from the context it is part of (checked when a context is made)."""
+    """What :class:`Tracing` needs from the context that owns it (checked when a context is made)."""
 
     _device_context: Any
     comm: Any
     device: Any
     info: Callable
-
-
-class TracingMixin:
-    """Adds ``tracing``, made once the heap (and the device-context tensor it points into the
-    trace buffer) exists; group views share it."""
-
-    needs = TracingHost
-
-    tracing: Tracing
-
-    def _setup(self) -> None:
-        super()._setup()
-        self.tracing = Tracing(self)
-        self.tracing.attach(self._device_context)

@@ -408,7 +408,8 @@ def _fused_specs() -> dict:
     config = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k not in OPTIONS}
     types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
     types.update(flags="*i32", calls="*i32")
-    divisible = ("context", "shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "m", "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
+    divisible = ("context", "shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "m", "K", "N", "stride_sm",
+                 "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
     return {
         "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, TRACING=False, BLOCK_M=config["BLOCK_M"],

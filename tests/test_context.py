@@ -21,10 +21,10 @@ from iris.backend import DeviceOps
 from iris.context import Context, ContextBase, check_needs, context_class
 from iris.errors import BackendNotFoundError, IrisError
 from iris.heap.device_context import trailer_index
-from iris.collectives.workspaces import WorkspacesMixin
+from iris.collectives.workspaces import WorkspacesHost
 from iris.context.failstop import FailStopMixin
 from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
-from iris.tracing import TracingMixin
+from iris.tracing import TracingHost
 from iris.registry import get_backend
 from iris.testing import mapped_heap_segments
 
@@ -82,8 +82,10 @@ def test_every_part_declares_what_it_needs_and_a_gap_is_named():
     """Each mixin declares what it needs from the rest of the context (a protocol, its ``needs``);
     a context class whose parts leave one of those out is refused, naming the part and the names."""
     mixins = [part for part in Context.__mro__ if "needs" in vars(part)]
-    assert {part.__name__ for part in mixins} >= {"LoggingMixin", "FailStopMixin", "WorkspacesMixin", "GroupsMixin",
-                                                 "TracingMixin", "HeapMixin", "NodesMixin", "TensorMixin", "CCLMixin"}
+    assert {part.__name__ for part in mixins} >= {"LoggingMixin", "FailStopMixin", "GroupsMixin", "HeapMixin",
+                                                 "NodesMixin", "TensorMixin", "CCLMixin"}
+    # And each component the context owns, by the protocol its class takes.
+    assert Context.components == {"tracing": TracingHost, "workspaces": WorkspacesHost}
 
     class Partial(TensorMixin):
         heap = object()
@@ -97,14 +99,20 @@ def test_every_part_declares_what_it_needs_and_a_gap_is_named():
 
     check_needs(Whole())
 
+    class Owner(Whole):  # a component's needs are checked as a mixin's
+        components = {"tracing": TracingHost}
+
+    with pytest.raises(BackendNotFoundError, match=r"its tracing needs _device_context, comm, info \(TracingHost\)"):
+        check_needs(Owner())
+
 
 def test_context_class_mro_order():
     from iris_triton.backend import TritonContext, TritonDeviceOps
 
     cls = context_class(_triton_backend())
     mro = cls.__mro__
-    expected = [TritonDeviceOps, Context, LoggingMixin, FailStopMixin, WorkspacesMixin, TracingMixin, HeapMixin,
-                TensorMixin, CCLMixin, ContextBase, DeviceOps]
+    expected = [TritonDeviceOps, Context, LoggingMixin, FailStopMixin, HeapMixin, TensorMixin, CCLMixin, ContextBase,
+                DeviceOps]
     assert [c for c in mro if c in expected] == expected
     assert mro[0] is cls and mro[1] is TritonDeviceOps  # the backend's host side is leftmost
     # The terminal base is the last with state; DeviceOps after it only declares the contract.

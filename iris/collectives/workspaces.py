@@ -23,13 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from functools import cached_property
 
 import torch
 
 from iris.errors import IrisError
 
-__all__ = ["REGION_ALIGNMENT", "Workspaces", "WorkspacesMixin", "capturing"]
+__all__ = ["REGION_ALIGNMENT", "Workspaces", "WorkspacesHost", "capturing"]
 
 #: Byte alignment of the regions of :meth:`Workspaces.slot_regions`.
 REGION_ALIGNMENT = 256
@@ -140,7 +139,7 @@ class Workspaces:
 
 
 class WorkspacesHost(Protocol):
-    """What WorkspacesMixin needs from the context it is part of (checked when a context is made)."""
+    """What :class:`Workspaces` needs from the context that owns it (checked when a context is made)."""
 
     barrier: Callable[[], None]
     comm: Any
@@ -148,14 +147,3 @@ class WorkspacesHost(Protocol):
     info: Callable
     empty: Callable
     zeros: Callable
-
-
-class WorkspacesMixin:
-    """Adds ``workspaces``, the named heap buffers the context's device protocols share
-    (collectives, fused operations, a backend's own)."""
-
-    needs = WorkspacesHost
-
-    @cached_property
-    def workspaces(self) -> Workspaces:
-        return Workspaces(self)

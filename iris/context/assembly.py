@@ -1,11 +1,11 @@
 """Context assembly: ``iris.create`` makes a context of the class of its backend.
 
-:class:`Context` is the core's part of every context: the mixins and the terminal ContextBase.
-The class of a context of backend ``b`` puts the backend's DeviceOps in front of it, left to
-right (most specific first)::
+:class:`Context` is the core's part of every context: the mixins, the terminal ContextBase and
+the components it owns (``tracing``, ``workspaces``). The class of a context of backend ``b`` puts
+the backend's DeviceOps in front of it, left to right (most specific first)::
 
-    b.device_ops, LoggingMixin, FailStopMixin, WorkspacesMixin, GroupsMixin, TracingMixin, HeapMixin,
-    NodesMixin, TensorMixin, CCLMixin, ContextBase, DeviceOps
+    b.device_ops, LoggingMixin, FailStopMixin, GroupsMixin, HeapMixin, NodesMixin, TensorMixin,
+    CCLMixin, ContextBase, DeviceOps
 
 Built-in backends declare that class in source (``class TritonContext(TritonDeviceOps, Context)``);
 for a backend that declares only its DeviceOps, the same class is composed once and cached.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -27,11 +28,11 @@ from iris.context.bootstrap import Communicator, default_device_type, ensure_pro
 from iris.config import ContextConfig
 from iris.errors import BackendNotFoundError, IrisError
 from iris.collectives.groups import GroupsMixin
-from iris.collectives.workspaces import WorkspacesMixin
+from iris.collectives.workspaces import Workspaces, WorkspacesHost
 from iris.context.failstop import FailStopMixin
 from iris.context.nodes import NodesMixin
 from iris.mixins import CCLMixin, HeapMixin, LoggingMixin, TensorMixin
-from iris.tracing import TracingMixin
+from iris.tracing import Tracing, TracingHost
 from iris.registry import get_backend
 
 __all__ = ["Context", "ContextBase", "check_needs", "context_class", "create", "iris"]
@@ -196,10 +197,31 @@ def _destroyed_class(cls: type) -> type:
     return type(cls.__name__, (_Destroyed, cls), {"__module__": cls.__module__})
 
 
-class Context(LoggingMixin, FailStopMixin, WorkspacesMixin, GroupsMixin, TracingMixin, HeapMixin, NodesMixin,
-              TensorMixin, CCLMixin, ContextBase, DeviceOps):
+class Context(LoggingMixin, FailStopMixin, GroupsMixin, HeapMixin, NodesMixin, TensorMixin, CCLMixin, ContextBase,
+              DeviceOps):
     """An iris context: the core's mixins and state, with a backend's DeviceOps put in front of it
-    (:func:`context_class`). What every context offers, whatever its backend; abstract alone."""
+    (:func:`context_class`). What every context offers, whatever its backend; abstract alone.
+
+    Besides its mixins it owns two components, objects built over it that need of it what their
+    protocols say (:attr:`components`): ``tracing``, made once the heap (and the device-context
+    tensor it points at the trace buffer) exists and shared by its group views, and
+    ``workspaces``, made at first use, a group view's its own."""
+
+    #: The components a context owns, by attribute, with the protocol each needs the context to meet.
+    components = {"tracing": TracingHost, "workspaces": WorkspacesHost}
+
+    tracing: Tracing
+
+    def _setup(self) -> None:
+        super()._setup()
+        self.tracing = Tracing(self)
+        self.tracing.attach(self._device_context)
+
+    @cached_property
+    def workspaces(self) -> Workspaces:
+        """The named heap buffers the context's device protocols share (collectives, fused
+        operations, a backend's own)."""
+        return Workspaces(self)
 
 
 @functools.cache
@@ -285,14 +307,17 @@ def _create(backend: str | None, heap_size, device, options: dict, conventions) 
 
 def check_needs(context) -> None:
     """Raise BackendNotFoundError when a part of ``context``'s class lacks what it needs: each
-    mixin declares that as a protocol (its ``needs``), which the other parts provide."""
+    mixin declares that as a protocol (its ``needs``), and so does each component the context
+    owns (``components``), which the parts provide."""
     for part in type(context).__mro__:
-        needs = vars(part).get("needs")
-        missing = [name for name in getattr(needs, "__annotations__", ()) if not hasattr(context, name)]
-        if missing:
-            raise BackendNotFoundError(f"{type(context).__name__}: {part.__name__} needs {', '.join(missing)} "
-                                       f"({needs.__name__}), which no part of the context provides; a backend's "
-                                       f"DeviceOps must not remove what the core's mixins rely on")
+        declared = [(part.__name__, vars(part).get("needs"))]
+        declared += [(f"its {name}", needs) for name, needs in vars(part).get("components", {}).items()]
+        for who, needs in declared:
+            missing = [name for name in getattr(needs, "__annotations__", ()) if not hasattr(context, name)]
+            if missing:
+                raise BackendNotFoundError(f"{type(context).__name__}: {who} needs {', '.join(missing)} "
+                                           f"({needs.__name__}), which no part of the context provides; a backend's "
+                                           f"DeviceOps must not remove what the core's mixins rely on")
 
 
 def _check_group(group) -> None:
