@@ -76,6 +76,7 @@ def _heap_worker(rank: int) -> dict:
     report["peer_ptrs"] = [p.data_ptr() for p in ctx.heap.mapping.peers]
     report["local_ptr"] = ctx.heap.local.data_ptr()
     report["device_context"] = ctx.get_device_context().tolist()
+    report["fail_stop"] = [ctx.timeout_ns, ctx.faults.data_ptr(), ctx.host_faults.data_ptr()]
     report["heap_size"] = ctx.heap_size
     report["bases_meta"] = (str(bases.dtype), str(bases.device), tuple(bases.shape))
 
@@ -216,7 +217,8 @@ def test_symmetric_heap_across_ranks(world_size, short_timeout):
         assert r["bases"] == r["peer_ptrs"] and r["bases"][rank] == r["local_ptr"]
         assert len(set(r["bases"])) == world_size
         assert r["bases_meta"] == ("torch.int64", "cpu", (world_size,))
-        assert r["device_context"] == [rank, world_size, *r["bases"], r["heap_size"], 0, 0]  # no trace buffer
+        # No trace buffer; the waits' timeout and fault words.
+        assert r["device_context"] == [rank, world_size, *r["bases"], r["heap_size"], 0, 0, *r["fail_stop"]]
         # Offsets of the allocation sequence agree on every rank, and are distinct blocks.
         gathered = r["sequence_offsets"]
         assert len(gathered) == world_size and all(g == gathered[0] for g in gathered), gathered

@@ -856,10 +856,11 @@ def test_heap_bases(ctx):
 def test_device_context_layout(ctx):
     dc = ctx.get_device_context()
     assert dc.dtype == torch.int64 and dc.device == ctx.device
-    # Upstream iris's layout: rank, world size, the bases; then iris's own (the heap size, and the
-    # trace buffer's distance and capacity, 0 while tracing is off).
-    assert dc.tolist() == [ctx.rank, ctx.world_size, *ctx.get_heap_bases().tolist(), ctx.heap_size, 0, 0]
-    assert dc.tolist() == [0, 1, ctx.heap.local.data_ptr(), ctx.heap_size, 0, 0]
+    # Upstream iris's layout: rank, world size, the bases; then iris's own (the heap size, the trace
+    # buffer's distance and capacity, 0 while tracing is off, the waits' timeout and fault words).
+    fail_stop = [ctx.timeout_ns, ctx.faults.data_ptr(), ctx.host_faults.data_ptr()]
+    assert dc.tolist() == [ctx.rank, ctx.world_size, *ctx.get_heap_bases().tolist(), ctx.heap_size, 0, 0, *fail_stop]
+    assert dc.tolist() == [0, 1, ctx.heap.local.data_ptr(), ctx.heap_size, 0, 0, *fail_stop]
     assert ctx.get_heap_bases().data_ptr() == dc.data_ptr() + 2 * dc.element_size()
 
 
