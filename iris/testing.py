@@ -40,7 +40,7 @@ import socket
 import time
 import traceback
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -238,15 +238,56 @@ def run_sharing_one_gpu(worker: Callable, *args, world: int = 2, bound: float = 
     return [got.get(r, f"no result (exit code {procs[r].exitcode})") for r in range(world)]
 
 
-def assert_rank_checks(reports: list[dict], prefix: str, minimum: int) -> None:
-    """Every rank's sections completed, at least ``minimum`` checks are named ``prefix*``, and
-    all of them passed."""
+def assert_rank_checks(reports: list[dict], prefix: str,
+                       expected: int | Collection[str] | Callable[[int], Collection[str]]) -> None:
+    """Every rank's sections completed, and the checks named ``prefix*`` are exactly the expected
+    ones and all passed: a check that a worker stopped making, or one it makes twice as often,
+    fails the test as surely as a check that fails.
+
+    ``prefix`` is a section's name followed by ``/`` (``"dispatch/"``, ``"groups/pair/"``), so
+    that a section whose name merely starts alike is not counted with it. ``expected`` is one of
+
+    - the number of such checks over all ranks together, derived from the test's cases;
+    - the exact set of names (``"dispatch/fp8/counts"``, ...) every rank's report holds under
+      ``prefix``;
+    - a function of the rank giving that rank's set, where ranks check different things (a
+      root, a member of a group).
+
+    A section named ``prefix`` adds its ``<name>/completed``. When there are more or fewer checks,
+    the assertion says which: for sets, the names missing and the extra ones on each rank; for a
+    number, the count on each rank and the names some ranks have and others lack. Raises
+    ValueError for an empty prefix or one not ending in ``/`` (it would gather the checks of
+    unrelated sections), a negative count, or an expected name outside ``prefix*``."""
+    if not prefix.strip("/") or not prefix.endswith("/"):
+        raise ValueError(f"prefix must name a section and end with '/' (as in 'dispatch/'), got {prefix!r}")
+    if isinstance(expected, (str, bool)) or not isinstance(expected, (int, Collection)) and not callable(expected):
+        raise TypeError(f"expected must be a count of checks, a collection of check names or a function of the "
+                        f"rank giving its names, got {expected!r}")
+    if isinstance(expected, int) and expected < 0:
+        raise ValueError(f"expected must be a count of checks >= 0, got {expected}")
+    assert reports, "no rank reported"
+    wanted = None
+    if not isinstance(expected, int):
+        wanted = [set(expected(r)) if callable(expected) else set(expected) for r in range(len(reports))]
+        outside = sorted({name for want in wanted for name in want if not name.startswith(prefix)})
+        if outside:
+            raise ValueError(f"expected names outside {prefix}*: {outside[:30]}")
     errors = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items()
               if k.endswith("/completed") and v is not True}
     assert not errors, "\n".join(f"{k}: {v}" for k, v in errors.items())
-    checks = {f"r{r}/{k}": v for r, rep in enumerate(reports) for k, v in rep.items() if k.startswith(prefix)}
-    assert len(checks) >= minimum, f"only {len(checks)} checks named {prefix}*"
-    failed = sorted(k for k, v in checks.items() if v is not True)
+    names = [{k for k in rep if k.startswith(prefix)} for rep in reports]
+    if wanted is None:
+        found = sum(map(len, names))
+        uneven = sorted(set.union(*names) - set.intersection(*names))
+        assert found == expected, (f"{found} checks named {prefix}*, expected {expected}; per rank "
+                                   f"{[len(n) for n in names]}"
+                                   + (f"; not on every rank: {uneven[:30]}" if uneven else ""))
+    else:
+        wrong = [f"rank {r}: missing {sorted(want - have)[:30]}, extra {sorted(have - want)[:30]}"
+                 for r, (want, have) in enumerate(zip(wanted, names)) if have != want]
+        assert not wrong, f"the checks named {prefix}* are not the expected ones:\n" + "\n".join(wrong)
+    checks = {f"r{r}/{k}": rep[k] for r, rep in enumerate(reports) for k in sorted(names[r])}
+    failed = [k for k, v in checks.items() if v is not True]
     assert not failed, f"{len(failed)} of {len(checks)} failed: {failed[:30]}" + "".join(
         f"\n{k}: {checks[k]}" for k in failed[:30] if checks[k] is not False)
 

@@ -97,6 +97,10 @@ def _mismatch(ctx, report: RankReport) -> None:
         report.check("mismatch/out_nan", bool(out.float().isnan().all()))
 
 
+#: The methods the group of ranks 0 and 2 calls.
+GROUP_METHODS = ("one_shot", "two_shot")
+
+
 def _group(ctx, report: RankReport) -> None:
     """Ranks 0 and 2 of 3 (``group=``): both methods, against their two inputs only; rank 1
     makes no call."""
@@ -107,7 +111,7 @@ def _group(ctx, report: RankReport) -> None:
     xs, residual, weight, _ = _inputs(3, tokens, hidden, torch.float32, "group")
     s = xs[0] + xs[2] + residual
     expected = torch.nn.functional.rms_norm(s, (hidden,), weight, EPS)
-    for method in ("one_shot", "two_shot"):
+    for method in GROUP_METHODS:
         out = torch.empty(tokens, hidden, device=ctx.device)
         ctx.ops.all_reduce_rmsnorm(out, xs[ctx.rank].to(ctx.device), residual.to(ctx.device), weight.to(ctx.device),
                                    method=method, group=group)
@@ -145,7 +149,7 @@ def _worker(rank: int, world: int) -> bytes:
         with report.section("group"):
             _group(ctx, report)
     ctx.barrier()
-    report.check("calls_no_wait_failed", not ctx.failed)
+    report.check("no_wait_failed/after_the_calls", not ctx.failed)
     with report.section("mismatch"):
         _mismatch(ctx, report)
     try:
@@ -160,10 +164,16 @@ def reports(request) -> list[dict]:
     return reports_on_available_ranks(_worker, request.param, request.param, timeout=60)
 
 
+def _call_names(world: int) -> set[str]:
+    """The checks of the calls on ``world`` ranks (:func:`_check_call`) and their section's completion."""
+    return {f"{key}/{check}" for key, *_, keep, _ in _calls(world)
+            for check in ("out", "returns_out", "x_unchanged") + (("residual_out",) if keep != "none" else ())} | {
+        "calls/completed"}
+
+
 def test_every_method_dtype_and_shape_matches_torch(reports):
-    per_rank = len(_calls(len(reports))) * 3  # out, returns_out, x_unchanged
-    assert_rank_checks(reports, "calls/", per_rank * len(reports))
-    assert_rank_checks(reports, "calls_no_wait_failed", len(reports))
+    assert_rank_checks(reports, "calls/", _call_names(len(reports)))
+    assert_rank_checks(reports, "no_wait_failed/", {"no_wait_failed/after_the_calls"})
     kept = {key.split("/")[4] for key in reports[0] if key.startswith("calls/") and key != "calls/completed"}
     assert kept == set(KEEPS), kept
 
@@ -171,11 +181,13 @@ def test_every_method_dtype_and_shape_matches_torch(reports):
 def test_a_group_of_two_of_three_ranks_reduces_only_its_members(reports):
     if len(reports) != 3:
         pytest.skip("the group check runs on 3 ranks")
-    assert_rank_checks(reports, "group/", 2 * 2)
+    # Rank 1 is not in the group [0, 2].
+    assert_rank_checks(reports, "group/", lambda rank: {"group/completed"} | (
+        set() if rank == 1 else {f"group/{method}" for method in GROUP_METHODS}))
 
 
 def test_a_call_that_differs_between_ranks_raises_on_every_rank_with_nan_output(reports):
-    assert_rank_checks(reports, "mismatch/", 2 * len(reports))
+    assert_rank_checks(reports, "mismatch/", {"mismatch/raised", "mismatch/out_nan", "mismatch/completed"})
 
 
 # -- one rank, in process ------------------------------------------------------------------------------
@@ -248,6 +260,11 @@ def test_the_automatic_method_follows_the_tuning_threshold():
         assert choose_method(world, limit + 1) == "two_shot"
 
 
+#: The methods captured in a CUDA graph, and the replays of each.
+GRAPH_METHODS = ("one_shot", "two_shot")
+GRAPH_REPLAYS = 3
+
+
 def _graph_worker(rank: int, backend: str) -> bytes:
     """World size 1 on a GPU: both methods captured in a CUDA graph, replayed with new data."""
     report = RankReport(rank)
@@ -257,14 +274,14 @@ def _graph_worker(rank: int, backend: str) -> bytes:
         x = torch.empty(tokens, hidden, dtype=dtype, device=device)
         residual, out, residual_out = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
         weight = torch.empty(hidden, dtype=dtype, device=device)
-        for method in ("one_shot", "two_shot"):
+        for method in GRAPH_METHODS:
             ctx.ops.all_reduce_rmsnorm(out, x.zero_(), residual.zero_(), weight.zero_(), EPS, residual_out,
                                        method=method)  # sizes the workspace before the capture
             torch.cuda.synchronize(device)
             graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
             with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
                 ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, EPS, residual_out, method=method)
-            for replay in range(3):
+            for replay in range(GRAPH_REPLAYS):
                 xs, r, w, (expected, s) = _inputs(1, tokens, hidden, dtype, "graph", method, replay)
                 x.copy_(xs[0])
                 residual.copy_(r)
@@ -282,7 +299,9 @@ def _graph_worker(rank: int, backend: str) -> bytes:
 @pytest.mark.parametrize("backend", ["triton", "gluon"])
 def test_cuda_graph_capture_and_replay_match_torch(backend):
     reports = reports_on_available_ranks(_graph_worker, 1, backend, backend=backend, timeout=120)
-    assert_rank_checks(reports, "graph/", 2 * 3 * 2)
+    assert_rank_checks(reports, "graph/", {f"graph/{method}/{replay}/{output}" for method in GRAPH_METHODS
+                                           for replay in range(GRAPH_REPLAYS) for output in ("out", "residual_out")}
+                       | {"graph/completed"})
 
 
 # -- PTX (sm_90, no GPU needed) ------------------------------------------------------------------------

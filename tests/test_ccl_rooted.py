@@ -55,6 +55,8 @@ ALL_REDUCE_ALGORITHMS = ("low_latency", "sentinel", "one_shot", "two_shot")
 WORLDS = (2, 3)
 #: Where all_reduce takes the new reductions: each named algorithm, then the automatic choice (None).
 ALL_REDUCE_CHOICES = (*ALL_REDUCE_ALGORITHMS, None)
+#: Integer dtypes whose avg the reducing collectives are checked to refuse.
+AVG_REFUSED = (torch.int32, torch.uint8)
 
 
 def _grid(world: int, index: int, count: int) -> range | tuple[int, ...]:
@@ -63,6 +65,25 @@ def _grid(world: int, index: int, count: int) -> range | tuple[int, ...]:
     an item needs (its element type, its reduction) does not depend on the world size, and every
     choice still meets every world size; the two-rank world runs the whole grid."""
     return range(count) if world == 2 else (index % count,)
+
+
+def _new_reductions():
+    """(dtype, op) pairs the earlier collectives did not take: prod and avg, and every reduction
+    of the 8-bit integers."""
+    for dtype in DTYPES:
+        for op in _ops(dtype):
+            if op in ("prod", "avg") or dtype.itemsize == 1:
+                yield dtype, op
+
+
+def _others_pass_a_tensor(turn: int) -> bool:
+    """Whether the ranks other than the root pass a tensor (else None) to the gather or scatter of ``turn``."""
+    return turn % 3 == 0
+
+
+def _bad_roots(world: int) -> tuple:
+    """Roots that are not a rank of a world of ``world`` ranks."""
+    return world, -1, "0", 1.0, True
 
 
 def _ops(dtype: torch.dtype) -> tuple[str, ...]:
@@ -210,7 +231,7 @@ class _Checks:
                 if self.rank == dst:
                     out = untouched.to(self.device)
                 else:  # None, or a tensor left as it was
-                    out = None if self.turn % 3 else untouched.to(self.device)
+                    out = untouched.to(self.device) if _others_pass_a_tensor(self.turn) else None
                 returned = self.ctx.ccl.gather(out, x, dst=dst)
                 self.report.check(f"{name}/returns_the_output", returned is out)
                 if self.rank == dst:
@@ -235,7 +256,7 @@ class _Checks:
                 # Every rank makes the same tensors (heap allocations are collective); the others
                 # than the root pass None, or a tensor that is not read.
                 inp = self.tensor(segments if self.rank == src else _data(dtype, self.world * size, "no", self.rank))
-                if self.rank != src and self.turn % 3:
+                if self.rank != src and not _others_pass_a_tensor(self.turn):
                     inp = None
                 out = self.tensor(_data(dtype, size, "before", self.rank))
                 returned = self.ctx.ccl.scatter(out, inp, src=src)
@@ -271,16 +292,8 @@ class _Checks:
 
     # -- the new reductions through all_reduce and reduce_scatter ----------------------------------
 
-    def _new_reductions(self):
-        """(dtype, op) pairs the earlier collectives did not take: prod and avg, and every
-        reduction of the 8-bit integers."""
-        for dtype in DTYPES:
-            for op in _ops(dtype):
-                if op in ("prod", "avg") or dtype.itemsize == 1:
-                    yield dtype, op
-
     def all_reduce(self) -> None:
-        pairs = list(self._new_reductions())
+        pairs = list(_new_reductions())
         for choice, algorithm in enumerate(ALL_REDUCE_ALGORITHMS):
             for p, (dtype, op) in enumerate(pairs):
                 if choice not in _grid(self.world, p, len(ALL_REDUCE_CHOICES)):
@@ -309,7 +322,7 @@ class _Checks:
         self.free()
 
     def reduce_scatter(self) -> None:
-        for dtype, op in self._new_reductions():
+        for dtype, op in _new_reductions():
             size = SIZES[self.next_turn() % len(SIZES)]
             name = f"reduce_scatter/{op}/{_name(dtype)}/n{size}"
             mine = self.everyone(dtype, self.world * size, "reduce_scatter", op, str(dtype))
@@ -324,7 +337,7 @@ class _Checks:
     def errors(self) -> None:
         ccl, world, device = self.ctx.ccl, self.world, self.device
         x = torch.ones(8, device=device)
-        for root in (world, -1, "0", 1.0, True):
+        for root in _bad_roots(world):
             for name, call in (("reduce", lambda: ccl.reduce(x, dst=root)),
                                ("gather", lambda: ccl.gather(torch.ones(world, 8, device=device), x, dst=root)),
                                ("scatter", lambda: ccl.scatter(x, torch.ones(world * 8, device=device), src=root))):
@@ -338,7 +351,7 @@ class _Checks:
                 self.report.check(f"errors/{name}/{_name(dtype)}", _raises(
                     call, f"{name}: {dtype} tensors are moved, not reduced; cast to torch.bfloat16", "float32",
                     "accumulate in float32"))
-        for dtype in (torch.int32, torch.uint8):
+        for dtype in AVG_REFUSED:
             t = torch.ones(world * 4, dtype=dtype, device=device)
             for name, call in (("reduce", lambda: ccl.reduce(t, op="avg")),
                                ("all_reduce", lambda: ccl.all_reduce(t, op=dist.ReduceOp.AVG)),
@@ -361,7 +374,7 @@ def _worker(rank: int, world: int) -> bytes:
         with report.section(section):
             getattr(checks, section)()
     ctx.barrier()
-    report.check("no_wait_failed", not ctx.failed)
+    report.check("no_wait_failed/after_every_section", not ctx.failed)
     ctx.destroy()
     return report.packed()
 
@@ -378,8 +391,10 @@ def _world(reports) -> int:
 def test_reduce_matches_gloo_and_the_reference_for_every_dtype_op_and_root(reports):
     world = _world(reports)
     calls = sum(len(_ops(d)) for d in DTYPES)
-    # Every call: returns, result (the root's, or the others' unchanged); every but avg: gloo on the root.
-    assert_rank_checks(reports, "reduce/", 2 * calls * world)
+    # Every call: on every rank the tensor returned and the result (the root's reduction, the
+    # others' input unchanged); on the root gloo's result (avg: iris's sum over the world size).
+    # Then every rank's reduce/completed.
+    assert_rank_checks(reports, "reduce/", calls * (2 * world + 1) + world)
     roots = {part for k in reports[0] if k.startswith("reduce/") for part in k.split("/") if part.startswith("dst")}
     assert roots == {f"dst{r}" for r in range(world)}, roots
 
@@ -393,40 +408,65 @@ def _assert_every_root(reports, collective: str, key: str) -> None:
 
 def test_gather_matches_gloo_for_every_dtype_and_root(reports):
     world = _world(reports)
-    roots_per_dtype = len(_grid(world, 0, world))
-    assert_rank_checks(reports, "gather/", len(DTYPES + FP8) * roots_per_dtype * 2 * world)
+    turn = sum(len(_ops(d)) for d in DTYPES)  # the reduce calls take the turns before the gathers
+    checks = world  # every rank's gather/completed
+    for i, dtype in enumerate(DTYPES + FP8):
+        for _ in _grid(world, i, world):
+            turn += 1
+            # On every rank: the output returned, the input unchanged. On the root: the output in
+            # rank order, and gloo's (which has no fp8). On the others: their output unchanged,
+            # where they pass one.
+            checks += 2 * world + 1 + (dtype not in FP8) + (world - 1) * _others_pass_a_tensor(turn)
+    assert_rank_checks(reports, "gather/", checks)
     _assert_every_root(reports, "gather", "dst")
 
 
 def test_scatter_matches_gloo_for_every_dtype_and_root(reports):
     world = _world(reports)
-    roots_per_dtype = len(_grid(world, 0, world))
-    assert_rank_checks(reports, "scatter/", len(DTYPES + FP8) * roots_per_dtype * 2 * world)
+    calls = [dtype for i, dtype in enumerate(DTYPES + FP8) for _ in _grid(world, i, world)]
+    # On every rank: the output returned, this rank's segment, gloo's (which has no fp8). On the
+    # root: its input unchanged. Then every rank's scatter/completed.
+    checks = sum(2 * world + 1 + world * (dtype not in FP8) for dtype in calls) + world
+    assert_rank_checks(reports, "scatter/", checks)
     _assert_every_root(reports, "scatter", "src")
 
 
 def test_fp8_moves_bit_for_bit_through_every_data_movement_collective(reports):
-    assert_rank_checks(reports, "fp8/", 3 * len(FP8) * _world(reports))
+    movements = ("all_gather", "all_to_all", "broadcast")
+    assert_rank_checks(reports, "fp8/", len(movements) * len(FP8) * _world(reports))
+    assert {k.split("/")[1] for k in reports[0] if k.startswith("fp8/")} == set(movements)
 
 
 def test_prod_avg_and_8_bit_integers_through_every_all_reduce_algorithm(reports):
     world = _world(reports)
-    pairs = sum(1 for d in DTYPES for op in _ops(d) if op in ("prod", "avg") or d.itemsize == 1)
-    choices_per_pair = len(_grid(world, 0, len(ALL_REDUCE_CHOICES)))
-    assert_rank_checks(reports, "all_reduce/", choices_per_pair * pairs * world)
+    pairs = list(_new_reductions())
+    # Per rank: each algorithm's result and that it is the same on every rank, or the sentinel's
+    # refusal of integers; the automatic choice's result; all_reduce/completed.
+    per_rank = sum(1 if algorithm == "sentinel" and not dtype.is_floating_point else 2
+                   for choice, algorithm in enumerate(ALL_REDUCE_ALGORITHMS) for p, (dtype, _) in enumerate(pairs)
+                   if choice in _grid(world, p, len(ALL_REDUCE_CHOICES)))
+    per_rank += sum(ALL_REDUCE_CHOICES.index(None) in _grid(world, p, len(ALL_REDUCE_CHOICES))
+                    for p in range(len(pairs))) + 1
+    assert_rank_checks(reports, "all_reduce/", per_rank * world)
     assert any(k.endswith("/refused") for k in reports[0])
     taken = {k.split("/")[1] for k in reports[0] if k.startswith("all_reduce/") and not k.endswith("/completed")}
     assert taken == {*ALL_REDUCE_ALGORITHMS, "auto"}, taken
 
 
 def test_prod_avg_and_8_bit_integers_through_reduce_scatter(reports):
-    pairs = sum(1 for d in DTYPES for op in _ops(d) if op in ("prod", "avg") or d.itemsize == 1)
-    assert_rank_checks(reports, "reduce_scatter/", pairs * _world(reports))
+    # Per rank: one call of each pair, and reduce_scatter/completed.
+    assert_rank_checks(reports, "reduce_scatter/", (len(list(_new_reductions())) + 1) * _world(reports))
 
 
 def test_bad_roots_fp8_reductions_and_integer_averages_raise_on_every_rank(reports):
-    assert_rank_checks(reports, "errors/", (15 + 6 + 6 + 1) * _world(reports))
-    assert_rank_checks(reports, "no_wait_failed", _world(reports))
+    world = _world(reports)
+    reducing = ("reduce", "all_reduce", "reduce_scatter")
+    assert_rank_checks(reports, "errors/", {f"errors/{call}/root_{root!r}" for root in _bad_roots(world)
+                                            for call in ("reduce", "gather", "scatter")} | {
+        f"errors/{call}/{_name(dtype)}" for dtype in FP8 for call in reducing} | {
+        f"errors/{call}/avg_{_name(dtype)}" for dtype in AVG_REFUSED for call in reducing} | {
+        "errors/then_a_call_succeeds", "errors/completed"})
+    assert_rank_checks(reports, "no_wait_failed/", {"no_wait_failed/after_every_section"})
 
 
 # -- single-rank checks (the session context: rank 0 is every call's root) -------------------------------------

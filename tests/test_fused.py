@@ -160,10 +160,15 @@ def _check_bad_input(ctx, report: RankReport) -> None:
             report.check(f"bad_input/{name}", message in str(error))
 
 
+#: The overlapping methods captured in a CUDA graph, and the replays of each.
+GRAPH_METHODS = ("fused", "copy_engine")
+GRAPH_REPLAYS = 3
+
+
 def _check_cuda_graph(ctx, report: RankReport) -> None:
     m, K, N = SHAPES["cuda"][0]
     world, rank, device = ctx.world_size, ctx.rank, ctx.device
-    for method in ("fused", "copy_engine"):
+    for method in GRAPH_METHODS:
         a = torch.empty(m, K, dtype=torch.bfloat16, device=device)
         b = torch.empty(K, N, dtype=torch.bfloat16, device=device)
         out = torch.empty(world * m, N, dtype=torch.bfloat16, device=device)
@@ -173,7 +178,7 @@ def _check_cuda_graph(ctx, report: RankReport) -> None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
             ctx.ops.all_gather_matmul(out, a, b, method=method)
-        for replay in range(3):
+        for replay in range(GRAPH_REPLAYS):
             inputs_a, inputs_b = _inputs("all_gather_matmul", torch.bfloat16, m, K, N, world, ("graph", replay))
             a.copy_(inputs_a[rank])
             b.copy_(inputs_b[rank])
@@ -251,15 +256,22 @@ def world5_reports() -> list[dict]:
     return spawn_reports(_world5_worker, 5, device, device=device)
 
 
+def _world5_names() -> set[str]:
+    """The checks of :func:`_world5_worker` on every rank."""
+    return {f"world5/{kind}/{method}" for kind in ROW_SHARDED for method in _methods(kind)} | {
+        f"world5/rounded_once/{kind}/{method}" for kind in REDUCING for method in METHODS} | {
+        "world5/matmul_all_reduce/uneven_rows", "world5/no_wait_gave_up", "world5/completed"}
+
+
 def test_world5_every_operation_and_method_matches_torch(world5_reports):
-    methods = sum(len(_methods(kind)) for kind in (*ROW_SHARDED, *REDUCING))
-    assert_rank_checks(world5_reports, "world5/", minimum=5 * (methods + 2))
+    assert_rank_checks(world5_reports, "world5/", _world5_names())
 
 
 def test_world5_16_bit_sums_are_rounded_once_by_every_method(world5_reports):
     # The partial products are exact, so every method's only rounding is the last one: a sum
     # rounded to bf16 after each addition (one rounding per rank) is off by up to 1.5 units here.
-    assert_rank_checks(world5_reports, "world5/rounded_once/", minimum=5 * len(REDUCING) * len(METHODS))
+    assert_rank_checks(world5_reports, "world5/rounded_once/", {
+        f"world5/rounded_once/{kind}/{method}" for kind in REDUCING for method in METHODS})
 
 
 def test_sum_partials_adds_in_float32_and_rounds_once(ctx):
@@ -351,21 +363,35 @@ def reports(request) -> list[dict]:
     return spawn_reports(_fused_worker, request.param, device, device=device)
 
 
+def _device_type(reports) -> str:
+    """Where the ranks of ``reports`` ran, as the fixture chose (a GPU per rank, else CPU ranks)."""
+    return "cuda" if torch.cuda.device_count() >= len(reports) else "cpu"
+
+
 def test_every_method_matches_torch(reports):
-    assert_rank_checks(reports, "matrix/", minimum=2 * len(KINDS) * len(METHODS) * len(DTYPES) * 2)
+    assert_rank_checks(reports, "matrix/", {
+        f"matrix/{kind}/{method}/{dtype}/{m}x{K}x{N}" for m, K, N in SHAPES[_device_type(reports)] for dtype in DTYPES
+        for kind in KINDS for method in METHODS} | {"matrix/completed"})
 
 
 def test_back_to_back_calls_see_no_stale_data(reports):
-    assert_rank_checks(reports, "back_to_back/", minimum=2 * BACK_TO_BACK["cpu"])
+    # Per rank: each call (named by its place in the report), back_to_back/no_wait_gave_up and
+    # back_to_back/completed.
+    assert_rank_checks(reports, "back_to_back/", (BACK_TO_BACK[_device_type(reports)] + 2) * len(reports))
 
 
 def test_bad_input_is_rejected_clearly(reports):
-    assert_rank_checks(reports, "bad_input/", minimum=2 * 8)
+    assert_rank_checks(reports, "bad_input/", {f"bad_input/{case}" for case in (
+        "rows_not_divisible", "float32", "mixed_dtypes", "wrong_out_shape", "b_rows", "vector", "out_not_contiguous",
+        "unknown_method", "completed")})
 
 
 @pytest.mark.gpu
 def test_cuda_graph_capture_and_replay(reports):
-    assert_rank_checks(reports, "cuda_graph/", minimum=2 * 2 * 3)
+    if _device_type(reports) != "cuda":
+        pytest.skip("CUDA graphs need GPU ranks")
+    assert_rank_checks(reports, "cuda_graph/", {f"cuda_graph/{method}/replay{replay}" for method in GRAPH_METHODS
+                                                for replay in range(GRAPH_REPLAYS)} | {"cuda_graph/completed"})
 
 
 @pytest.mark.parametrize("layer, m, K, N, overlap", [

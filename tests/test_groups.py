@@ -23,6 +23,8 @@ from iris.testing import RankReport, assert_rank_checks, reports_on_available_ra
 N = 96
 #: (rows per rank, K, N) of the fused operations.
 SHAPE = (4, 16, 24)
+#: Rounds of calls on the world, the TP and the DP groups, interleaved.
+ROUNDS = 3
 
 
 def _random(*shape, seed, dtype=torch.float32) -> torch.Tensor:
@@ -139,7 +141,7 @@ def _tp_dp_worker(rank: int) -> bytes:
         report.check("groups/layout/dp", dp.ranks == (rank % 2, rank % 2 + 2) and dp.rank == rank // 2)
         report.check("groups/layout/all", [g.ranks for g in tp_groups] == [(0, 1), (2, 3)]
                      and [g.ranks for g in dp_groups] == [(0, 2), (1, 3)])
-        for round_ in range(3):  # the world's, the TP and the DP groups' calls interleaved
+        for round_ in range(ROUNDS):  # the world's, the TP and the DP groups' calls interleaved
             _check_collectives(ctx, tp, "tp", round_, report)
             world = _random(N, seed=("world", round_, rank))
             expected = world.clone()
@@ -242,13 +244,41 @@ def _partial_worker(rank: int) -> bytes:
     return report.packed()
 
 
+def _group_names(name: str, group_rank: int, rounds: int) -> set[str]:
+    """The checks :func:`_check_collectives` (``rounds`` rounds) and :func:`_check_more_collectives`
+    make on a group rank of group ``name`` (group rank 0, the root of the gather, also checks it)."""
+    names = {f"groups/{name}/{check}/{round_}" for round_ in range(rounds) for check in (
+        "all_reduce/sum", "all_reduce/max", "all_gather", "reduce_scatter", "all_to_all", "broadcast")}
+    names |= {f"groups/{name}/{check}" for check in ("reduce", "scatter", "all_to_all_single", "send_recv")}
+    return names | ({f"groups/{name}/gather"} if group_rank == 0 else set())
+
+
+def _tp_dp_names(rank: int) -> set[str]:
+    """The checks of :func:`_tp_dp_worker` on ``rank`` (rank 0 is not in the process group [1, 2, 3])."""
+    names = _group_names("tp", rank % 2, ROUNDS) | _group_names("dp", rank // 2, ROUNDS)
+    names |= {f"groups/{name}/{fused}" for name in ("tp", "dp") for fused in ("all_gather_matmul",
+                                                                             "matmul_reduce_scatter")}
+    names |= {f"groups/world/all_reduce/{round_}" for round_ in range(ROUNDS)}
+    names |= {"groups/process_group/non_member"} if rank == 0 else {"groups/process_group/all_reduce",
+                                                                   "groups/process_group/same_group"}
+    names |= {f"groups/own_context/{check}" for check in ("identity", "all_reduce", "all_gather")}
+    names |= {f"groups/errors/{check}" for check in ("indivisible", "src_is_a_group_rank", "unknown_process_group")}
+    return names | {"groups/layout/tp", "groups/layout/dp", "groups/layout/all", "groups/no_failure"}
+
+
 def test_tensor_and_data_parallel_groups_on_four_ranks():
     reports = reports_on_available_ranks(_tp_dp_worker, 4, timeout=120)
-    assert_rank_checks(reports, "groups/", 4 * 40)
+    assert_rank_checks(reports, "groups/", _tp_dp_names)
 
 
 def test_a_group_of_two_in_three_ranks():
     reports = reports_on_available_ranks(_partial_worker, 3, timeout=60)
-    assert_rank_checks(reports, "partial/", 5)
-    assert_rank_checks(reports, "view/", 3)
-    assert_rank_checks(reports, "groups/pair/", 2 * 10)
+    # Rank 0 makes the call rank 2 skips; rank 1 is not a member.
+    own = {0: {"partial/all_reduce", "partial/gave_up", "partial/poisoned"}, 1: {"partial/non_member_refused"},
+           2: {"partial/all_reduce"}}
+    assert_rank_checks(reports, "partial/", lambda rank: own[rank] | {"partial/membership", "partial/completed"})
+    view = {"view/shares_the_facts", "view/reads_the_failure", "view/own_identity"}
+    assert_rank_checks(reports, "view/", lambda rank: view if rank == 0 else set())
+    group_rank = {0: 0, 2: 1}
+    assert_rank_checks(reports, "groups/pair/",
+                       lambda rank: _group_names("pair", group_rank[rank], 1) if rank in group_rank else set())

@@ -195,6 +195,19 @@ def _check_refusals(ctx, h: Hierarchy, report: RankReport) -> None:
             lambda: layout_for(ctx, environ={"IRIS_LOCAL_WORLD_SIZE": str(1 + ctx.rank % 2)}))
 
 
+#: The calls of the hierarchy of nodes of 2: all_reduce's (elements, op, dtype), all_gather's
+#: input shapes, reduce_scatter's (elements per rank, op).
+REDUCTIONS = [(numel, op, torch.float32) for numel in (24, 7) for op in TORCH_OPS] + [
+    (24, "sum", torch.bfloat16), (7, "sum", torch.bfloat16)]
+GATHERS = [(3, 5), (1,)]
+SCATTERS = [(5, "sum"), (2, "avg"), (2, "max"), (1, "min"), (1, "prod")]
+#: The calls of the degenerate layouts (nodes of one rank, one node of every rank).
+DEGENERATE_REDUCTIONS = [(7, "sum", torch.float32)]
+DEGENERATE_SCATTERS = [(3, "max")]
+#: The refusals :func:`_check_refusals` checks.
+REFUSALS = ("integer_avg", "non_contiguous", "gather_size", "scatter_size", "src", "layout", "different_environments")
+
+
 def _worker(rank: int, extras: bool) -> bytes:
     """Every collective of a hierarchy of nodes of 2; ``extras``: also the degenerate layouts,
     the context's layout and the refusals."""
@@ -204,12 +217,9 @@ def _worker(rank: int, extras: bool) -> bytes:
     with report.section("two_per_node"):
         h = Hierarchy.of(ctx, NodeLayout(world, 2))
         _check_structure(h, "two_per_node", report)
-        reductions = [(numel, op, torch.float32) for numel in (24, 7) for op in TORCH_OPS]
-        reductions += [(24, "sum", torch.bfloat16), (7, "sum", torch.bfloat16)]
-        _check_all_reduce(h, reductions, "two_per_node", report)
-        _check_all_gather(h, [(3, 5), (1,)], "two_per_node", report)
-        _check_reduce_scatter(h, [(5, "sum"), (2, "avg"), (2, "max"), (1, "min"), (1, "prod")], "two_per_node",
-                              report)
+        _check_all_reduce(h, REDUCTIONS, "two_per_node", report)
+        _check_all_gather(h, GATHERS, "two_per_node", report)
+        _check_reduce_scatter(h, SCATTERS, "two_per_node", report)
         _check_broadcast(h, range(world), "two_per_node", report)
         _check_all_to_all(h, "two_per_node", report)
     if extras:
@@ -218,8 +228,8 @@ def _worker(rank: int, extras: bool) -> bytes:
                 name = f"{node_size}_per_node"
                 other = Hierarchy.of(ctx, NodeLayout(world, node_size))
                 _check_structure(other, name, report)
-                _check_all_reduce(other, [(7, "sum", torch.float32)], name, report)
-                _check_reduce_scatter(other, [(3, "max")], name, report)
+                _check_all_reduce(other, DEGENERATE_REDUCTIONS, name, report)
+                _check_reduce_scatter(other, DEGENERATE_SCATTERS, name, report)
         with report.section("layout_for"):
             report.check("hier/layout_for/given", layout_for(ctx, 2) == NodeLayout(world, 2))
             report.check("hier/layout_for/variable",
@@ -235,11 +245,29 @@ def _worker(rank: int, extras: bool) -> bytes:
     return report.packed()
 
 
+def _names(world: int, extras: bool) -> set[str]:
+    """The checks of :func:`_worker` on every rank of ``world``."""
+
+    def calls(name: str, reductions, scatters) -> set[str]:
+        return {f"hier/{name}/node_group", f"hier/{name}/cross_group"} | {
+            f"hier/{name}/all_reduce/{op}/{str(dtype)[6:]}/{numel}" for numel, op, dtype in reductions} | {
+            f"hier/{name}/reduce_scatter/{op}/{share}" for share, op in scatters}
+
+    names = calls("two_per_node", REDUCTIONS, SCATTERS) | {f"hier/two_per_node/all_gather/{shape}" for shape in GATHERS}
+    names |= {f"hier/two_per_node/broadcast/{src}" for src in range(world)} | {"hier/two_per_node/all_to_all"}
+    if extras:
+        for node_size in (1, world):
+            names |= calls(f"{node_size}_per_node", DEGENERATE_REDUCTIONS, DEGENERATE_SCATTERS)
+        names |= {f"hier/layout_for/{check}" for check in ("given", "variable", "one_host")}
+        names |= {f"hier/refuses/{refusal}" for refusal in REFUSALS}
+    return names | {"hier/no_failure"}
+
+
 def test_hierarchical_collectives_on_two_nodes_of_two():
     reports = reports_on_available_ranks(_worker, 4, True, timeout=120)
-    assert_rank_checks(reports, "hier/", 4 * 45)
+    assert_rank_checks(reports, "hier/", _names(4, extras=True))
 
 
 def test_world6_hierarchical_collectives_on_three_nodes_of_two():
     reports = reports_on_available_ranks(_worker, 6, False, timeout=180)
-    assert_rank_checks(reports, "hier/", 6 * 29)
+    assert_rank_checks(reports, "hier/", _names(6, extras=False))

@@ -29,6 +29,13 @@ from iris.testing import RankReport, assert_rank_checks, reports_on_available_ra
 
 NODE_SIZE = 2
 N = 24
+#: Replays of the captured hierarchical all_reduce (GPUs).
+GRAPH_REPLAYS = 3
+#: The checks of every context's layout section, and of its world section (:func:`_world_collectives`).
+LAYOUT_CHECKS = {f"layout/{check}" for check in ("nodes", "only the node's heaps are mapped", "groups", "completed")}
+WORLD_CHECKS = {f"world/{check}" for check in (
+    "all_reduce sum", "all_reduce max", "all_reduce avg", "all_gather", "reduce_scatter", "broadcast from rank 3",
+    "broadcast from the last rank", "all_to_all", "all_reduce matches torch.distributed's", "completed")}
 
 
 def _close(a, b) -> bool:
@@ -210,7 +217,7 @@ def _captured_all_reduce(h: Hierarchy, report: RankReport) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         h.all_reduce(tensor, "avg")
-    for replay in range(3):
+    for replay in range(GRAPH_REPLAYS):
         values = torch.randn(tensor.numel(), generator=seeded_generator("graph", replay)).to(tensor.device)
         tensor.copy_(values)
         graph.replay()
@@ -241,8 +248,12 @@ def _one_rank_worker(rank: int) -> bytes:
 
 def test_one_rank_is_a_node_of_one():
     reports = reports_on_available_ranks(_one_rank_worker, 1, timeout=120)
-    on_gpu = torch.cuda.is_available()
-    assert_rank_checks(reports, "one/", 10 + 3 * on_gpu)
+    on_gpu = torch.cuda.is_available()  # where the rank ran: the graph is captured there
+    hierarchy = {f"one/hierarchy/{call}" for call in ("all_reduce sum", "all_reduce avg", "all_gather",
+                                                      "reduce_scatter", "broadcast", "all_to_all")}
+    graph = {f"one/graph/replay {replay}" for replay in range(GRAPH_REPLAYS)} if on_gpu else set()
+    assert_rank_checks(reports, "one/", hierarchy | graph | {
+        "one/layout", "one/one node: no hierarchy", "one/own heap mapped", "one/world all_reduce", "one/completed"})
 
 
 @pytest.fixture(scope="module")
@@ -252,14 +263,35 @@ def four_ranks() -> list[dict]:
     return reports_on_available_ranks(_worker, 4, "argument", "environment", timeout=120)
 
 
+def _peer_view_names(rank: int, world: int) -> set[str]:
+    """The checks of :func:`_peer_views` on ``rank``: the views of its node's ranks, and the refusals
+    of the others' (nodes of NODE_SIZE consecutive ranks)."""
+    node = rank // NODE_SIZE
+    return {f"peer_view/rank {peer} on this node" if peer // NODE_SIZE == node else
+            f"peer_view/rank {peer} on node {peer // NODE_SIZE} refused" for peer in range(world)} | {
+        "peer_view/completed"}
+
+
 def test_four_ranks_as_two_nodes_of_two(four_ranks):
-    assert_rank_checks(_part(four_ranks, "argument"), "", 4 * 25)
+    reports = _part(four_ranks, "argument")
+    assert_rank_checks(reports, "layout/", LAYOUT_CHECKS)
+    assert_rank_checks(reports, "world/", WORLD_CHECKS)
+    assert_rank_checks(reports, "node/", {"node/all_reduce over the node",
+                                          "node/fused matmul_reduce_scatter over the node", "node/completed"})
+    assert_rank_checks(reports, "refused/", {f"refused/{call}" for call in (
+        "named algorithm", "reduce", "ops", "device_barrier", "group across nodes", "completed")})
+    assert_rank_checks(reports, "peer_view/", lambda rank: _peer_view_names(rank, len(reports)))
+    assert_rank_checks(reports, "train/", {"train/the node's fused layer", "train/loss", "train/updated weights",
+                                           "train/completed"})
 
 
 def test_the_node_size_from_the_environment(four_ranks):
-    assert_rank_checks(_part(four_ranks, "environment"), "world/", 4 * 9)
+    reports = _part(four_ranks, "environment")
+    assert_rank_checks(reports, "layout/", LAYOUT_CHECKS)
+    assert_rank_checks(reports, "world/", WORLD_CHECKS)
 
 
 def test_six_ranks_as_three_nodes_of_two():
-    reports = reports_on_available_ranks(_worker, 6, "environment", timeout=120)
-    assert_rank_checks(_part(reports, "environment"), "world/", 6 * 9)
+    reports = _part(reports_on_available_ranks(_worker, 6, "environment", timeout=120), "environment")
+    assert_rank_checks(reports, "layout/", LAYOUT_CHECKS)
+    assert_rank_checks(reports, "world/", WORLD_CHECKS)

@@ -41,6 +41,8 @@ MANY_CHUNKS = 2 * p2p.SLOTS + 1
 BACK_TO_BACK = max(5, len(DTYPES))
 #: Seconds a wait may take in the contexts whose calls are meant to fail.
 SHORT_TIMEOUT = 10
+#: What differs between a send and its recv in the mismatch checks.
+MISMATCHES = ("size", "dtype")
 
 
 def _per_chunk(ctx, dtype: torch.dtype) -> int:
@@ -48,10 +50,15 @@ def _per_chunk(ctx, dtype: torch.dtype) -> int:
     return ctx.p2p_regions.chunk_bytes // torch.empty(0, dtype=dtype).element_size()
 
 
-def _sizes(ctx, dtype: torch.dtype) -> tuple[int, ...]:
-    """Element counts: one element, less than a chunk, one chunk exactly, many chunks and a part."""
-    per_chunk = _per_chunk(ctx, dtype)
+def _sizes(per_chunk: int) -> tuple[int, ...]:
+    """Element counts of messages sent in chunks of ``per_chunk`` elements: one element, less than
+    a chunk, one chunk exactly, many chunks and a part."""
     return 1, 37, per_chunk, MANY_CHUNKS * per_chunk + 17
+
+
+def _bad_peers(world: int) -> tuple:
+    """Peers that are not a rank of a world of ``world`` ranks."""
+    return -1, world, 1.0, None
 
 
 def _data(dtype: torch.dtype, n: int, *seed) -> torch.Tensor:
@@ -122,7 +129,7 @@ def _check_ring(ctx, report: RankReport) -> None:
     case = 0
     keep: list = []
     for dtype in DTYPES:
-        for n in _sizes(ctx, dtype):
+        for n in _sizes(_per_chunk(ctx, dtype)):
             mine = _data(dtype, n, "ring", rank, n, str(dtype))
             expected = _data(dtype, n, "ring", prev, n, str(dtype))
             source = _input(ctx, mine, case % 2 == 0, keep)
@@ -149,7 +156,7 @@ def _pair_message(ctx, i: int, a: int, b: int) -> tuple[int, torch.dtype, tuple]
     """The size, dtype and seed of message ``i`` from ``a`` to ``b``: size and dtype change from
     one message to the next."""
     dtype = DTYPES[(i + a) % len(DTYPES)]
-    sizes = _sizes(ctx, dtype)
+    sizes = _sizes(_per_chunk(ctx, dtype))
     return sizes[(i + a + b) % len(sizes)], dtype, ("pair", a, b, i, str(dtype))
 
 
@@ -244,7 +251,7 @@ def _check_errors(ctx, report: RankReport) -> None:
     for name, call in (("send", ctx.ccl.send), ("recv", ctx.ccl.recv)):
         peer = "dst" if name == "send" else "src"
         report[f"errors/{name}/own_rank"] = _raises(lambda: call(t, rank), f"{name}: {peer}={rank} is this rank")
-        for bad in (-1, world, 1.0, None):
+        for bad in _bad_peers(world):
             report[f"errors/{name}/peer_{bad}"] = _raises(lambda: call(t, bad), f"{name}: {peer}={bad!r} is not a rank "
                                                           f"of this world (ranks 0..{world - 1})")
         other = (rank + 1) % world
@@ -315,7 +322,7 @@ def _check_mismatches(rank: int, device: str, report: RankReport) -> None:
         else:
             ctx.ccl.recv(got, 0)
         report.check("mismatch/debug_mode_pair_call", rank == 0 or _same_bits(got, x))
-    for what in ("size", "dtype"):
+    for what in MISMATCHES:
         ctx = iris.create(heap_size="8MiB", device=device, timeout=SHORT_TIMEOUT)
         sent = MANY_CHUNKS * _per_chunk(ctx, torch.float32)
         receiving = (torch.zeros(_per_chunk(ctx, torch.float32), device=ctx.device) if what == "size"
@@ -361,33 +368,51 @@ def reports(request) -> list[dict]:
 
 
 def test_ring_exchanges_match_torch_distributed(reports):
-    cases = 4 * len(DTYPES)  # every size of every dtype (_sizes gives four)
-    assert_rank_checks(reports, "ring/", (4 * cases + 1) * len(reports))
+    # Every size of every dtype, in the chunks of the device the ranks ran on (p2p.PeerRegions).
+    chunk_bytes = p2p.CHUNK_BYTES[rank_device(len(reports), "triton")]
+    names = {_name(dtype, n) for dtype in DTYPES for n in _sizes(chunk_bytes // dtype.itemsize)}
+    assert_rank_checks(reports, "ring/", {f"ring/{name}/{check}" for name in names for check in (
+        "returns_its_tensor", "matches_the_sender", "matches_torch_distributed", "input_unchanged")} | {
+        "ring/no_wait_failed", "ring/completed"})
 
 
 def test_pairs_exchange_back_to_back_in_both_directions(reports):
     world = len(reports)
-    assert_rank_checks(reports, "pairs/", 2 * world * (world - 1) + world)
+    # Each rank checks the messages every other rank sent it.
+    assert_rank_checks(reports, "pairs/", lambda rank: {
+        f"pairs/{src}_to_{rank}/{check}" for src in range(world) if src != rank
+        for check in ("in_order_matching_the_sender", "matches_torch_distributed")} | {
+        "pairs/no_wait_failed", "pairs/completed"})
 
 
 def test_transfers_interleave_with_collectives(reports):
-    assert_rank_checks(reports, "interleaved/", 5 * len(reports))
+    assert_rank_checks(reports, "interleaved/", {f"interleaved/{name}" for name in (
+        "ring", "all_reduce", "pair", "broadcast", "no_wait_failed", "completed")})
 
 
 def test_bad_calls_raise_clear_errors(reports):
-    assert_rank_checks(reports, "errors/", 2 * 8 * len(reports) + len(reports))
+    refusals = ("own_rank", *(f"peer_{bad}" for bad in _bad_peers(len(reports))), "not_contiguous",
+                "unsupported_dtype", "not_a_tensor")
+    assert_rank_checks(reports, "errors/", {f"errors/{call}/{refusal}" for call in ("send", "recv")
+                                            for refusal in refusals} | {"errors/no_wait_failed", "errors/completed"})
 
 
 def test_cuda_graph_capture_and_replay(reports):
-    if not any(k.startswith("cuda_graph/") for k in reports[0]):
+    if rank_device(len(reports), "triton") != "cuda":
         pytest.skip("CUDA graphs need GPU ranks")
-    assert_rank_checks(reports, "cuda_graph/", 2 + len(reports))
+    # Ranks 0 and 1 exchange; the others take no part.
+    assert_rank_checks(reports, "cuda_graph/", lambda rank: {"cuda_graph/no_wait_failed", "cuda_graph/completed"} | (
+        {"cuda_graph/replays_deliver_new_data"} if rank < 2 else set()))
 
 
 def test_messages_of_another_size_or_dtype_fail_both_calls(reports):
     if len(reports) != 2:
         pytest.skip("checked on 2 ranks")
-    assert_rank_checks(reports, "mismatch/", 2 + 2 * 5)
+    # Rank 0 sends, rank 1 receives.
+    checks = {0: ("send_fails", "context_failed"), 1: ("recv_fails", "recv_poisoned", "context_failed")}
+    assert_rank_checks(reports, "mismatch/", lambda rank: {f"mismatch/{what}/{check}" for what in MISMATCHES
+                                                           for check in checks[rank]} | {
+        "mismatch/debug_mode_pair_call", "mismatch/completed"})
 
 
 # -- single-rank checks (the session context) -------------------------------------------------------------

@@ -503,6 +503,13 @@ def _plugins_doc_algorithm() -> str:
     return found[0]
 
 
+#: The reductions the docs' algorithm declares, each with torch's reduction over the ranks
+#: (dimension 0), and the calls of each (the second reuses the workspace).
+DOC_REDUCTIONS = {"sum": lambda s: s.sum(0), "prod": lambda s: s.prod(0), "max": lambda s: s.amax(0),
+                  "min": lambda s: s.amin(0)}
+DOC_REPEATS = 2
+
+
 def _plugins_doc_worker(rank: int, source: str) -> bytes:
     """Registers the docs' algorithm on this rank (every rank alike, before create() compares
     them), then runs it by name for every reduction it declares, twice each (the workspace is
@@ -518,10 +525,8 @@ def _plugins_doc_worker(rank: int, source: str) -> bytes:
     with report.section("docs_algorithm"):
         world = ctx.world_size
         report.check("docs_algorithm/listed", "peer_views" in ctx.ccl.algorithms("all_reduce"))
-        references = {"sum": lambda s: s.sum(0), "prod": lambda s: s.prod(0), "max": lambda s: s.amax(0),
-                      "min": lambda s: s.amin(0)}
-        for op, reference in references.items():
-            for repeat in range(2):
+        for op, reference in DOC_REDUCTIONS.items():
+            for repeat in range(DOC_REPEATS):
                 parts = [torch.randn(37, 3, generator=seeded_generator("docs", op, repeat, q)) for q in range(world)]
                 tensor = parts[rank].clone() if repeat == 0 else ctx.zeros(37, 3).copy_(parts[rank])
                 result = ctx.ccl.all_reduce(tensor, op, algorithm="peer_views")
@@ -544,4 +549,6 @@ def test_the_algorithm_of_docs_plugins_runs_on_two_ranks():
 
     reports = spawn_reports(_plugins_doc_worker, 2, _plugins_doc_algorithm(), device=interpreted_device(),
                             timeout=120)
-    assert_rank_checks(reports, "docs_algorithm/", 2 * (2 + 4 * 2 + 1))
+    assert_rank_checks(reports, "docs_algorithm/", {f"docs_algorithm/{op}/{repeat}" for op in DOC_REDUCTIONS
+                                                    for repeat in range(DOC_REPEATS)} | {
+        "docs_algorithm/listed", "docs_algorithm/avg_refused", "docs_algorithm/completed"})

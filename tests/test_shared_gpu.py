@@ -32,6 +32,12 @@ WORLDS = (3, 4, 8)
 #: Elements per rank of the collectives' calls: not a multiple of any world size checked, more than
 #: one block of every launch shape's programs, small enough for time-sliced ranks.
 ELEMENTS = 4099
+#: The collectives :func:`_collectives` checks, their dtypes, and those whose result only the root has.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter")
+CCL_DTYPES = (torch.bfloat16, torch.float32)
+ROOT_ONLY = ("reduce", "gather")
+#: Sizes of the sub-groups checked, where they divide the world.
+SUBGROUP_SIZES = (2, 4)
 
 
 def _collectives(rank: int, world: int) -> bytes:
@@ -40,7 +46,7 @@ def _collectives(rank: int, world: int) -> bytes:
     report = RankReport(rank)
     ctx = iris.create("triton", heap_size="512MiB")
     root = world - 1
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in CCL_DTYPES:
         tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
         n = ELEMENTS * world  # the whole input of the collectives that split it into ranks' segments
         inputs = [_data(dtype, n, "ccl", str(dtype), r) for r in range(world)]
@@ -94,7 +100,7 @@ def _collectives(rank: int, world: int) -> bytes:
 
 def _call(ctx, collective: str, mine: torch.Tensor, segment: int, root: int, algorithm):
     """``collective`` of this rank's ``mine`` (its first ``segment`` for the gathering ones); its
-    result on this rank (None where it has none: reduce's and gather's ranks but the root)."""
+    result on this rank (None where it has none: the ranks but the root of :data:`ROOT_ONLY`)."""
     world, rank, ccl = ctx.world_size, ctx.rank, ctx.ccl
     x = ctx.as_symmetric(mine)
     if collective == "all_reduce":
@@ -160,7 +166,7 @@ def _subgroups(rank, world):
     against torch on every rank's data."""
     report = RankReport(rank)
     ctx = iris.create("triton", heap_size="512MiB")
-    for size in (2, 4):
+    for size in SUBGROUP_SIZES:
         if world % size:
             continue
         with report.section(f"groups_of_{size}"):
@@ -185,17 +191,93 @@ def _subgroups(rank, world):
     return report.packed()
 
 
-#: Family: (worker, the worlds it runs at). Each worker makes its own context and destroys it; the
-#: sizes are small (the GPU time-slices the ranks, and each rank compiles its own kernels).
+def _applying(collective: str, numel: int, dtype: torch.dtype, world: int) -> list[str]:
+    """The algorithms of ``collective`` that take a call of ``numel`` elements of ``dtype`` on
+    ``world`` GPU ranks of the Triton backend, as ``ctx.ccl.algorithms(..., applying_to=...)`` lists them."""
+    from iris.collectives import REDUCING, CallShape, algorithm_registry
+
+    shape = CallShape(collective=collective, nbytes=numel * dtype.itemsize, world_size=world, dtype=dtype,
+                      device_type="cuda", language="triton", op="sum" if collective in REDUCING else None)
+    registry = algorithm_registry(collective)
+    return [name for name in registry.names() if registry.get(name).refusal(shape) is None]
+
+
+def _collectives_names(rank: int, world: int) -> set[str]:
+    """The checks of :func:`_collectives` on ``rank``: each call's section, and its result where
+    this rank has one (the root, world - 1, of :data:`ROOT_ONLY`)."""
+    names = {"ccl/uneven/all_to_all_single", "uneven/completed", "ccl/send_recv/ring", "send_recv/completed",
+             "ccl/no_wait_gave_up"}
+    for dtype in CCL_DTYPES:
+        for collective in COLLECTIVES:
+            probe = ELEMENTS if collective in ("all_gather", "gather") else ELEMENTS * world
+            for algorithm in [None, *_applying(collective, probe, dtype, world)]:
+                key = f"ccl/{collective}/{algorithm}/{str(dtype).removeprefix('torch.')}"
+                names |= {f"{key}/completed"} | ({key} if collective not in ROOT_ONLY or rank == world - 1 else set())
+    return names
+
+
+def _fused_rounding_names(rank: int, world: int) -> set[str]:
+    from test_fused import _world5_names
+
+    return _world5_names()
+
+
+def _rmsnorm_names(rank: int, world: int) -> set[str]:
+    from test_all_reduce_rmsnorm import GROUP_METHODS, _call_names
+
+    names = _call_names(world) | {"no_wait_failed/after_the_calls", "mismatch/raised", "mismatch/out_nan",
+                                  "mismatch/completed"}
+    if world == 3:  # ranks 0 and 2 make the group's calls
+        names |= {"group/completed"} | ({f"group/{method}" for method in GROUP_METHODS} if rank != 1 else set())
+    return names
+
+
+def _moe_names(rank: int, world: int) -> set[str]:
+    from test_moe import CASES, _dispatch_names
+
+    cases = [name for name, *_ in CASES if name != "tight_capacity"]  # as _gpu_worker skips it
+    return _dispatch_names(cases) | {f"combine/{name}" for name in cases}
+
+
+def _tiles_names(rank: int, world: int) -> set[str]:
+    from test_tile_collectives import _family_names
+
+    return set().union(*_family_names(world).values()) | {f"{section}/completed" for section in (
+        "all_reduces", "others", "errors")}
+
+
+def _gluon_tiles_names(rank: int, world: int) -> set[str]:
+    from test_tile_collectives import KERNEL_FAMILIES, _family_names
+
+    names = _family_names(world)
+    return set().union(*(names[family] for family in (*KERNEL_FAMILIES, "graph"))) | {
+        "all_reduces/completed", "others/completed"}
+
+
+def _subgroups_names(rank: int, world: int) -> set[str]:
+    sizes = [size for size in SUBGROUP_SIZES if world % size == 0]
+    return {f"groups/{size}/{check}" for size in sizes for check in ("all_reduce", "all_gather_matmul")} | {
+        f"groups_of_{size}/completed" for size in sizes} | {"groups/no_wait_gave_up"}
+
+
+def _hierarchical_names(rank: int, world: int) -> set[str]:
+    from test_hierarchical import _names
+
+    return _names(world, extras=False) | {"two_per_node/completed", "after/completed"}
+
+
+#: Family: (worker, the worlds it runs at, the names of its worker's report on a rank of a world).
+#: Each worker makes its own context and destroys it; the sizes are small (the GPU time-slices
+#: the ranks, and each rank compiles its own kernels).
 FAMILIES = {
-    "collectives": (_collectives, WORLDS),
-    "fused_rounding": (_fused_rounding, WORLDS),
-    "all_reduce_rmsnorm": (_rmsnorm, WORLDS),
-    "moe": (_moe, WORLDS),
-    "tile_collectives": (_tiles, WORLDS),
-    "tile_collectives_gluon": (_gluon_tiles, WORLDS),
-    "subgroups": (_subgroups, (4, 8)),
-    "hierarchical": (_hierarchical, (4, 8)),
+    "collectives": (_collectives, WORLDS, _collectives_names),
+    "fused_rounding": (_fused_rounding, WORLDS, _fused_rounding_names),
+    "all_reduce_rmsnorm": (_rmsnorm, WORLDS, _rmsnorm_names),
+    "moe": (_moe, WORLDS, _moe_names),
+    "tile_collectives": (_tiles, WORLDS, _tiles_names),
+    "tile_collectives_gluon": (_gluon_tiles, WORLDS, _gluon_tiles_names),
+    "subgroups": (_subgroups, (4, 8), _subgroups_names),
+    "hierarchical": (_hierarchical, (4, 8), _hierarchical_names),
 }
 
 
@@ -212,7 +294,7 @@ def _every_family(rank: int, world: int) -> bytes:
     """Each family's worker in turn on this rank (one start of the ranks for all of them: eight
     processes sharing a GPU take tens of seconds to start), its checks prefixed with its name."""
     report = RankReport(rank)
-    for family, (worker, worlds) in FAMILIES.items():
+    for family, (worker, worlds, _) in FAMILIES.items():
         if world not in worlds:
             continue
         _progress(world, rank, f"{family} starts")
@@ -224,14 +306,21 @@ def _every_family(rank: int, world: int) -> bytes:
     return report.packed()
 
 
+def _prefixed(prefix: str, names, world: int):
+    """A family's names on each rank (``names(rank, world)``) under its prefix, with its section's completion."""
+    return lambda rank: {prefix + name for name in names(rank, world)} | {f"{prefix}completed"}
+
+
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"world{w}")
 def test_every_path_matches_torch_on_ranks_sharing_one_gpu(world):
     reports = reports_on_available_ranks(_every_family, world, world, timeout=120)
     problems = []
-    for family, (_, worlds) in FAMILIES.items():
+    for family, (_, worlds, names) in FAMILIES.items():
         if world in worlds:
+            prefix = f"{family}/"
+            mine = [{k: v for k, v in rep.items() if k.startswith(prefix)} for rep in reports]
             try:
-                assert_rank_checks(reports, f"{family}/", minimum=world)
+                assert_rank_checks(mine, prefix, _prefixed(prefix, names, world))
             except AssertionError as error:
                 problems.append(f"{family}: {str(error)[:1500]}")
     assert not problems, "\n".join(problems)

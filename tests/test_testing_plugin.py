@@ -177,3 +177,50 @@ def test_the_marker_is_named_once_by_the_plugin():
     assert iris_pytest_plugin.MARKER == "iris_ranks"
     assert not hasattr(iris.testing, "MARKER")
     assert _iris_entry_point() in (None, "iris_pytest_plugin")
+
+
+# -- assert_rank_checks (no ranks needed) -----------------------------------------------------------------
+
+
+def _reports() -> list[dict]:
+    """Two ranks' reports: a section of two checks on each, and rank 0's check of its own."""
+    return [{"sum/a": True, "sum/b": True, "sum/completed": True, "sum/root": True, "other/a": True},
+            {"sum/a": True, "sum/b": True, "sum/completed": True, "other/a": True}]
+
+
+def test_assert_rank_checks_takes_the_exact_count_or_names():
+    reports = _reports()
+    iris.testing.assert_rank_checks(reports, "sum/", 7)
+    iris.testing.assert_rank_checks(reports, "sum/", lambda rank: {"sum/a", "sum/b", "sum/completed"} | (
+        {"sum/root"} if rank == 0 else set()))
+    iris.testing.assert_rank_checks(reports, "other/", {"other/a"})
+
+
+@pytest.mark.parametrize("expected, message", [
+    (6, r"7 checks named sum/\*, expected 6; per rank \[4, 3\]; not on every rank: \['sum/root'\]"),
+    (8, r"7 checks named sum/\*, expected 8"),
+    ({"sum/a", "sum/b", "sum/c", "sum/completed"},
+     r"rank 0: missing \['sum/c'\], extra \['sum/root'\]\nrank 1: missing \['sum/c'\], extra \[\]"),
+])
+def test_assert_rank_checks_fails_on_a_missing_or_extra_check_naming_it(expected, message):
+    with pytest.raises(AssertionError, match=message):
+        iris.testing.assert_rank_checks(_reports(), "sum/", expected)
+
+
+def test_assert_rank_checks_fails_on_a_failed_check_and_an_unfinished_section():
+    reports = _reports()
+    reports[1]["sum/b"] = "rank 1: 3 != 4"
+    with pytest.raises(AssertionError, match=r"1 of 7 failed: \['r1/sum/b'\]\nr1/sum/b: rank 1: 3 != 4"):
+        iris.testing.assert_rank_checks(reports, "sum/", 7)
+    reports[0]["other/completed"] = "rank 0: Traceback ..."
+    with pytest.raises(AssertionError, match=r"r0/other/completed: rank 0: Traceback"):
+        iris.testing.assert_rank_checks(reports, "sum/", 7)
+
+
+@pytest.mark.parametrize("prefix, expected, error", [
+    ("", 7, ValueError), ("sum", 7, ValueError), ("/", 7, ValueError), ("sum/", -1, ValueError),
+    ("sum/", {"other/a"}, ValueError), ("sum/", "sum/a", TypeError), ("sum/", True, TypeError),
+])
+def test_assert_rank_checks_refuses_a_prefix_without_its_slash_and_bad_expectations(prefix, expected, error):
+    with pytest.raises(error):
+        iris.testing.assert_rank_checks(_reports(), prefix, expected)

@@ -86,11 +86,15 @@ def _graph_breaks() -> int:
 # -- two CPU ranks ------------------------------------------------------------------------------------------
 
 
+#: Calls of the compiled MLP, each with new data.
+MLP_CALLS = 2
+
+
 def _check_compiled_mlp(ctx, report: RankReport) -> None:
     world, rank = ctx.world_size, ctx.rank
     compiled, counter = _compile_counting(lambda *a: tp_mlp(ctx, *a), "aot_eager")
     breaks_before = _graph_breaks()
-    for seed in range(2):  # a second call with new data reuses the graph
+    for seed in range(MLP_CALLS):  # a second call with new data reuses the graph
         y, stats = compiled(*_shards(world, rank, seed, ctx.device))
         y_ref, stats_ref = _reference(world, rank, seed)
         report.check(f"mlp/compiled/output/{seed}", _close(y, y_ref))
@@ -109,6 +113,15 @@ def _check_compiled_mlp(ctx, report: RankReport) -> None:
 def _per_rank(world: int, shape, *seed) -> list[torch.Tensor]:
     g = seeded_generator(*seed)
     return [torch.randn(shape, generator=g) for _ in range(world)]
+
+
+#: The results of the compiled functional forms, in order, as their checks name them.
+FUNCTIONAL_RESULTS = ("all_reduce", "all_reduce_max", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                      "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "matmul_all_gather",
+                      "all_reduce_of_ccl", "all_reduce_rmsnorm", "all_reduce_rmsnorm_two_shot",
+                      "all_reduce_rmsnorm_residual")
+#: The results of the compiled in-place methods, in order.
+METHODS_COMPILED = ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "matmul_all_reduce", "matmul_all_gather")
 
 
 def _check_functional_and_methods(ctx, report: RankReport) -> None:
@@ -144,11 +157,8 @@ def _check_functional_and_methods(ctx, report: RankReport) -> None:
                 torch.cat([(t[:2].float() @ u.float()) for t, u in zip(a_s, bs)]), total,
                 torch.nn.functional.rms_norm(summed, (32,), weight, 1e-5),
                 torch.nn.functional.rms_norm(summed, (32,), weight, 1e-6), summed)
-    names = ("all_reduce", "all_reduce_max", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-             "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "matmul_all_gather",
-             "all_reduce_of_ccl", "all_reduce_rmsnorm", "all_reduce_rmsnorm_two_shot", "all_reduce_rmsnorm_residual")
-    report.check("functional/results", len(got) == len(names))
-    for name, value, reference in zip(names, got, expected):
+    report.check("functional/results", len(got) == len(FUNCTIONAL_RESULTS))
+    for name, value, reference in zip(FUNCTIONAL_RESULTS, got, expected):
         report.check(f"functional/{name}", _close(value, reference))
     report.check("functional/inputs_unchanged", all(torch.equal(t, u) for t, u in zip((x, a, b, r), inputs_before)))
     report.check("functional/one_graph", counter.frame_count == 1)
@@ -170,8 +180,7 @@ def _check_functional_and_methods(ctx, report: RankReport) -> None:
 
     compiled, counter = _compile_counting(in_place, "aot_eager")
     got = compiled(x, a, b)
-    for name, value, reference in zip(("all_gather", "reduce_scatter", "all_to_all", "broadcast", "matmul_all_reduce",
-                                       "matmul_all_gather"), got, (expected[2], *expected[3:6], *expected[8:10])):
+    for name, value, reference in zip(METHODS_COMPILED, got, (expected[2], *expected[3:6], *expected[8:10])):
         report.check(f"methods_compiled/{name}", _close(value, reference))
     report.check("methods_compiled/one_graph", counter.frame_count == 1)
 
@@ -409,11 +418,54 @@ def cpu_reports():
     return spawn_reports(_cpu_worker, 2, device=interpreted_device(), timeout=120)
 
 
-@pytest.mark.parametrize("prefix, minimum", [("mlp/", 8), ("functional/", 16), ("methods_compiled/", 7),
-                                             ("fake/", 30), ("opcheck/", 7), ("async/", 8), ("group/", 8),
-                                             ("rooted/", 9), ("lifetime/", 1)])
-def test_on_two_cpu_ranks(cpu_reports, prefix, minimum):
-    assert_rank_checks(cpu_reports, prefix, 2 * minimum)
+def _rooted_names(rank: int, world: int) -> set[str]:
+    """The checks of :func:`_check_rooted_point_to_point_and_uneven` on ``rank``: the root (the
+    last rank) checks the reductions and the gather, the others that they got no gather output;
+    rank 1 receives rank 0's message."""
+    names = {f"rooted/{name}" for name in ("scatter", "all_to_all_single", "all_to_all_vdev", "all_to_all_vdev/splits",
+                                           "all_reduce_prod", "functional/all_reduce_avg",
+                                           "functional/all_to_all_single", "one_graph")}
+    names |= {"rooted/reduce", "rooted/gather", "rooted/functional/reduce"} if rank == world - 1 else {
+        "rooted/gather/non_root_none"}
+    return names | ({"rooted/send_recv"} if rank == 1 else set())
+
+
+def _cpu_names(world: int) -> dict[str, set[str]]:
+    """The checks of :func:`_cpu_worker` on every rank (rooted/: a function of the rank), by section."""
+    fake_results = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "all_gather_matmul",
+                    "matmul_reduce_scatter", "matmul_all_reduce", "matmul_all_gather", "reduce", "all_to_all_single")
+    fake_in_place = ("all_reduce_", "all_gather_", "reduce_scatter_", "all_to_all_", "broadcast_", "all_gather_matmul_",
+                     "matmul_reduce_scatter_", "matmul_all_reduce_", "matmul_all_gather_", "reduce_", "gather_",
+                     "gather_/no_output", "scatter_", "scatter_/no_input", "send", "recv_", "all_to_all_single_",
+                     "all_to_all_vdev_")
+    group_labels = (f"{world}_ranks", "1_ranks")  # the whole world, and every rank in a group of its own
+    return {
+        "mlp/": {f"mlp/compiled/{what}/{seed}" for what in ("output", "all_reduced_stats")
+                 for seed in range(MLP_CALLS)} | {
+            f"mlp/{check}" for check in ("compiled/one_graph", "compiled/no_graph_break",
+                                         "compiled/graph_calls_the_operators", "eager/output", "completed")},
+        "functional/": {f"functional/{name}" for name in FUNCTIONAL_RESULTS} | {
+            f"functional/{check}" for check in ("results", "inputs_unchanged", "one_graph", "completed")},
+        "methods_compiled/": {f"methods_compiled/{name}" for name in (*METHODS_COMPILED, "one_graph")},
+        "fake/": {f"fake/{name}" for name in (*fake_results, *fake_in_place, "reduce_scatter_refuses_ragged",
+                                              "completed")},
+        "opcheck/": {f"opcheck/{name}" for name in ("all_reduce_", "all_reduce", "all_gather_", "reduce_scatter",
+                                                    "broadcast_", "all_gather_matmul_", "matmul_reduce_scatter")},
+        "async/": {f"async/{check}" for check in (
+            "all_reduce/handle", "all_reduce/wait", "all_reduce/result", "all_reduce/future", "all_gather/result",
+            "all_gather_matmul/handle", "all_gather_matmul/result", "compiled/result", "completed")},
+        "group/": {f"group/{label}/{check}" for label in group_labels
+                   for check in ("eager", "async", "compiled", "functional_all_gather_matmul")} | {
+            "group/compiled_first", "group/completed"},
+        "rooted/": lambda rank: _rooted_names(rank, world) | {"rooted/completed"},
+        "lifetime/": {"lifetime/destroyed_context_handle_refused"},
+    }
+
+
+@pytest.mark.parametrize("prefix", ["mlp/", "functional/", "methods_compiled/", "fake/", "opcheck/", "async/", "group/",
+                                    "rooted/", "lifetime/"])
+def test_on_two_cpu_ranks(cpu_reports, prefix):
+    assert_rank_checks(cpu_reports, prefix, _cpu_names(len(cpu_reports))[prefix])
 
 
 def test_every_public_method_routes_to_an_operator():
@@ -474,6 +526,10 @@ def test_a_method_that_differs_from_its_declaration_is_refused():
 # -- GPUs ---------------------------------------------------------------------------------------------------
 
 
+#: The seeds of the data the captured graph replays on.
+GRAPH_SEEDS = (1, 2)
+
+
 def _graphed(ctx, report: RankReport, label: str) -> None:
     """The MLP and the functional all_reduce compiled with inductor, then captured in a CUDA graph
     after a warm-up call (workspaces grow only outside a capture) and replayed on new data."""
@@ -486,7 +542,7 @@ def _graphed(ctx, report: RankReport, label: str) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y, stats = compiled(*static)
-    for seed in (1, 2):
+    for seed in GRAPH_SEEDS:
         for target, value in zip(static, _shards(world, rank, seed, ctx.device)):
             target.copy_(value)
         graph.replay()
@@ -521,6 +577,15 @@ def _graphed(ctx, report: RankReport, label: str) -> None:
     report.check(f"{label}/async/captured", _close(doubled, 2 * sum(xs)))
 
 
+def _gpu_names(world: int) -> set[str]:
+    """The checks of :func:`_gpu_worker` named gpu/ on every rank of ``world``: the replays of
+    its graph (:data:`GRAPH_SEEDS`), and, on more than one rank, the completion of gpu/rooted
+    (its checks are named rooted/)."""
+    names = {f"gpu/graph_replay/{what}/{seed}" for what in ("output", "stats") for seed in GRAPH_SEEDS} | {
+        "gpu/reduce_overhead/all_reduce", "gpu/async/result", "gpu/async/captured", "gpu/completed"}
+    return names | ({"gpu/rooted/completed"} if world > 1 else set())
+
+
 def _gpu_worker(rank: int) -> bytes:
     report = RankReport(rank)
     ctx = iris.create(heap_size="256MiB")
@@ -541,7 +606,7 @@ def test_world_of_one_compiled_and_graphed_on_a_gpu():
     import zlib
 
     report = pickle.loads(zlib.decompress(_gpu_worker(0)))
-    assert_rank_checks([report], "gpu/", 6)
+    assert_rank_checks([report], "gpu/", _gpu_names(1))
 
 
 @pytest.mark.gpu
@@ -554,5 +619,5 @@ def test_two_ranks_sharing_one_gpu_compiled_and_graphed():
     failed = [r for r in results if not isinstance(r, bytes)]
     assert not failed, failed
     reports = [pickle.loads(zlib.decompress(r)) for r in results]
-    assert_rank_checks(reports, "gpu/", 12)
-    assert_rank_checks(reports, "rooted/", 18)
+    assert_rank_checks(reports, "gpu/", _gpu_names(2))
+    assert_rank_checks(reports, "rooted/", lambda rank: _rooted_names(rank, 2))

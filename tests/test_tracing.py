@@ -35,6 +35,8 @@ from trace_checks import check_chrome_trace
 HERE = Path(__file__).parent
 N, BLOCK = 100, 64
 PROGRAMS = -(-N // BLOCK)
+#: Calls of the traced section whose device events each rank finds by name.
+TRACED_CALLS = ("all_gather", "matmul_reduce_scatter", "all_reduce_rmsnorm", "wait", "tile all_reduce")
 
 
 def _ring_put(ctx, tracing: bool) -> bool:
@@ -106,7 +108,7 @@ def _check_events(ctx, report: RankReport, record: dict) -> None:
     reduces = by_name.get("all_reduce", [])
     report.check("events/all_reduce_calls", len({e["op"] for e in reduces}) >= 2 and all(
         e["bytes"] == 256 * 4 for e in reduces))
-    for name in ("all_gather", "matmul_reduce_scatter", "all_reduce_rmsnorm", "wait", "tile all_reduce"):
+    for name in TRACED_CALLS:
         report.check(f"events/{name}", bool(by_name.get(name)))
     report.check("events/gemm_tiles", any(e["op"] >= 0 and e["target_rank"] == peer for e in computes))
     report.check("events/none_dropped", record["dropped"] == 0)
@@ -152,7 +154,17 @@ def _worker(rank: int, path: str) -> bytes:
 def test_traced_kernels_and_calls_export_one_trace_of_every_rank(tmp_path):
     path = tmp_path / "trace.json"
     reports = reports_on_available_ranks(_worker, 2, str(path))
-    assert_rank_checks(reports, "", 20 * len(reports))
+    assert_rank_checks(reports, "calls/", {f"calls/{name}" for name in (
+        "ring_put", "all_reduce0", "all_reduce1", "all_gather", "matmul_reduce_scatter", "tile_all_reduce",
+        "all_reduce_rmsnorm")})
+    assert_rank_checks(reports, "events/", {f"events/{name}" for name in (
+        "put_per_program", "put_fields", "put_bytes", "store_bytes_from_mask", "store_tile", "compute_instant",
+        "all_reduce_calls", *TRACED_CALLS, "gemm_tiles", "none_dropped")})
+    on_cpu = not torch.cuda.is_available()  # where reports_on_available_ranks ran the 2 ranks
+    assert_rank_checks(reports, "host/", {"host/calls"} | ({"host/device_inside_call"} if on_cpu else set()))
+    assert_rank_checks(reports, "full/", {"full/completed", "full/ring_put", "full/dropped", "full/kept"})
+    assert_rank_checks(reports, "off/", {"off/completed", "off/ring_put", "off/context_unchanged",
+                                         "off/trailer_empty", "off/events_refused"})
     trace = json.loads(path.read_text())
     assert check_chrome_trace(trace, 2) == []
     names = {e["name"] for e in trace["traceEvents"]}

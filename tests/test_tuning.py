@@ -67,6 +67,11 @@ def _broken_run(call):
 #: The launch shapes the ``shaped`` test algorithm declares, and the shape each of its calls got.
 TEST_SHAPES = {device: {"narrow": {"BLOCK": 64}, "wide": {"BLOCK": 128}} for device in ("cpu", "cuda")}
 SHAPED_CALLS: list[str | None] = []
+#: The algorithm named in the calls after tuning ``shaped``, and the launch shape each call must get
+#: (None: the automatic choice, the tuned shape; "shaped": its own choice, no shape given).
+SHAPE_CHOICES = ((None, "wide"), ("shaped/narrow", "narrow"), ("shaped", None))
+#: dtypes every tunable collective is tuned in: reduced and moved; moved only.
+EVERY_COLLECTIVE_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
 
 
 def _shaped_run(call):
@@ -89,7 +94,7 @@ def _check_launch_shapes(ctx, report: RankReport) -> None:
         report.check("shapes/the fastest shape chosen", entry.chosen == "shaped/wide")
         parts = [torch.randn(ELEMENTS, generator=seeded_generator("shapes", r)) for r in range(ctx.world_size)]
         expected = torch.stack(parts).sum(0)
-        for algorithm, shape in ((None, "wide"), ("shaped/narrow", "narrow"), ("shaped", None)):
+        for algorithm, shape in SHAPE_CHOICES:
             result = ctx.ccl.all_reduce(parts[ctx.rank].to(ctx.device, copy=True), algorithm=algorithm).cpu()
             report.check(f"shapes/{algorithm} runs with {shape}", SHAPED_CALLS[-1] == shape)
             report.check(f"shapes/{algorithm} right", torch.allclose(result, expected, atol=1e-5))
@@ -258,6 +263,10 @@ def _fallback(ctx_options: dict, report: RankReport, label: str, contents: str |
         ctx.destroy()
 
 
+#: The cache files a new context falls back from, in the order the worker writes them.
+FALLBACKS = ("mismatched key", "corrupt", "vanished algorithm")
+
+
 def _rmsnorm_reference(xs, residual, weight, eps=1e-6):
     s = torch.stack(xs).sum(0) + residual
     return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight
@@ -315,12 +324,12 @@ def _two_rank_checks(rank: int, cache: str) -> bytes:
     with report.section("fallback"):
         data = json.loads(saved)
         data["key"]["world_size"] = 5
-        _fallback(options, report, "fallback/mismatched key", json.dumps(data), "was made for")
-        _fallback(options, report, "fallback/corrupt", saved[: len(saved) // 2], "cannot be read")
+        _fallback(options, report, f"fallback/{FALLBACKS[0]}", json.dumps(data), "was made for")
+        _fallback(options, report, f"fallback/{FALLBACKS[1]}", saved[: len(saved) // 2], "cannot be read")
         data = json.loads(saved)
         for entry in data["entries"]:
             entry["chosen"] = "vanished"
-        _fallback(options, report, "fallback/vanished algorithm", json.dumps(data), "not installed")
+        _fallback(options, report, f"fallback/{FALLBACKS[2]}", json.dumps(data), "not installed")
     with report.section("rmsnorm"):
         ctx = iris.create(**options)
         tokens, hidden = 2, 32
@@ -338,7 +347,7 @@ def _two_rank_checks(rank: int, cache: str) -> bytes:
         ctx.destroy()
     with report.section("every collective"):
         ctx = iris.create(**options)
-        dtypes = (torch.bfloat16, torch.float8_e4m3fn)  # reduced and moved; moved only
+        dtypes = EVERY_COLLECTIVE_DTYPES
         table = ctx.ccl.tune(tuning.TUNABLE, dtypes, [SMALL], timer=_favouring("direct"), save=False)
         for collective in tuning.TUNABLE:
             for dtype in dtypes:
@@ -373,9 +382,44 @@ def _two_rank_checks(rank: int, cache: str) -> bytes:
     return report.packed()
 
 
+def _agreement_names(label: str) -> set[str]:
+    """The checks of :func:`_check_agreement` under ``label``."""
+    return {f"{label}/{check}" for check in (
+        "each rank alone would choose otherwise", "chosen is the argmin of the slowest rank",
+        "times are the slowest rank's", "wrong candidate dropped", "a tie takes the first right candidate",
+        "the same on every rank", "in force on the context")}
+
+
 def test_on_two_ranks(tmp_path):
+    from iris_triton.collectives.kernels import ALL_REDUCE_TWO_SHOT
+
     reports = reports_on_available_ranks(_two_rank_checks, 2, str(tmp_path), timeout=120)
-    assert_rank_checks(reports, "", 24 + 21 + 2 * 13)
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"  # where reports_on_available_ranks ran them
+    assert_rank_checks(reports, "agreement/", _agreement_names("agreement") | {
+        "agreement/probe is not the built-in choice", "agreement/completed"})
+    assert_rank_checks(reports, "cache/", {f"cache/{check}" for check in (
+        "the tuning is in force where it ran", "a new context runs the tuned algorithm",
+        "an untuned bucket takes the built-in choice", "IRIS_TUNING=off leaves it unread", "completed")})
+    # Rank 0 wrote each cache file, and its new context warns.
+    assert_rank_checks(reports, "fallback/", lambda rank: {f"fallback/{case}/built-in choice" for case in FALLBACKS} | (
+        {f"fallback/{case}/warned" for case in FALLBACKS} if rank == 0 else set()) | {"fallback/completed"})
+    assert_rank_checks(reports, "rmsnorm/", {f"rmsnorm/{check}" for check in (
+        "built-in method", "chosen by the slowest rank", "tuned method runs", "untuned bucket",
+        "loaded by a new context", "completed")})
+    assert_rank_checks(reports, "every collective/", {
+        f"every collective/{collective} {dtype}: every candidate right against torch" for collective in tuning.TUNABLE
+        for dtype in EVERY_COLLECTIVE_DTYPES if not (collective in REDUCING and dtype in MOVED_ONLY_DTYPES)} | {
+        "every collective/completed"})
+    assert_rank_checks(reports, "matmul/", {f"matmul/{check}" for check in (
+        "every method and tile right against torch", "the favoured tile chosen", "tuned bucket runs the tuned tile",
+        "another bucket keeps the built-in method", "an unknown tile refused", "completed")})
+    assert_rank_checks(reports, "shapes/", {f"shapes/{algorithm} {check}" for algorithm, shape in SHAPE_CHOICES
+                                            for check in (f"runs with {shape}", "right")} | {
+        f"shapes/two_shot/{name} right" for name in ALL_REDUCE_TWO_SHOT.launch_shapes[device_type]} | {
+        f"shapes/{check}" for check in ("each shape a candidate", "the fastest shape chosen",
+                                        "an unknown shape refused", "a tuned algorithm that is gone falls back",
+                                        "completed")})
+    assert_rank_checks(reports, "plans/", {"plans/different candidates raise", "plans/completed"})
 
 
 def _three_rank_checks(rank: int, cache: str) -> bytes:
@@ -390,7 +434,7 @@ def _three_rank_checks(rank: int, cache: str) -> bytes:
 
 def test_world3_agreement(tmp_path):
     reports = reports_on_available_ranks(_three_rank_checks, 3, str(tmp_path), timeout=120)
-    assert_rank_checks(reports, "world3/", 3 * 7)
+    assert_rank_checks(reports, "world3/", _agreement_names("world3") | {"world3/completed"})
 
 
 # -- iris tune ------------------------------------------------------------------------------------------

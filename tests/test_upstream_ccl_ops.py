@@ -59,6 +59,24 @@ MATMUL_REDUCE_SCATTER_TOL = {torch.float16: (0.2, 0.01), torch.float32: (0.1, 0.
 MNK = (64, 64, 32)
 #: Untouched outputs start from these values: far from any sum of a few standard normal values.
 CANARY_LOW = 20.0
+#: Upstream's reduce_scatter test and example 27: tiles of 32 x 64 (block_size_m, block_size_n).
+EXAMPLE27_TILE = (32, 64)
+#: matmul_reduce_scatter's square tiles (block_size_m = block_size_n), as upstream's test configures them.
+MATMUL_REDUCE_SCATTER_TILE = 64
+#: (form, (M, N, K), dtype) of matmul_reduce_scatter: upstream's test shape 128 x 128 x 32 (4
+#: tiles: on 3 ranks one each for ranks 0 and 1, two for the last), and example 31's call on
+#: 96 x 80 x 32 (2 x 2 tiles, ragged in both dimensions).
+MATMUL_REDUCE_SCATTER_CASES = (("module", (128, 128, 32), torch.float32), ("namespace", (96, 80, 32), torch.float16))
+#: (dtype, with bias) of all_gather_matmul and matmul_all_gather.
+GATHER_MATMUL_CASES = ((torch.float16, False), (torch.float32, False), (torch.float16, True))
+#: (dtype, variant) of matmul_all_reduce through the module function, as upstream's tests/ops call it.
+MATMUL_ALL_REDUCE_CASES = ((torch.float16, "atomic"), (torch.float16, "one_shot"), (torch.float16, "two_shot"),
+                           (torch.float32, "two_shot"))
+#: (M, n) of the all_to_all both contexts make of one (M, n * W) input (iris.iris's and iris.create's).
+CONVENTION_SHAPES = ((7, 5), (6, 8))
+#: all_to_all's (dtype, (M, n), Config arguments or None for no config): ragged and whole tiles.
+ALL_TO_ALL_CASES = ((torch.float16, (37, 5), None), (torch.float32, (16, 24), {}),
+                    (torch.bfloat16, (9, 7), dict(block_size_m=16, block_size_n=16)))
 
 
 # -- data and references -------------------------------------------------------------------------
@@ -146,6 +164,12 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def _owned_tiles(tiles: int, world: int, rank: int) -> range:
+    """The row-major tile ids ``rank`` owns in upstream's examples: ``cdiv(T, W)`` per rank."""
+    per_rank = _cdiv(tiles, world)
+    return range(rank * per_rank, min((rank + 1) * per_rank, tiles))
+
+
 def _swizzle_order(num_pid_m: int, num_pid_n: int, group: int) -> list[tuple[int, int]]:
     """(pid_m, pid_n) of tile ids 0, 1, ...: bands of ``group`` tile rows (the last band may be
     shorter), each band walked column by column, the band's rows fastest."""
@@ -207,15 +231,27 @@ class _BarrierCounter:
         del self.ctx.barrier
 
 
+def _all_reduce_cases(variant: str) -> list[tuple[int, torch.dtype]]:
+    """(tile distribution, dtype) of the random-data calls of ``variant``: every dtype, both
+    distributions for two_shot (whose tiles they assign upstream), else one in turn."""
+    if variant == "two_shot":
+        return [(d, dtype) for d in (0, 1) for dtype in DTYPES]
+    return [(i % 2, dtype) for i, dtype in enumerate(DTYPES)]
+
+
+def _upstream_fill(variant: str) -> tuple[torch.dtype, tuple[int, int]]:
+    """(dtype, shape) of ``variant``'s call as upstream's own test makes it: two_shot on upstream's
+    128 x 64, the others on the ragged shape; the dtypes in turn."""
+    return DTYPES[VARIANTS.index(variant) % len(DTYPES)], SMALL if variant == "two_shot" else RAGGED
+
+
 def _check_all_reduce(ctx, report: RankReport) -> None:
     rank, world = ctx.rank, ctx.world_size
     # Random data, the ragged shape: every variant in every dtype, both tile distributions per
     # variant (two_shot, whose tiles they assign upstream, in every dtype).
     for variant in VARIANTS:
         with report.section(f"all_reduce/{variant}"):
-            cases = [(d, dtype) for d in (0, 1) for dtype in DTYPES] if variant == "two_shot" else \
-                [(i % 2, dtype) for i, dtype in enumerate(DTYPES)]
-            for distribution, dtype in cases:
+            for distribution, dtype in _all_reduce_cases(variant):
                 name = f"all_reduce/{variant}/d{distribution}/{_name(dtype)}/{RAGGED[0]}x{RAGGED[1]}"
                 inputs = _per_rank(world, RAGGED, dtype, "all_reduce", variant, distribution)
                 inp = _on_heap(ctx, inputs[rank])
@@ -232,8 +268,7 @@ def _check_all_reduce(ctx, report: RankReport) -> None:
                              ws.variant == variant and tuple(ws.shape) == RAGGED and ws.dtype == dtype)
             # Upstream's own test: randn filled with rank + 1, the sum W(W+1)/2 everywhere, upstream's
             # atol; two_shot with distribution 0 as upstream's test sets it, on upstream's 128 x 64.
-            dtype = DTYPES[VARIANTS.index(variant) % len(DTYPES)]
-            shape = SMALL if variant == "two_shot" else RAGGED
+            dtype, shape = _upstream_fill(variant)
             inp = _on_heap(ctx, torch.randn(shape).fill_(rank + 1).to(dtype))
             out = ctx.zeros(shape, dtype=dtype)
             config = Config(all_reduce_variant=variant)
@@ -341,8 +376,8 @@ def _column_exchange(inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
 def _check_all_to_all(ctx, report: RankReport) -> None:
     rank, world = ctx.rank, ctx.world_size
     with report.section("all_to_all"):
-        for dtype, (M, n), config in ((torch.float16, (37, 5), None), (torch.float32, (16, 24), Config()),
-                                      (torch.bfloat16, (9, 7), Config(block_size_m=16, block_size_n=16))):
+        for dtype, (M, n), config_args in ALL_TO_ALL_CASES:
+            config = None if config_args is None else Config(**config_args)
             name = f"all_to_all/{_name(dtype)}/{M}x{n}x{world}"
             inputs = _per_rank(world, (M, n * world), dtype, "all_to_all")
             inp = _on_heap(ctx, inputs[rank])
@@ -415,9 +450,10 @@ def _check_reduce_scatter(ctx, report: RankReport) -> None:
             inp = ctx.zeros((M, N), dtype=torch.float16)
             inp.fill_(rank + 1)
             out = ctx.zeros((M, N), dtype=torch.float16)
-            config = Config(block_size_m=32, block_size_n=64)
+            bm, bn = EXAMPLE27_TILE
+            config = Config(block_size_m=bm, block_size_n=bn)
             if distribution == 0:
-                config = Config(block_size_m=32, block_size_n=64, all_reduce_distribution=0)
+                config = Config(block_size_m=bm, block_size_n=bn, all_reduce_distribution=0)
             ctx.ccl.reduce_scatter(out, inp, config=config)
             agg = out.clone().float()
             dist.all_reduce(agg)
@@ -425,11 +461,9 @@ def _check_reduce_scatter(ctx, report: RankReport) -> None:
                     _verdict(agg, torch.full((M, N), full), 1e-3, 1e-5))
             if distribution == 1:
                 # Example 27: owned tiles in row-major order, cdiv(T, W) per rank (here one tile column).
-                T = _cdiv(M, 32) * _cdiv(N, 64)
-                per_rank = _cdiv(T, world)
-                for t in range(rank * per_rank, min((rank + 1) * per_rank, T)):
-                    pm, pn = divmod(t, _cdiv(N, 64))
-                    tile = out[pm * 32:(pm + 1) * 32, pn * 64:(pn + 1) * 64]
+                for t in _owned_tiles(_cdiv(M, bm) * _cdiv(N, bn), world, rank):
+                    pm, pn = divmod(t, _cdiv(N, bn))
+                    tile = out[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn]
                     _record(report, f"reduce_scatter/example27/tile{t}",
                             _verdict(tile, torch.full(tuple(tile.shape), full), 0.5, 1e-5))
 
@@ -477,8 +511,7 @@ def _check_matmul_all_reduce(ctx, report: RankReport) -> None:
     M, N, K = MNK
     with report.section("matmul_all_reduce/module"):
         # tests/ops: ops.matmul_all_reduce(shmem, C, A, B, config=FusedConfig(64, 64, 32, all_reduce_variant=v)).
-        for dtype, variant in ((torch.float16, "atomic"), (torch.float16, "one_shot"), (torch.float16, "two_shot"),
-                               (torch.float32, "two_shot")):
+        for dtype, variant in MATMUL_ALL_REDUCE_CASES:
             name = f"matmul_all_reduce/module/{variant}/{_name(dtype)}"
             As, Bs = _matmul_inputs(world, M, N, K, dtype, variant)
             A, B = _on_heap(ctx, As[rank]), _on_heap(ctx, Bs[rank])
@@ -516,7 +549,7 @@ def _check_all_gather_matmul(ctx, report: RankReport) -> None:
     M, K_local, N = 64, 32, 64
     K = K_local * world
     with report.section("all_gather_matmul"):
-        for dtype, with_bias in ((torch.float16, False), (torch.float32, False), (torch.float16, True)):
+        for dtype, with_bias in GATHER_MATMUL_CASES:
             name = f"all_gather_matmul/{_name(dtype)}" + ("/bias" if with_bias else "")
             shards = _per_rank(world, (M, K_local), dtype, "A_sharded", with_bias)
             B = _random((K, N), dtype, "B_replicated", with_bias)  # the same B on every rank
@@ -546,7 +579,7 @@ def _check_matmul_all_gather(ctx, report: RankReport) -> None:
     rank, world = ctx.rank, ctx.world_size
     m, K, N = 32, 32, 64
     with report.section("matmul_all_gather"):
-        for dtype, with_bias in ((torch.float16, False), (torch.float32, False), (torch.float16, True)):
+        for dtype, with_bias in GATHER_MATMUL_CASES:
             name = f"matmul_all_gather/{_name(dtype)}" + ("/bias" if with_bias else "")
             # Upstream's test: A_local and B random on every rank; rank r's rows are A_r @ B_r.
             As, Bs = _matmul_inputs(world, m, N, K, dtype, "matmul_all_gather", with_bias)
@@ -575,12 +608,9 @@ def _check_matmul_all_gather(ctx, report: RankReport) -> None:
 
 def _check_matmul_reduce_scatter(ctx, report: RankReport) -> None:
     rank, world = ctx.rank, ctx.world_size
-    config = ops.FusedConfig(block_size_m=64, block_size_n=64, block_size_k=32)
-    # (form, (M, N, K), dtype): upstream's test shape 128 x 128 x 32 (4 tiles of 64 x 64: on 3 ranks
-    # one each for ranks 0 and 1, two for the last), and example 31's call on 96 x 80 x 32 (2 x 2
-    # tiles, ragged in both dimensions).
-    for form, (M, N, K), dtype in (("module", (128, 128, 32), torch.float32), ("namespace", (96, 80, 32),
-                                                                               torch.float16)):
+    tile = MATMUL_REDUCE_SCATTER_TILE
+    config = ops.FusedConfig(block_size_m=tile, block_size_n=tile, block_size_k=32)
+    for form, (M, N, K), dtype in MATMUL_REDUCE_SCATTER_CASES:
         name = f"matmul_reduce_scatter/{form}/{M}x{N}x{K}/{_name(dtype)}"
         with report.section(name):
             As, Bs = _matmul_inputs(world, M, N, K, dtype, "mrs", form)
@@ -592,7 +622,7 @@ def _check_matmul_reduce_scatter(ctx, report: RankReport) -> None:
             else:
                 ws = ctx.ops.matmul_reduce_scatter(C, A, B, config=config)
             got = C.cpu()
-            mine = _matmul_reduce_scatter_owners(M, N, 64, 64, world) == rank
+            mine = _matmul_reduce_scatter_owners(M, N, tile, tile, world) == rank
             atol, rtol = MATMUL_REDUCE_SCATTER_TOL[dtype]
             if world == 8 and dtype == torch.float32:
                 atol = 0.2  # upstream's allowance on 8 ranks
@@ -604,13 +634,12 @@ def _check_matmul_reduce_scatter(ctx, report: RankReport) -> None:
                                                                      world))
             # Example 31's check (cdiv(T, W) tiles per rank, row-major) agrees with upstream's rule
             # when W divides T; it is checked there.
-            T = _cdiv(M, 64) * _cdiv(N, 64)
+            T = _cdiv(M, tile) * _cdiv(N, tile)
             if T % world == 0:
-                per_rank = _cdiv(T, world)
                 expected = _product_sum(As, Bs)
-                for t in range(rank * per_rank, min((rank + 1) * per_rank, T)):
-                    pm, pn = divmod(t, _cdiv(N, 64))
-                    window = (slice(pm * 64, (pm + 1) * 64), slice(pn * 64, (pn + 1) * 64))
+                for t in _owned_tiles(T, world, rank):
+                    pm, pn = divmod(t, _cdiv(N, tile))
+                    window = (slice(pm * tile, (pm + 1) * tile), slice(pn * tile, (pn + 1) * tile))
                     _record(report, f"{name}/example31_tile{t}", _verdict(got[window], expected[window], 1.0, 0.05))
 
 
@@ -714,7 +743,7 @@ def _check_conventions(ctx, report: RankReport) -> None:
         with report.section("conventions/all_to_all"):
             # The same (M, N*W) data through both contexts: iris.iris()'s exchanges column blocks,
             # iris.create()'s exchanges flat segments (which cut across rows here).
-            for M, n in ((7, 5), (6, 8)):
+            for M, n in CONVENTION_SHAPES:
                 inputs = _per_rank(world, (M, n * world), torch.float32, "conventions", M, n)
                 up_out = ctx.zeros((M, n * world), dtype=torch.float32)
                 ctx.ccl.all_to_all(up_out, _on_heap(ctx, inputs[rank]))
@@ -729,13 +758,17 @@ def _check_conventions(ctx, report: RankReport) -> None:
         tctx.destroy()
 
 
+#: The worker's steps, in order, each in a section of its own (``worker/<name>``).
+STEPS = (_check_all_reduce, _check_reduce_ops, _check_all_gather, _check_all_to_all, _check_reduce_scatter,
+         _check_matmul_all_reduce, _check_all_gather_matmul, _check_matmul_all_gather, _check_matmul_reduce_scatter,
+         _check_async, _check_conventions)
+
+
 def _worker(rank: int, world: int) -> bytes:
     report = RankReport(rank)
     ctx = iris.iris(heap_size=HEAP)
     report.check("context/is_upstream_style", type(ctx).__name__.endswith("Iris") and ctx.get_num_ranks() == world)
-    for check in (_check_all_reduce, _check_reduce_ops, _check_all_gather, _check_all_to_all, _check_reduce_scatter,
-                  _check_matmul_all_reduce, _check_all_gather_matmul, _check_matmul_all_gather,
-                  _check_matmul_reduce_scatter, _check_async, _check_conventions):
+    for check in STEPS:
         with report.section(f"worker/{check.__name__}"):
             check(ctx, report)
     ctx.barrier()
@@ -749,97 +782,156 @@ def reports(request) -> list[dict]:
     return reports_on_available_ranks(_worker, world, world, timeout=120)
 
 
-def _assert_section(reports: list[dict], prefix: str, per_rank: int = 0, *, total: int | None = None) -> None:
-    """The checks and sections named ``prefix*`` passed: at least ``per_rank`` checks on every rank
-    (or ``total`` over all ranks)."""
+def _assert_section(reports: list[dict], prefix: str, names) -> None:
+    """The checks and sections named ``prefix*`` passed, and they are exactly ``names`` (each
+    ``prefix`` + a name; or a function of the rank giving them) on every rank; the other
+    sections' failures are the other tests'."""
     mine = [{k: v for k, v in rep.items() if k.startswith(prefix)} for rep in reports]
-    assert_rank_checks(mine, prefix, per_rank * len(reports) if total is None else total)
+    assert_rank_checks(mine, prefix, (lambda rank: {prefix + name for name in names(rank)}) if callable(names)
+                       else {prefix + name for name in names})
 
 
 # -- the tests --------------------------------------------------------------------------------------
 
 
 def test_context_from_iris_iris(reports):
-    _assert_section(reports, "context/", 1)
+    _assert_section(reports, "context/", {"is_upstream_style"})
 
 
 def test_every_worker_step_completed(reports):
     # A step that raised outside its sections (set-up shared by several checks) shows here.
-    _assert_section(reports, "worker/", 0)
+    _assert_section(reports, "worker/", {f"{step.__name__}/completed" for step in STEPS})
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_all_reduce_variants_distributions_dtypes(reports, variant):
-    # (two_shot: 2 distributions x) 3 dtypes x 4 checks, plus upstream's fill check.
-    _assert_section(reports, f"all_reduce/{variant}/", (2 if variant == "two_shot" else 1) * len(DTYPES) * 4 + 1)
+    # Per call: the sum, the input unchanged, the workspace returned and what it records; then
+    # upstream's fill check.
+    fill_dtype, (rows, columns) = _upstream_fill(variant)
+    _assert_section(reports, f"all_reduce/{variant}/", {
+        f"d{distribution}/{_name(dtype)}/{RAGGED[0]}x{RAGGED[1]}{check}" for distribution, dtype in
+        _all_reduce_cases(variant) for check in ("", "/input_unchanged", "/returns_its_workspace",
+                                                 "/workspace_records_the_call")} | {
+        f"upstream_fill/{_name(fill_dtype)}/{rows}x{columns}", "completed"})
 
 
 def test_all_reduce_reused_workspace_and_example24(reports):
-    _assert_section(reports, "all_reduce/reused_workspace/", 3)
-    _assert_section(reports, "all_reduce/example24/", 1)
+    _assert_section(reports, "all_reduce/reused_workspace/", {"call0", "call1", "not_prepared_after_a_call",
+                                                              "completed"})
+    _assert_section(reports, "all_reduce/example24/", {"default_config", "completed"})
 
 
 def test_all_reduce_min_max_and_unsupported_ops(reports):
-    _assert_section(reports, "all_reduce_op/", 3 + 4)
+    _assert_section(reports, "all_reduce_op/", {"sum/float16", "min/float32", "max/bfloat16", "completed"} | {
+        f"{op}_refused/{call}" for op in ("PRODUCT", "BAND") for call in ("all_reduce", "reduce_scatter")})
 
 
 def test_all_gather(reports):
-    _assert_section(reports, "all_gather/persistent/", len(DTYPES))
-    _assert_section(reports, "all_gather/example25/", 2)
-    _assert_section(reports, "all_gather/partitioned/", 1)
-    _assert_section(reports, "all_gather/shape_mismatch/", 3)
+    world = len(reports)
+    _assert_section(reports, "all_gather/persistent/", {_name(dtype) for dtype in DTYPES} | {"completed"})
+    _assert_section(reports, "all_gather/example25/", {f"block{r}" for r in range(world)})
+    # The partitioned variant needs comm_sms divisible by the world size: 64 where it is, else 63
+    # and 64 refused.
+    _assert_section(reports, "all_gather/partitioned/", {"comm_sms64", "completed"} if 64 % world == 0 else {
+        "comm_sms63", "comm_sms64_not_divisible_refused", "completed"})
+    _assert_section(reports, "all_gather/shape_mismatch/", {"same_as_input", "one_column_more", "one_block_short",
+                                                            "completed"})
 
 
 def test_all_to_all_column_blocks(reports):
-    _assert_section(reports, "all_to_all/", 3 * 2 + 2)
+    world = len(reports)
+    calls = {f"{_name(dtype)}/{M}x{n}x{world}" for dtype, (M, n), _ in ALL_TO_ALL_CASES}
+    _assert_section(reports, "all_to_all/", calls | {f"{call}/self_chunk" for call in calls} | {
+        f"example26/block{s}" for s in range(world)} | {"completed"})
 
 
 @pytest.mark.parametrize("case", REDUCE_SCATTER_CASES, ids=lambda c: f"{c[0]}x{c[1]}-b{c[2]}x{c[3]}-s{c[4]}")
 @pytest.mark.parametrize("distribution", (0, 1))
 def test_reduce_scatter_tile_ownership(reports, case, distribution):
     M, N, bm, bn, swizzle, dtype = case
-    _assert_section(reports, f"reduce_scatter/{M}x{N}/b{bm}x{bn}/s{swizzle or 'default'}/d{distribution}/", 4)
+    _assert_section(reports, f"reduce_scatter/{M}x{N}/b{bm}x{bn}/s{swizzle or 'default'}/d{distribution}/", {
+        f"{_name(dtype)}/{check}" for check in ("owned_tiles_hold_the_sum", "other_tiles_untouched", "input_unchanged",
+                                                "union_covers_every_element_once", "completed")})
 
 
 def test_reduce_scatter_upstream_check_and_example27(reports):
-    _assert_section(reports, "reduce_scatter/upstream_check/", 2)
-    # Example 27's owned tiles: 4 tiles of 32 x 64 in a 128 x 64 matrix, each owned by one rank.
-    _assert_section(reports, "reduce_scatter/example27/", total=4)
+    _assert_section(reports, "reduce_scatter/upstream_check/", {"d0/sum_of_outputs", "d1/sum_of_outputs", "completed"})
+    # Example 27's owned tiles of upstream's 128 x 64 matrix, cdiv(T, W) per rank (the last ranks may own none).
+    tiles = _cdiv(SMALL[0], EXAMPLE27_TILE[0]) * _cdiv(SMALL[1], EXAMPLE27_TILE[1])
+    _assert_section(reports, "reduce_scatter/example27/",
+                    lambda rank: {f"tile{t}" for t in _owned_tiles(tiles, len(reports), rank)})
 
 
 def test_reduce_scatter_default_config_and_shape_errors(reports):
-    _assert_section(reports, "reduce_scatter/default_config/", 2)
-    _assert_section(reports, "reduce_scatter/shape_mismatch/", 2)
+    _assert_section(reports, "reduce_scatter/default_config/", {"owned", "untouched", "completed"})
+    _assert_section(reports, "reduce_scatter/shape_mismatch/", {"torch_style_shard", "one_column_more", "completed"})
 
 
 def test_matmul_all_reduce(reports):
-    _assert_section(reports, "matmul_all_reduce/", 4 * 2 + 4)
+    module = {f"module/{variant}/{_name(dtype)}{check}" for dtype, variant in MATMUL_ALL_REDUCE_CASES
+              for check in ("", "/workspace")}
+    _assert_section(reports, "matmul_all_reduce/", module | {
+        "module/completed", "namespace/default_config", "namespace/workspace", "namespace/completed", "example28",
+        "bad_variant_refused"})
+
+
+def _gather_matmul_names(example: str) -> set[str]:
+    """The checks of all_gather_matmul's and matmul_all_gather's section: each call's result and
+    workspace, and the example's call."""
+    calls = {_name(dtype) + ("/bias" if with_bias else "") for dtype, with_bias in GATHER_MATMUL_CASES}
+    return calls | {f"{call}/workspace" for call in calls} | {example, "completed"}
 
 
 def test_all_gather_matmul(reports):
-    _assert_section(reports, "all_gather_matmul/", 3 * 2 + 1)
+    _assert_section(reports, "all_gather_matmul/", _gather_matmul_names("example29_module_default_config"))
 
 
 def test_matmul_all_gather(reports):
-    _assert_section(reports, "matmul_all_gather/", 3 * 2 + 1)
+    _assert_section(reports, "matmul_all_gather/", _gather_matmul_names("example30"))
 
 
 def test_matmul_reduce_scatter(reports):
-    _assert_section(reports, "matmul_reduce_scatter/", 2 * 3)
+    world, tile = len(reports), MATMUL_REDUCE_SCATTER_TILE
+
+    def names(rank: int) -> set[str]:
+        found = set()
+        for form, (M, N, K), dtype in MATMUL_REDUCE_SCATTER_CASES:
+            name = f"{form}/{M}x{N}x{K}/{_name(dtype)}"
+            found |= {f"{name}/{check}" for check in ("owned_tiles_hold_the_sum", "other_tiles_zero", "workspace",
+                                                      "completed")}
+            tiles = _cdiv(M, tile) * _cdiv(N, tile)
+            if tiles % world == 0:  # example 31's tiles, checked where its rule is upstream's
+                found |= {f"{name}/example31_tile{t}" for t in _owned_tiles(tiles, world, rank)}
+        return found
+
+    _assert_section(reports, "matmul_reduce_scatter/", names)
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "all_to_all", "matmul_all_reduce", "reduce_scatter"])
 def test_async_op(reports, op):
-    _assert_section(reports, f"async_op/{op}/", 2)
+    # Upstream's fused preambles barrier on every call: no count of barriers with async_op there;
+    # reduce_scatter's result is checked after the async call alone.
+    names = {"no_barrier_with_async_op", "result_after_barrier", "completed"}
+    if op == "matmul_all_reduce":
+        names = names - {"no_barrier_with_async_op"} | {"one_more_barrier_without"}
+    elif op != "reduce_scatter":
+        names |= {"one_more_barrier_without"}
+    _assert_section(reports, f"async_op/{op}/", names)
 
 
 def test_iris_create_refuses_upstream_calls(reports):
-    _assert_section(reports, "conventions/refusals/", 7)
-    _assert_section(reports, "conventions/torch_style_still_works/", 1)
+    _assert_section(reports, "conventions/refusals/", {
+        "all_reduce_out_inp", "all_reduce_config", "all_reduce_workspace", "reduce_scatter_full_shape",
+        "reduce_scatter_full_shape_ragged", "all_gather_config", "all_to_all_config", "completed"})
+    _assert_section(reports, "conventions/torch_style_still_works/", {"all_reduce_in_place", "completed"})
 
 
 def test_all_to_all_conventions_differ_as_documented(reports):
-    _assert_section(reports, "conventions/all_to_all/", 2 * 3)
+    world = len(reports)
+    _assert_section(reports, "conventions/all_to_all/", {f"{M}x{n}x{world}/{check}" for M, n in CONVENTION_SHAPES
+                                                         for check in ("iris_iris_column_blocks",
+                                                                       "iris_create_flat_segments", "the_two_differ")}
+                    | {"completed"})
 
 
 # -- single-process: the configuration objects ------------------------------------------------------
