@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import iris
+from iris.heap.device_context import trailer_index
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 from iris.tracing import chrome_trace
 from trace_checks import check_chrome_trace
@@ -141,7 +142,8 @@ def _worker(rank: int, path: str) -> bytes:
         before = ctx.get_device_context().clone()
         report.check("off/ring_put", _ring_put(ctx, True))
         report.check("off/context_unchanged", torch.equal(ctx.get_device_context(), before))
-        report.check("off/trailer_empty", ctx.get_device_context()[-2:].tolist() == [0, 0])
+        trace_words = [trailer_index(name, ctx.world_size) for name in ("trace_distance", "trace_capacity")]
+        report.check("off/trailer_empty", ctx.get_device_context()[trace_words].tolist() == [0, 0])
         try:
             ctx.tracing.events()
             report.check("off/events_refused", False)
