@@ -11,7 +11,10 @@ reference exchanges its split sizes on the host (a synchronisation per call), so
 eagerly; iris is timed eagerly and, on GPUs, captured in a CUDA graph. Each row also gives the
 bytes of token data that cross the link (rows sent to other ranks, the most any rank sends) and
 the fraction of ``--link-gbps`` (478 GB/s per direction between 2 x H200) that the time makes
-of them.
+of them, and the HBM bound of the token data a rank's memory must move (dispatch: read its tokens,
+write the rows it receives; combine: read the rows it holds, write its tokens) at the local copy
+rate measured in the same run (``copy_`` of a large buffer, read + write), with each time as a
+multiple of it: at world 1 nothing crosses a link, and that bound is the floor.
 
 Launch it on one GPU (world size 1: nothing crosses a link, the figures are the costs of the
 sort, the regrouping and the kernels), under ``torchrun --nproc-per-node 2`` (2 GPUs), or with
@@ -108,8 +111,19 @@ def heap_bytes(world: int, tokens: int, hidden: int, experts: int, topk: int) ->
     return 3 * rows * (2 * hidden + 16) + (256 << 20)
 
 
+def local_copy_gbps(ctx, calls: int, repeats: int) -> float:
+    """This rank's local copy rate, read + write bytes per second / 1e9: ``copy_`` of a buffer of
+    1 GiB on GPUs (8 MiB on CPU ranks), timed as the benchmark's calls are."""
+    nbytes = (1 << 30) if ctx.device.type == "cuda" else (8 << 20)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    us = per_call_us(ctx, lambda: dst.copy_(src), calls, repeats, ctx.device.type == "cuda")
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
 def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, topk: int, calls: int,
-             repeats: int, link_gbps: float) -> dict:
+             repeats: int, link_gbps: float, copy_gbps: float) -> dict:
     """One row: both implementations checked against each other, then timed."""
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     ids, weights = routing(T, experts, topk, device, seed=T * world + rank)
@@ -122,12 +136,15 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
     correct = {"dispatch": _matches(result, grouped, counts),
                "combine": bool(torch.allclose(combined.float(), expected.float(), rtol=2e-2, atol=2e-2))}
     sent = sum(n for d, n in enumerate(state[3]) if d != rank) * hidden * x.element_size()
+    # Both directions move the same token data through this rank's memory: its tokens and the rows it receives.
+    moved = (T + sum(state[4])) * hidden * x.element_size()
+    bound_us = max(ctx.comm.all_gather_object(moved / (copy_gbps * 1e9) * 1e6))
     fns = {"iris/dispatch": lambda: ctx.ops.moe_dispatch(x, ids, weights, experts),
            "iris/combine": lambda: ctx.ops.moe_combine(result.tokens, result),
            "torch/dispatch": lambda: reference.dispatch(x, ids),
            "torch/combine": lambda: reference.combine(grouped, weights, state)}
     row = {"tokens": T, "hidden": hidden, "experts": experts, "topk": topk, "world": world,
-           "link_bytes": max(ctx.comm.all_gather_object(sent)), "correct": correct}
+           "link_bytes": max(ctx.comm.all_gather_object(sent)), "hbm_bound_us": bound_us, "correct": correct}
     for mode in ("graph", "eager") if device.type == "cuda" else ("eager",):
         row[mode] = {}
         for name, fn in fns.items():
@@ -135,7 +152,7 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
                 continue  # host split sizes: not capturable
             us = max(ctx.comm.all_gather_object(per_call_us(ctx, fn, calls, repeats, mode == "graph")))
             row[mode][name] = {"us": us, "link_fraction": row["link_bytes"] / (us * 1e-6) / (link_gbps * 1e9)
-                               if row["link_bytes"] else None}
+                               if row["link_bytes"] else None, "hbm_bound_multiple": us / bound_us}
     return row
 
 
@@ -144,9 +161,11 @@ def _run(rank: int, token_counts: list[int], hidden: int, experts: int, topk: in
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ctx = iris.create(heap_size=heap_bytes(world, max(token_counts), hidden, experts, topk))
     reference = TorchReference(ctx.world_size, experts)
+    copy_gbps = min(ctx.comm.all_gather_object(local_copy_gbps(ctx, calls, repeats)))
     rows = []
     for T in token_counts:
-        rows.append(_measure(ctx, reference, T, hidden, experts, topk, calls, repeats, link_gbps))
+        row = _measure(ctx, reference, T, hidden, experts, topk, calls, repeats, link_gbps, copy_gbps)
+        rows.append({**row, "copy_gbps": copy_gbps})
         ctx.barrier()
     ctx.destroy()
     return rows
@@ -181,9 +200,10 @@ def report(args: argparse.Namespace, rows: list[dict]) -> bool:
         cells = []
         for mode in ("graph", "eager"):
             for name, figure in row.get(mode, {}).items():
-                share = f" ({figure['link_fraction']:.0%} of link)" if figure["link_fraction"] is not None else ""
-                cells.append(f"{name} {mode} {figure['us']:.1f} us{share}")
-        print(f"tokens {row['tokens']:>5} world {row['world']} link {row['link_bytes'] / 1e6:.1f} MB: "
+                share = f", {figure['link_fraction']:.0%} of link" if figure["link_fraction"] is not None else ""
+                cells.append(f"{name} {mode} {figure['us']:.1f} us ({figure['hbm_bound_multiple']:.1f}x HBM{share})")
+        print(f"tokens {row['tokens']:>5} world {row['world']} link {row['link_bytes'] / 1e6:.1f} MB, HBM bound "
+              f"{row['hbm_bound_us']:.1f} us at {row['copy_gbps']:.0f} GB/s: "
               + ", ".join(cells) + ("" if all(row["correct"].values()) else f"  INCORRECT: {row['correct']}"))
     path = write_results("moe" + ("-cpu" if args.device == "cpu" else ""),
                          {"unit": "us per call (slowest rank, median)", "reference": "torch all_to_all_single",
