@@ -1,0 +1,232 @@
+"""Dedicated MoE dispatch kernels: every token read once and written straight into the receive
+buffers of the ranks that own its experts, in the expert-major layout, in three launches.
+
+1. :func:`announce_route_kernel` (one program): the routing of this rank's pairs
+   (:func:`iris_triton.operations.moe_routing.route_kernel`'s positions and row of counts), the
+   row published into every peer's routing table (``table[RANK]`` of the call's slot), the call
+   announced in every peer's header ``RANK``, and the table's flag set on every peer.
+2. :func:`push_kernel` (``P`` programs): once every peer's row landed (bounded waits that check
+   the peer's header), every rank holds the same table and reaches the same verdict (an id out of
+   range on some rank, or an expert over ``capacity``: nothing is sent, the failure recorded for
+   the rank it concerns). Otherwise program ``p`` pushes tokens ``p, p + P, ...``: each routed
+   pair's row goes to slot ``[l, offset]`` of its expert's rank (local expert ``l``; ``offset``:
+   the rows of that expert from lower ranks, then the pair's position), with its source rank,
+   token index and slot; then the program sets its *done* flag on every rank.
+3. :func:`finish_kernel` (``P`` programs): once every rank's programs are done, the counts, the
+   sources of the slots past them (-1), and on a failure every output poisoned (all-ones bits).
+
+Flags carry the call's number + 1, counted on the device (``calls``: advanced by the first
+kernel), so a captured call replays correctly; the slot's buffers alternate on the host by call
+parity and are passed to the kernels as addresses.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from iris_triton.device.context import DeviceContext
+from iris_triton.operations.moe_routing import route_kernel
+from iris_triton.protocol.calls import announce, header_value
+from iris_triton.protocol.waits import failed, poison_blocks, record_failure, site_code, wait_for_peer_call, \
+    wait_or_record
+
+__all__ = ["announce_route_kernel", "finish_kernel", "push_kernel"]
+
+SITE: tl.constexpr = tl.constexpr(site_code("moe_dispatch"))
+
+
+@triton.jit
+def announce_route_kernel(context, ids, positions, row, calls, headers, table, table_flags, signature, T, E,
+                          K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, RANK: tl.constexpr,
+                          WORLD: tl.constexpr):
+    """Step 1 (one program): ``row`` (int32 ``[E + 1]``, local) := the counts and out-of-range
+    flag of this rank's pairs, ``positions`` their positions; ``row`` into every rank's
+    ``table[RANK]`` (``table``: int32 ``[WORLD, E + 1]`` of the call's slot), the call announced
+    in ``headers`` (its parity's row), and ``table_flags[RANK]`` := call + 1 on every rank. A
+    failed context sends nothing."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
+    call = tl.load(calls)
+    tl.store(calls, call + 1)
+    route_kernel(ids, positions, row, T, E, K, E_BLOCK, BLOCK_T)
+    tl.debug_barrier()  # the row as every thread of the program wrote it
+    if not failed(dctx):
+        lanes = tl.arange(0, E_BLOCK * 2)
+        counts = tl.load(row + lanes, mask=lanes <= E)
+        mine = table + RANK * (E + 1)
+        tl.store(mine + lanes, counts, mask=lanes <= E)
+        announced = header_value(call, signature)
+        announce(dctx, headers + (call & 1) * WORLD, announced, RANK, WORLD)
+        for q in tl.static_range(WORLD):
+            if q != RANK:
+                dctx.store(mine + lanes, counts, q, mask=lanes <= E)
+                dctx.signal(table_flags + RANK, call + 1, q)
+
+
+@triton.jit
+def _table_verdict(dctx, table, capacity, E, L, E_BLOCK: tl.constexpr, WORLD: tl.constexpr, RECORD: tl.constexpr):
+    """Whether the routing table (``[WORLD, E + 1]``) makes a call that fits: no rank passed ids out
+    of range, no expert receives more than ``capacity`` rows. With ``RECORD`` what does not fit is
+    recorded (ids: the rank that passed them; capacity: the expert's rank)."""
+    experts = tl.arange(0, E_BLOCK)
+    per_expert = tl.zeros([E_BLOCK], dtype=tl.int32)
+    ok = tl.program_id(0) >= 0
+    for q in tl.static_range(WORLD):
+        per_expert += tl.load(table + q * (E + 1) + experts, mask=experts < E, other=0)
+        outside = tl.load(table + q * (E + 1) + E) != 0
+        if outside & RECORD:
+            record_failure(dctx, q, (9 << 8) + SITE)  # expert_ids
+        ok = ok & (not outside)
+    over = (per_expert > capacity) & (experts < E)
+    for q in tl.static_range(WORLD):
+        mine = over & (experts // L == q)
+        if (tl.sum(mine.to(tl.int32), axis=0) > 0) & RECORD:
+            record_failure(dctx, q, (10 << 8) + SITE)  # expert_capacity
+    return ok & (tl.sum(over.to(tl.int32), axis=0) == 0)
+
+
+@triton.jit
+def push_kernel(context, tokens, ids, positions, calls, headers, table, table_flags, done_flags, data, source_rank,
+                source_index, source_slot, signature, T, H, E, L, capacity, K: tl.constexpr, E_BLOCK: tl.constexpr,
+                BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Step 2: every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of
+    ``data`` (``[L, capacity, H]``) on its expert's rank, its source into ``source_rank``,
+    ``source_index``, ``source_slot`` there (``[L, capacity]`` int32); then this program's done
+    flag on every rank."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
+    call = tl.load(calls) - 1
+    announced = header_value(call, signature)
+    row = headers + (call & 1) * WORLD
+    ok = not failed(dctx)
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            ok = ok & wait_for_peer_call(dctx, table_flags + q, call + 1, q, row, announced, SITE)
+    if ok:
+        ok = _table_verdict(dctx, table, capacity, E, L, E_BLOCK, WORLD, tl.program_id(0) == 0)
+    if ok:
+        columns = tl.arange(0, BLOCK_H)
+        for t in range(tl.program_id(0), T, tl.num_programs(0)):
+            for j in tl.static_range(K):
+                position = tl.load(positions + t * K + j)
+                if position >= 0:
+                    e = tl.load(ids + t * K + j).to(tl.int32)
+                    owner = e // L
+                    offset = position
+                    for q in tl.static_range(WORLD):
+                        if q < RANK:
+                            offset += tl.load(table + q * (E + 1) + e)
+                    slot = (e % L) * capacity + offset
+                    for h in range(0, H, BLOCK_H):
+                        mask = h + columns < H
+                        values = tl.load(tokens + t * H + h + columns, mask=mask)
+                        dctx.store(data + slot * H + h + columns, values, owner, mask=mask)
+                    source = tl.full((), RANK, tl.int32)
+                    dctx.store(source_rank + slot, source, owner)
+                    dctx.store(source_index + slot, source * 0 + t, owner)
+                    dctx.store(source_slot + slot, source * 0 + j, owner)
+    if not failed(dctx):  # a failed context signals nothing: its peers give up rather than take its rows
+        for q in tl.static_range(WORLD):
+            dctx.signal(done_flags + RANK * tl.num_programs(0) + tl.program_id(0), call + 1, q)
+
+
+@triton.jit
+def finish_kernel(context, calls, table, done_flags, programs, counts, data, source_rank, source_index, source_slot,
+                  data_numel, E, L, capacity, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr, RANK: tl.constexpr,
+                  WORLD: tl.constexpr):
+    """Step 3: once every rank's ``programs`` pushing programs are done, ``counts`` (int32
+    ``[L]``) := this rank's experts' rows, the sources of the slots past them := -1; on any
+    failure (a wait, or the table's verdict) every output := all-ones bits."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
+    call = tl.load(calls) - 1
+    ok = not failed(dctx)
+    for q in range(WORLD):  # every program waits for every flag: each reaches the same verdict
+        for p in range(0, programs):
+            if ok:
+                ok = wait_or_record(dctx, done_flags + q * programs + p, call + 1, q, SITE)
+    ok = ok & _table_verdict(dctx, table, capacity, E, L, E_BLOCK, WORLD, False)
+    slots = tl.arange(0, BLOCK)
+    for l in range(0, L):
+        received = 0
+        for source in tl.static_range(WORLD):
+            received += tl.load(table + source * (E + 1) + RANK * L + l)
+        if tl.program_id(0) == 0:
+            tl.store(counts + l, tl.where(ok, received, -1))
+        for start in range(tl.program_id(0) * BLOCK, capacity, tl.num_programs(0) * BLOCK):
+            i = start + slots
+            empty = (i < capacity) & ((i >= received) | (not ok))
+            where = l * capacity + i
+            tl.store(source_rank + where, -1, mask=empty)
+            tl.store(source_index + where, -1, mask=empty)
+            tl.store(source_slot + where, -1, mask=empty)
+    if not ok:
+        poison_blocks(dctx, data, data_numel, data_numel, tl.program_id(0), tl.num_programs(0), BLOCK)
+
+
+#: Byte alignment of each buffer of a slot.
+_ALIGNMENT = 256
+
+
+def _carve(space, sizes: dict) -> dict:
+    """``space`` (uint8) cut into consecutive buffers of ``sizes`` bytes, each aligned."""
+    out, start = {}, 0
+    for name, size in sizes.items():
+        out[name] = space[start:start + size]
+        start += -(-size // _ALIGNMENT) * _ALIGNMENT
+    return out
+
+
+def _slot_sizes(world: int, experts: int, local: int, capacity: int, hidden: int, element: int) -> dict:
+    return {"table": 4 * world * (experts + 1), "source_rank": 4 * local * capacity,
+            "source_index": 4 * local * capacity, "source_slot": 4 * local * capacity,
+            "data": element * local * capacity * hidden}
+
+
+def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int | None = None):
+    """``ctx.ops.moe_dispatch`` by the three kernels above (not fp8): ``(tokens, counts,
+    source_rank, source_index, source_slot)``, the first and the last three views of this call's
+    slot of the receive buffers (valid until the dispatch after next), ``counts`` new."""
+    import torch
+
+    from iris_triton.operations.fused_ops import _announced_call
+    from iris_triton.operations.moe import _check_dispatch
+    from iris_triton.operations.moe_routing import ROUTE_BLOCK
+
+    ctx = ops._context
+    _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, False)
+    world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
+    (T, H), k = tokens.shape, topk_ids.shape[1]
+    E, L = num_experts, num_experts // world
+    capacity = world * T if capacity is None else capacity
+    control = ctx.workspaces.get("moe_control", 4 * (1 + 4 * world + world * programs), fill=0).view(torch.int32)
+    calls, headers = control[0:1], control[1:1 + 3 * world]
+    table_flags, done_flags = control[1 + 3 * world:1 + 4 * world], control[1 + 4 * world:]
+    sizes = _slot_sizes(world, E, L, capacity, H, tokens.element_size())
+    slot_bytes = sum(-(-size // _ALIGNMENT) * _ALIGNMENT for size in sizes.values())
+    space = ctx.workspaces.get("moe_slots", 2 * slot_bytes, fill=0)
+    parity = getattr(ops, "_moe_calls", 0) & 1
+    ops._moe_calls = getattr(ops, "_moe_calls", 0) + 1
+    slot = _carve(space[parity * slot_bytes:(parity + 1) * slot_bytes], sizes)
+    table = slot["table"].view(torch.int32)
+    source_rank, source_index, source_slot = (slot[name].view(torch.int32).view(L, capacity)
+                                              for name in ("source_rank", "source_index", "source_slot"))
+    data = slot["data"].view(tokens.dtype).view(L, capacity, H)
+    counts = torch.empty(L, dtype=torch.int32, device=ctx.device)
+    positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
+    row = torch.empty(E + 1, dtype=torch.int32, device=ctx.device)
+    ids = topk_ids.contiguous()
+    x = tokens.contiguous()
+    e_block = triton.next_power_of_2(E)
+    block_h = min(triton.next_power_of_2(H), 1024 if ctx.kernel_device_type == "cuda" else 64)
+    context = ctx.get_device_context()
+    outputs = (data, counts, source_rank, source_index, source_slot)
+    with ctx._call("ops.moe_dispatch", outputs), _announced_call(ctx, "moe_dispatch", (tokens, topk_ids,
+                                                                                       topk_weights), "direct") as sig:
+        announce_route_kernel[(1,)](context, ids, positions, row, calls, headers, table, table_flags, sig, T, E,
+                                    K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
+        push_kernel[(programs,)](context, x, ids, positions, calls, headers, table, table_flags, done_flags, data,
+                                 source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k,
+                                 E_BLOCK=e_block, BLOCK_H=block_h, RANK=rank, WORLD=world)
+        finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, source_rank,
+                                   source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
+                                   BLOCK=block_h, RANK=rank, WORLD=world)
+    return outputs
