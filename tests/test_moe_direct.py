@@ -14,7 +14,7 @@ CALLS = 3
 
 
 def _worker(rank: int) -> bytes:
-    from iris_triton.operations.moe_kernels import dispatch
+    from iris_triton.operations.moe_kernels import combine, dispatch
 
     report = RankReport(rank)
     ctx = iris.create(heap_size="64MiB")
@@ -26,10 +26,12 @@ def _worker(rank: int) -> bytes:
                 g = seeded_generator("direct", rank, world, topk, call)
                 ids = torch.stack([torch.randperm(experts, generator=g)[:topk] for _ in range(tokens)])
                 ids[0, -1] = -1
+                if topk > 1:
+                    ids[1, 1] = ids[1, 0]  # a repeat: sent once, both weights count
                 x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
                 w = torch.rand(tokens, topk, generator=g)
                 expected = ctx.ops.moe_dispatch(x, ids, w, experts)
-                data, counts, source_rank, source_index, _ = dispatch(ctx.ops, x, ids, w, experts)
+                (data, counts, source_rank, source_index, _), handle = dispatch(ctx.ops, x, ids, w, experts)
                 name = f"direct/{topk}-{per_rank}-{tokens}/{call}"
                 same = torch.equal(counts, expected.counts)
                 for e, n in enumerate(expected.counts.tolist()):
@@ -37,6 +39,12 @@ def _worker(rank: int) -> bytes:
                 same &= torch.equal(source_rank, expected.source_rank)
                 same &= torch.equal(source_index, expected.source_index)
                 report.check(name, bool(same) or f"counts {counts.tolist()} vs {expected.counts.tolist()}")
+                # Expert e's output: its tokens times e + 1.
+                scale = (torch.arange(per_rank) + rank * per_rank + 1.0).view(-1, 1, 1)
+                reference = ctx.ops.moe_combine((expected.tokens.float() * scale).to(x.dtype), expected)
+                got = combine((data.float() * scale).to(x.dtype), handle)
+                report.check(f"{name}/combine", torch.allclose(got.float(), reference.float(), rtol=1e-2, atol=1e-2)
+                             or f"largest difference {(got.float() - reference.float()).abs().max().item()}")
     ctx.destroy()
     return report.packed()
 
@@ -44,4 +52,4 @@ def _worker(rank: int) -> bytes:
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_direct_dispatch_matches_moe_dispatch(world):
     reports = reports_on_available_ranks(_worker, world, timeout=120)
-    assert_rank_checks(reports, "direct/", world * (len(CASES) * CALLS + 1))
+    assert_rank_checks(reports, "direct/", world * (2 * len(CASES) * CALLS + 1))

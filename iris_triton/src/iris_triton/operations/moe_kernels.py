@@ -37,17 +37,18 @@ SITE: tl.constexpr = tl.constexpr(site_code("moe_dispatch"))
 
 
 @triton.jit
-def announce_route_kernel(context, ids, positions, row, calls, headers, table, table_flags, signature, T, E,
-                          K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, RANK: tl.constexpr,
+def announce_route_kernel(context, ids, positions, row, calls, call_out, headers, table, table_flags, signature, T,
+                          E, K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, RANK: tl.constexpr,
                           WORLD: tl.constexpr):
     """Step 1 (one program): ``row`` (int32 ``[E + 1]``, local) := the counts and out-of-range
     flag of this rank's pairs, ``positions`` their positions; ``row`` into every rank's
     ``table[RANK]`` (``table``: int32 ``[WORLD, E + 1]`` of the call's slot), the call announced
-    in ``headers`` (its parity's row), and ``table_flags[RANK]`` := call + 1 on every rank. A
-    failed context sends nothing."""
+    in ``headers`` (its parity's row), and ``table_flags[RANK]`` := call + 1 on every rank;
+    ``call_out`` := the call's number. A failed context sends nothing."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call = tl.load(calls)
     tl.store(calls, call + 1)
+    tl.store(call_out, call)  # the call's number, for its combine
     route_kernel(ids, positions, row, T, E, K, E_BLOCK, BLOCK_T)
     tl.debug_barrier()  # the row as every thread of the program wrote it
     if not failed(dctx):
@@ -145,16 +146,16 @@ def finish_kernel(context, calls, table, done_flags, programs, counts, data, sou
                 ok = wait_or_record(dctx, done_flags + q * programs + p, call + 1, q, SITE)
     ok = ok & _table_verdict(dctx, table, capacity, E, L, E_BLOCK, WORLD, False)
     slots = tl.arange(0, BLOCK)
-    for l in range(0, L):
+    for expert in range(0, L):
         received = 0
         for source in tl.static_range(WORLD):
-            received += tl.load(table + source * (E + 1) + RANK * L + l)
+            received += tl.load(table + source * (E + 1) + RANK * L + expert)
         if tl.program_id(0) == 0:
-            tl.store(counts + l, tl.where(ok, received, -1))
+            tl.store(counts + expert, tl.where(ok, received, -1))
         for start in range(tl.program_id(0) * BLOCK, capacity, tl.num_programs(0) * BLOCK):
             i = start + slots
             empty = (i < capacity) & ((i >= received) | (not ok))
-            where = l * capacity + i
+            where = expert * capacity + i
             tl.store(source_rank + where, -1, mask=empty)
             tl.store(source_index + where, -1, mask=empty)
             tl.store(source_slot + where, -1, mask=empty)
@@ -197,9 +198,8 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     (T, H), k = tokens.shape, topk_ids.shape[1]
     E, L = num_experts, num_experts // world
     capacity = world * T if capacity is None else capacity
-    control = ctx.workspaces.get("moe_control", 4 * (1 + 4 * world + world * programs), fill=0).view(torch.int32)
-    calls, headers = control[0:1], control[1:1 + 3 * world]
-    table_flags, done_flags = control[1 + 3 * world:1 + 4 * world], control[1 + 4 * world:]
+    control = _control(ctx)
+    calls, headers, table_flags, done_flags = (control[name] for name in ("calls", "headers", "table", "done"))
     sizes = _slot_sizes(world, E, L, capacity, H, tokens.element_size())
     slot_bytes = sum(-(-size // _ALIGNMENT) * _ALIGNMENT for size in sizes.values())
     space = ctx.workspaces.get("moe_slots", 2 * slot_bytes, fill=0)
@@ -211,6 +211,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                                               for name in ("source_rank", "source_index", "source_slot"))
     data = slot["data"].view(tokens.dtype).view(L, capacity, H)
     counts = torch.empty(L, dtype=torch.int32, device=ctx.device)
+    call = torch.empty(1, dtype=torch.int32, device=ctx.device)
     positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
     row = torch.empty(E + 1, dtype=torch.int32, device=ctx.device)
     ids = topk_ids.contiguous()
@@ -221,12 +222,120 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     outputs = (data, counts, source_rank, source_index, source_slot)
     with ctx._call("ops.moe_dispatch", outputs), _announced_call(ctx, "moe_dispatch", (tokens, topk_ids,
                                                                                        topk_weights), "direct") as sig:
-        announce_route_kernel[(1,)](context, ids, positions, row, calls, headers, table, table_flags, sig, T, E,
-                                    K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
+        announce_route_kernel[(1,)](context, ids, positions, row, calls, call, headers, table, table_flags, sig, T,
+                                    E, K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
         push_kernel[(programs,)](context, x, ids, positions, calls, headers, table, table_flags, done_flags, data,
                                  source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k,
                                  E_BLOCK=e_block, BLOCK_H=block_h, RANK=rank, WORLD=world)
         finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
                                    BLOCK=block_h, RANK=rank, WORLD=world)
-    return outputs
+    handle = {"ops": ops, "ids": ids, "positions": positions, "weights": topk_weights.contiguous(), "call": call,
+              "parity": parity, "counts": counts, "sources": (source_rank, source_index, source_slot),
+              "capacity": capacity}
+    return outputs, handle
+
+
+def _control(ctx) -> dict:
+    """The MoE protocol's int32 words on the heap: the dispatch count, the headers (two rows by call
+    parity, then the announcements), the routing tables' flags, the pushing programs' flags, and
+    the returning programs' flags by the dispatch's parity."""
+    import torch
+
+    world, programs = ctx.world_size, ctx.programs
+    sizes = {"calls": 1, "headers": 3 * world, "table": world, "done": world * programs,
+             "back": 2 * world * programs}
+    words = ctx.workspaces.get("moe_control", 4 * sum(sizes.values()), fill=0).view(torch.int32)
+    out, start = {}, 0
+    for name, size in sizes.items():
+        out[name] = words[start:start + size]
+        start += size
+    return out
+
+
+def combine(expert_out, handle):
+    """``ctx.ops.moe_combine`` by :func:`return_kernel` and :func:`reduce_kernel`: ``[T, hidden]``
+    in ``expert_out``'s dtype."""
+    import torch
+
+    ops = handle["ops"]
+    ctx = ops._context
+    world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
+    (T, k), (L, capacity, H) = handle["ids"].shape, expert_out.shape
+    element = expert_out.element_size()
+    slot_bytes = -(-T * k * H * element // _ALIGNMENT) * _ALIGNMENT
+    space = ctx.workspaces.get("moe_back", 2 * slot_bytes)
+    parity = handle["parity"]
+    back = space[parity * slot_bytes:parity * slot_bytes + T * k * H * element].view(expert_out.dtype)
+    back_flags = _control(ctx)["back"][parity * world * programs:(parity + 1) * world * programs]
+    out = torch.empty(T, H, dtype=expert_out.dtype, device=ctx.device)
+    block_h = min(triton.next_power_of_2(H), 1024 if ctx.kernel_device_type == "cuda" else 64)
+    context = ctx.get_device_context()
+    source_rank, source_index, source_slot = handle["sources"]
+    x = expert_out.contiguous()
+    with ctx._call("ops.moe_combine", (out,)):
+        return_kernel[(programs,)](context, x, handle["counts"], source_rank, source_index, source_slot,
+                                   handle["call"], back, back_flags, H, L, capacity, K=k, BLOCK_H=block_h, RANK=rank,
+                                   WORLD=world)
+        reduce_kernel[(programs,)](context, out, back, back_flags, programs, handle["ids"], handle["positions"],
+                                   handle["weights"], handle["call"], T, H, K=k, BLOCK_H=block_h, RANK=rank,
+                                   WORLD=world)
+    return out
+
+
+# -- combine -----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def return_kernel(context, expert_out, counts, source_rank, source_index, source_slot, call_in, back, back_flags,
+                  H, L, capacity, K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Combine's first step: every received row's expert output (``expert_out[l, i]``, ``i <
+    counts[l]``) into row ``[t, j]`` of ``back`` (``[T, K, H]``, the dispatch's parity) on its
+    source rank (``source_*[l, i]``: rank, token ``t``, slot ``j``); then this program's flag
+    ``back_flags[RANK, p]`` := the dispatch's number + 1 on every rank."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
+    call = tl.load(call_in)
+    columns = tl.arange(0, BLOCK_H)
+    if not failed(dctx):
+        for expert in range(0, L):
+            for i in range(tl.program_id(0), tl.load(counts + expert), tl.num_programs(0)):
+                slot = expert * capacity + i
+                source = tl.load(source_rank + slot)
+                target = back + (tl.load(source_index + slot) * K + tl.load(source_slot + slot)) * H
+                for h in range(0, H, BLOCK_H):
+                    mask = h + columns < H
+                    dctx.store(target + h + columns, tl.load(expert_out + slot * H + h + columns, mask=mask), source,
+                               mask=mask)
+        for q in tl.static_range(WORLD):
+            dctx.signal(back_flags + RANK * tl.num_programs(0) + tl.program_id(0), call + 1, q)
+
+
+@triton.jit
+def reduce_kernel(context, out, back, back_flags, programs, ids, positions, weights, call_in, T, H,
+                  K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Combine's second step: once every rank's ``programs`` returning programs are done, ``out[t]``
+    := ``sum_j w[t, j] * back[t, j']`` in float32, ``j'`` the first slot of the token naming the
+    same expert as ``j`` (a repeat was sent once; its weight adds to the first's); a pair sent
+    nowhere adds nothing. On a failure ``out`` := all-ones bits."""
+    dctx = DeviceContext.initialize(context, RANK, WORLD)
+    call = tl.load(call_in)
+    ok = not failed(dctx)
+    for q in range(WORLD):
+        for p in range(0, programs):
+            if ok:
+                ok = wait_or_record(dctx, back_flags + q * programs + p, call + 1, q, SITE)
+    columns = tl.arange(0, BLOCK_H)
+    for t in range(tl.program_id(0), T, tl.num_programs(0)):
+        for h in range(0, H, BLOCK_H):
+            mask = h + columns < H
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for j in tl.static_range(K):
+                if tl.load(positions + t * K + j) >= 0:
+                    e = tl.load(ids + t * K + j)
+                    weight = tl.load(weights + t * K + j)
+                    for later in tl.static_range(j + 1, K):
+                        weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
+                    acc += weight * tl.load(back + (t * K + j) * H + h + columns, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out + t * H + h + columns, acc.to(out.dtype.element_ty), mask=mask)
+    if not ok:
+        poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)
