@@ -9,7 +9,8 @@ import torch
 import iris
 from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
 
-CASES = ((2, 2, 6, 8), (1, 1, 5, 4), (3, 3, 7, 8))  # (topk, experts per rank, tokens, hidden)
+#: (topk, experts per rank, tokens, hidden, fp8)
+CASES = ((2, 2, 6, 8, False), (1, 1, 5, 4, False), (3, 3, 7, 8, False), (2, 2, 6, 8, True))
 CALLS = 3
 
 
@@ -20,7 +21,7 @@ def _worker(rank: int) -> bytes:
     ctx = iris.create(heap_size="64MiB")
     world = ctx.world_size
     with report.section("direct"):
-        for topk, per_rank, tokens, hidden in CASES:
+        for topk, per_rank, tokens, hidden, fp8 in CASES:
             experts = per_rank * world
             for call in range(CALLS):
                 g = seeded_generator("direct", rank, world, topk, call)
@@ -30,19 +31,26 @@ def _worker(rank: int) -> bytes:
                     ids[1, 1] = ids[1, 0]  # a repeat: sent once, both weights count
                 x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
                 w = torch.rand(tokens, topk, generator=g)
-                expected = ctx.ops.moe_dispatch(x, ids, w, experts)
-                (data, counts, source_rank, source_index, _), handle = dispatch(ctx.ops, x, ids, w, experts)
-                name = f"direct/{topk}-{per_rank}-{tokens}/{call}"
+                expected = ctx.ops.moe_dispatch(x, ids, w, experts, fp8=fp8)
+                (data, scales, counts, source_rank, source_index, _), handle = dispatch(ctx.ops, x, ids, w, experts,
+                                                                                        fp8=fp8)
+                name = f"direct/{topk}-{per_rank}-{tokens}{'-fp8' if fp8 else ''}/{call}"
                 same = torch.equal(counts, expected.counts)
                 for e, n in enumerate(expected.counts.tolist()):
-                    same &= torch.equal(data[e, :n], expected.tokens[e, :n])
+                    same &= torch.equal(data[e, :n].view(torch.uint8), expected.tokens[e, :n].view(torch.uint8))
+                    if fp8:
+                        same &= torch.equal(scales[e, :n], expected.scales[e, :n])
                 same &= torch.equal(source_rank, expected.source_rank)
                 same &= torch.equal(source_index, expected.source_index)
                 report.check(name, bool(same) or f"counts {counts.tolist()} vs {expected.counts.tolist()}")
                 # Expert e's output: its tokens times e + 1.
                 scale = (torch.arange(per_rank) + rank * per_rank + 1.0).view(-1, 1, 1)
-                reference = ctx.ops.moe_combine((expected.tokens.float() * scale).to(x.dtype), expected)
-                got = combine((data.float() * scale).to(x.dtype), handle)
+                def dequantized(tokens, scales):
+                    return tokens.float() * (scales[..., None] if fp8 else 1.0)
+
+                reference = ctx.ops.moe_combine((dequantized(expected.tokens, expected.scales) * scale).to(x.dtype),
+                                                expected)
+                got = combine((dequantized(data, scales) * scale).to(x.dtype), handle)
                 report.check(f"{name}/combine", torch.allclose(got.float(), reference.float(), rtol=1e-2, atol=1e-2)
                              or f"largest difference {(got.float() - reference.float()).abs().max().item()}")
     ctx.destroy()

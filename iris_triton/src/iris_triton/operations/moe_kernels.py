@@ -87,13 +87,15 @@ def _table_verdict(dctx, table, capacity, E, L, E_BLOCK: tl.constexpr, WORLD: tl
 
 
 @triton.jit
-def push_kernel(context, tokens, ids, positions, calls, headers, table, table_flags, done_flags, data, source_rank,
-                source_index, source_slot, signature, T, H, E, L, capacity, K: tl.constexpr, E_BLOCK: tl.constexpr,
-                BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+def push_kernel(context, tokens, ids, positions, calls, headers, table, table_flags, done_flags, data, scales,
+                source_rank, source_index, source_slot, signature, T, H, E, L, capacity, K: tl.constexpr,
+                E_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, RANK: tl.constexpr,
+                WORLD: tl.constexpr):
     """Step 2: every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of
     ``data`` (``[L, capacity, H]``) on its expert's rank, its source into ``source_rank``,
     ``source_index``, ``source_slot`` there (``[L, capacity]`` int32); then this program's done
-    flag on every rank."""
+    flag on every rank. With ``FP8`` the row moves as float8_e4m3fn over its scale (its largest
+    magnitude / 448, into ``scales[l, offset]``; 1 for a row of zeros)."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call = tl.load(calls) - 1
     announced = header_value(call, signature)
@@ -107,6 +109,14 @@ def push_kernel(context, tokens, ids, positions, calls, headers, table, table_fl
     if ok:
         columns = tl.arange(0, BLOCK_H)
         for t in range(tl.program_id(0), T, tl.num_programs(0)):
+            scale = 1.0
+            if FP8:
+                amax = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for h in range(0, H, BLOCK_H):
+                    values = tl.load(tokens + t * H + h + columns, mask=h + columns < H, other=0.0)
+                    amax = tl.maximum(amax, tl.abs(values.to(tl.float32)))
+                largest = tl.max(amax, axis=0)
+                scale = tl.where(largest > 0, largest / 448.0, 1.0)
             for j in tl.static_range(K):
                 position = tl.load(positions + t * K + j)
                 if position >= 0:
@@ -120,7 +130,11 @@ def push_kernel(context, tokens, ids, positions, calls, headers, table, table_fl
                     for h in range(0, H, BLOCK_H):
                         mask = h + columns < H
                         values = tl.load(tokens + t * H + h + columns, mask=mask)
+                        if FP8:
+                            values = (values.to(tl.float32) / scale).to(data.dtype.element_ty)
                         dctx.store(data + slot * H + h + columns, values, owner, mask=mask)
+                    if FP8:
+                        dctx.store(scales + slot, scale, owner)
                     source = tl.full((), RANK, tl.int32)
                     dctx.store(source_rank + slot, source, owner)
                     dctx.store(source_index + slot, source * 0 + t, owner)
@@ -179,13 +193,14 @@ def _carve(space, sizes: dict) -> dict:
 def _slot_sizes(world: int, experts: int, local: int, capacity: int, hidden: int, element: int) -> dict:
     return {"table": 4 * world * (experts + 1), "source_rank": 4 * local * capacity,
             "source_index": 4 * local * capacity, "source_slot": 4 * local * capacity,
-            "data": element * local * capacity * hidden}
+            "scales": 4 * local * capacity, "data": element * local * capacity * hidden}
 
 
-def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int | None = None):
-    """``ctx.ops.moe_dispatch`` by the three kernels above (not fp8): ``(tokens, counts,
-    source_rank, source_index, source_slot)``, the first and the last three views of this call's
-    slot of the receive buffers (valid until the dispatch after next), ``counts`` new."""
+def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int | None = None, fp8: bool = False):
+    """``ctx.ops.moe_dispatch`` by the three kernels above: ``((tokens, scales, counts,
+    source_rank, source_index, source_slot), handle)``, all but ``counts`` views of this call's
+    slot of the receive buffers (valid until the dispatch after next); ``scales`` None without
+    ``fp8``."""
     import torch
 
     from iris_triton.operations.fused_ops import _announced_call
@@ -193,14 +208,14 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     from iris_triton.operations.moe_routing import ROUTE_BLOCK
 
     ctx = ops._context
-    _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, False)
+    _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
     world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
     (T, H), k = tokens.shape, topk_ids.shape[1]
     E, L = num_experts, num_experts // world
     capacity = world * T if capacity is None else capacity
     control = _control(ctx)
     calls, headers, table_flags, done_flags = (control[name] for name in ("calls", "headers", "table", "done"))
-    sizes = _slot_sizes(world, E, L, capacity, H, tokens.element_size())
+    sizes = _slot_sizes(world, E, L, capacity, H, 1 if fp8 else tokens.element_size())
     slot_bytes = sum(-(-size // _ALIGNMENT) * _ALIGNMENT for size in sizes.values())
     space = ctx.workspaces.get("moe_slots", 2 * slot_bytes, fill=0)
     parity = getattr(ops, "_moe_calls", 0) & 1
@@ -209,7 +224,8 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     table = slot["table"].view(torch.int32)
     source_rank, source_index, source_slot = (slot[name].view(torch.int32).view(L, capacity)
                                               for name in ("source_rank", "source_index", "source_slot"))
-    data = slot["data"].view(tokens.dtype).view(L, capacity, H)
+    data = slot["data"].view(torch.float8_e4m3fn if fp8 else tokens.dtype).view(L, capacity, H)
+    scales = slot["scales"].view(torch.float32).view(L, capacity)
     counts = torch.empty(L, dtype=torch.int32, device=ctx.device)
     call = torch.empty(1, dtype=torch.int32, device=ctx.device)
     positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
@@ -219,21 +235,21 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     e_block = triton.next_power_of_2(E)
     block_h = min(triton.next_power_of_2(H), 1024 if ctx.kernel_device_type == "cuda" else 64)
     context = ctx.get_device_context()
-    outputs = (data, counts, source_rank, source_index, source_slot)
+    outputs = (data, scales, counts, source_rank, source_index, source_slot)
     with ctx._call("ops.moe_dispatch", outputs), _announced_call(ctx, "moe_dispatch", (tokens, topk_ids,
                                                                                        topk_weights), "direct") as sig:
         announce_route_kernel[(1,)](context, ids, positions, row, calls, call, headers, table, table_flags, sig, T,
                                     E, K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
         push_kernel[(programs,)](context, x, ids, positions, calls, headers, table, table_flags, done_flags, data,
-                                 source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k,
-                                 E_BLOCK=e_block, BLOCK_H=block_h, RANK=rank, WORLD=world)
+                                 scales, source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k,
+                                 E_BLOCK=e_block, BLOCK_H=block_h, FP8=fp8, RANK=rank, WORLD=world)
         finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
                                    BLOCK=block_h, RANK=rank, WORLD=world)
     handle = {"ops": ops, "ids": ids, "positions": positions, "weights": topk_weights.contiguous(), "call": call,
               "parity": parity, "counts": counts, "sources": (source_rank, source_index, source_slot),
               "capacity": capacity}
-    return outputs, handle
+    return (data, scales if fp8 else None, counts, source_rank, source_index, source_slot), handle
 
 
 def _control(ctx) -> dict:
