@@ -61,3 +61,30 @@ def _worker(rank: int) -> bytes:
 def test_direct_dispatch_matches_moe_dispatch(world):
     reports = reports_on_available_ranks(_worker, world, timeout=120)
     assert_rank_checks(reports, "direct/", world * (2 * len(CASES) * CALLS + 1))
+
+
+def _faults_worker(rank: int) -> bytes:
+    from iris.errors import IrisTimeoutError
+    from iris_triton.operations.moe_kernels import dispatch
+
+    report = RankReport(rank)
+    world = 2
+    with report.section("faults"):
+        # Every token of every rank to expert 0, capacity 1: over capacity on rank 0, found alike everywhere.
+        ctx = iris.create(heap_size="64MiB", timeout=2)
+        ids = torch.zeros(3, 1, dtype=torch.int64)
+        x = torch.randn(3, 8).to(torch.bfloat16)
+        w = torch.ones(3, 1)
+        try:
+            dispatch(ctx.ops, x, ids, w, 2 * world, capacity=1)
+            report.check("faults/over_capacity", False)
+        except IrisTimeoutError as error:
+            report.check("faults/over_capacity", "world rank(s) [0]" in str(error) and "capacity" in str(error)
+                         or str(error))
+        ctx.destroy()
+    return report.packed()
+
+
+def test_direct_dispatch_fails_stop_over_capacity():
+    reports = reports_on_available_ranks(_faults_worker, 2, timeout=120)
+    assert_rank_checks(reports, "faults/", {"faults/over_capacity", "faults/completed"})
