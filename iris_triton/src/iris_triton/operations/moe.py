@@ -44,7 +44,6 @@ import torch
 import triton
 import triton.language as tl
 
-from iris.collectives import SAME_SIZE_INTEGER
 from iris.errors import IrisError
 from iris_triton.device.context import DeviceContext
 from iris_triton.protocol.waits import failed, failure_code, record_failure
@@ -70,19 +69,10 @@ class MoeHandle:
 
     ops: object
     """The ``ctx.ops`` object of the dispatch (combine runs on the same context)."""
-    num_tokens: int
-    topk: int
     num_experts: int
     capacity: int
-    pair_rows: torch.Tensor
-    """int64 [T, k]: the sent row of each (token, slot) pair; ``T * k`` for a pair sent nowhere."""
-    weights: torch.Tensor
-    """float32 [T, k]: ``topk_weights``, 0 where the pair is sent nowhere."""
-    row_slots: torch.Tensor
-    """int64 [rows any rank can receive]: the slot (``expert * capacity + position``) of each received row (rows
-    beyond the counts: any slot; they are not sent back)."""
-    received: torch.Tensor
-    """int64 [world_size]: the rows received from each rank."""
+    kernels: dict
+    """The dispatch's state on the device (:func:`iris_triton.operations.moe_kernels.dispatch`)."""
 
 
 @attrs.frozen(eq=False)
@@ -216,101 +206,16 @@ def _packed_rows(tokens: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, int]:
 
 def dispatch(ops, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
              capacity: int | None, fp8: bool) -> MoeDispatch:
-    """``ctx.ops.moe_dispatch`` (the module's steps 1-4)."""
+    """``ctx.ops.moe_dispatch`` (:mod:`iris_triton.operations.moe_kernels`)."""
+    from iris_triton.operations import moe_kernels
+
     ctx = ops._context
-    _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
-    device, world, rank = ctx.device, ctx.world_size, ctx.rank
-    (T, H), k = tokens.shape, topk_ids.shape[1]
-    E, L = num_experts, num_experts // world
-    capacity = world * T if capacity is None else capacity
-    pairs = T * k
-
-    # 1. The pairs by (expert, token); duplicates and ids out of range are sent nowhere.
-    ids = topk_ids.reshape(-1).long()
-    routed = (ids >= 0) & (ids < E)
-    out_of_range = ((ids < -1) | (ids >= E)).any()
-    token = torch.arange(pairs, device=device) // k
-    keys, order = torch.sort(torch.where(routed, ids * T + token, E * T), stable=True)
-    first = keys < E * T
-    first[1:] &= keys[1:] != keys[:-1]
-    position = torch.cumsum(first, 0) - 1  # a duplicate has its first's row
-    pair_rows = torch.empty(pairs, dtype=torch.int64, device=device).scatter_(
-        0, order, torch.where(keys < E * T, position, pairs)).view(T, k)
-    expert = (keys // T).clamp(max=E - 1)
-    counts = torch.zeros(E, dtype=torch.int64, device=device).scatter_add_(0, expert, first.long())
-    sources = torch.zeros(pairs + 1, dtype=torch.int64, device=device).scatter_(
-        0, torch.where(first, position, pairs), keys % T)[:pairs]
-    packed, data_bytes = _packed_rows(tokens, fp8)
-    words = packed.shape[1] // 4
-    send = packed.view(torch.int32).index_select(0, sources)
-
-    # 2. The routing table on every rank, and its verdict.
-    table = torch.empty(world, E + 1, dtype=torch.int32, device=device)
-    ctx._torch_ccl.all_gather(table, torch.cat([counts.int(), out_of_range.int().view(1)]))
-    per_expert = table[:, :E].long()
-    over = (per_expert.sum(0).view(world, L) > capacity).any(1)
-    verdict = torch.cat([table[:, E] != 0, over]).int()
-    go = ~verdict.bool().any()
-    from_rank = per_expert[:, rank * L:(rank + 1) * L] * go  # [source, local expert]
-
-    # 3. The rows, to their experts' ranks.
-    bound = min(world * T * min(k, L), L * capacity)
-    received = torch.empty(bound + 1, words, dtype=torch.int32, device=device)
-    received[bound].zero_()  # what an empty slot gathers
-    received_splits = torch.empty(world, dtype=torch.int64, device=device)
-    ctx._torch_ccl.all_to_all_vdev(received[:bound], send, counts.view(world, L).sum(1) * go, received_splits)
-
-    # 4. Regrouped by local expert: slot [e, i] takes received row rows[e, i].
-    upto = from_rank.cumsum(0)  # [source, expert]: rows of the expert from sources <= source
-    slots = torch.arange(capacity, device=device).expand(L, capacity).contiguous()
-    source = torch.searchsorted(upto.t().contiguous(), slots, right=True)
-    filled = source < world
-    source = source.clamp(max=world - 1)
-    flat = from_rank.reshape(-1)
-    segment_start = (flat.cumsum(0) - flat).view(world, L).t()  # [expert, source]: its first received row
-    before = (upto - from_rank).t()
-    rows = torch.gather(segment_start, 1, source) + slots - torch.gather(before, 1, source)
-    rows = torch.where(filled, rows, bound).view(-1)
-
-    slots_total = L * capacity
-    # The result's fields in one buffer (one poison covers them); the data has one slot more,
-    # where the received rows beyond the counts go.
-    field_bytes = (4 * L, 4 * slots_total, 4 * slots_total, 4 * slots_total if fp8 else 0,
-                   data_bytes * (slots_total + 1))
-    arena = torch.empty(triton.cdiv(sum(field_bytes), 4) * 4, dtype=torch.uint8, device=device)
-    fields, start = [], 0
-    for size in field_bytes:
-        fields.append(arena[start:start + size])
-        start += size
-    counts_out, source_rank, source_index, scales, data = fields
-    row_slots = torch.full((bound + 1,), slots_total, dtype=torch.int64, device=device).scatter_(
-        0, rows, torch.arange(slots_total, device=device))[:bound]
-    unit = next(size for size in (4, 2, 1) if data_bytes % size == 0)  # the data move in the widest words
-    as_units = received.view(torch.uint8).view(SAME_SIZE_INTEGER[unit])
-    data.view(SAME_SIZE_INTEGER[unit]).view(slots_total + 1, -1).index_copy_(
-        0, row_slots, as_units[:bound, HEADER_BYTES // unit:(HEADER_BYTES + data_bytes) // unit])
-    as_bytes = received.view(torch.uint8)
-    torch.index_select(as_bytes[:, 0:4], 0, rows, out=source_index.view(slots_total, 4))
-    source_index = source_index.view(torch.int32).view(L, capacity)
-    source_index.masked_fill_(~filled, -1)
-    source_rank = source_rank.view(torch.int32).view(L, capacity)
-    source_rank.copy_(torch.where(filled, source, -1))
-    counts_out = counts_out.view(torch.int32)
-    counts_out.copy_(from_rank.sum(0))
-    if fp8:
-        torch.index_select(as_bytes[:, 4:8], 0, rows, out=scales.view(slots_total, 4))
-        scales = scales.view(torch.float32).view(L, capacity)
-    else:
-        scales = None
-    _finish(ctx, arena, verdict)
-
-    weights = torch.where(pair_rows < pairs, topk_weights, 0.0)
-    handle = MoeHandle(ops=ops, num_tokens=T, topk=k, num_experts=E, capacity=capacity,
-                       pair_rows=pair_rows, weights=weights, row_slots=row_slots.clamp(max=slots_total - 1),
-                       received=received_splits)
-    dtype = torch.float8_e4m3fn if fp8 else tokens.dtype
-    return MoeDispatch(tokens=data.view(dtype)[:slots_total * H].view(L, capacity, H), scales=scales, counts=counts_out,
-                       source_rank=source_rank, source_index=source_index, handle=handle)
+    capacity = ctx.world_size * tokens.shape[0] if capacity is None else capacity
+    (data, scales, counts, source_rank, source_index, _), state = moe_kernels.dispatch(
+        ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
+    handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, kernels=state)
+    return MoeDispatch(tokens=data, scales=scales, counts=counts, source_rank=source_rank, source_index=source_index,
+                       handle=handle)
 
 
 # -- combine -----------------------------------------------------------------------------------------
@@ -333,16 +238,7 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
     if expert_out.shape[:2] != (L, handle.capacity):
         raise IrisError(f"moe_combine: expert_out has shape {tuple(expert_out.shape)}; it needs [local experts, "
                         f"capacity, hidden] = [{L}, {handle.capacity}, hidden], as the dispatch's tokens")
-    T, k, H = handle.num_tokens, handle.topk, expert_out.shape[2]
-    pairs = T * k
-    back = expert_out.reshape(L * handle.capacity, H).index_select(0, handle.row_slots)
-    returned = torch.empty(pairs + 1, H, dtype=expert_out.dtype, device=ctx.device)
-    returned[pairs].zero_()  # what a pair sent nowhere reads
-    splits = torch.empty(ctx.world_size, dtype=torch.int64, device=ctx.device)
-    ctx._torch_ccl.all_to_all_vdev(returned[:pairs], back, handle.received, splits)
-    total = torch.zeros(T, H, dtype=torch.float32, device=ctx.device)
-    for j in range(k):
-        total.addcmul_(returned.index_select(0, handle.pair_rows[:, j]).float(), handle.weights[:, j:j + 1])
-    out = total.to(expert_out.dtype)
-    _finish(ctx, out, None)
+    from iris_triton.operations import moe_kernels
+
+    out = moe_kernels.combine(expert_out, handle.kernels)
     return out

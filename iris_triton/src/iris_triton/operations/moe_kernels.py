@@ -25,6 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from iris.errors import IrisError
+from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 from iris_triton.operations.moe_routing import route_kernel
 from iris_triton.protocol.calls import announce, header_value
@@ -34,6 +36,19 @@ from iris_triton.protocol.waits import failed, poison_blocks, record_failure, si
 __all__ = ["announce_route_kernel", "finish_kernel", "push_kernel"]
 
 SITE: tl.constexpr = tl.constexpr(site_code("moe_dispatch"))
+INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
+
+
+@triton.jit
+def _rounded(acc, dtype: tl.constexpr):
+    """``acc`` (float32) as ``dtype``, rounded to nearest even as a GPU's conversion and torch's
+    are: Triton's interpreter truncates float32 to bfloat16, so there the rounding is done on the
+    bits first."""
+    if INTERPRETED and dtype == tl.bfloat16:
+        bits = acc.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        acc = bits.to(tl.float32, bitcast=True)
+    return acc.to(dtype)
 
 
 @triton.jit
@@ -145,11 +160,12 @@ def push_kernel(context, tokens, ids, positions, calls, headers, table, table_fl
 
 
 @triton.jit
-def finish_kernel(context, calls, table, done_flags, programs, counts, data, source_rank, source_index, source_slot,
-                  data_numel, E, L, capacity, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr, RANK: tl.constexpr,
-                  WORLD: tl.constexpr):
+def finish_kernel(context, calls, table, done_flags, programs, counts, data, scales, source_rank, source_index,
+                  source_slot, data_numel, E, L, capacity, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                  RANK: tl.constexpr, WORLD: tl.constexpr):
     """Step 3: once every rank's ``programs`` pushing programs are done, ``counts`` (int32
-    ``[L]``) := this rank's experts' rows, the sources of the slots past them := -1; on any
+    ``[L]``) := this rank's experts' rows, the sources of the slots past them := -1 (their
+    ``scales`` 0); on any
     failure (a wait, or the table's verdict) every output := all-ones bits."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call = tl.load(calls) - 1
@@ -173,6 +189,7 @@ def finish_kernel(context, calls, table, done_flags, programs, counts, data, sou
             tl.store(source_rank + where, -1, mask=empty)
             tl.store(source_index + where, -1, mask=empty)
             tl.store(source_slot + where, -1, mask=empty)
+            tl.store(scales + where, 0.0, mask=empty)
     if not ok:
         poison_blocks(dctx, data, data_numel, data_numel, tl.program_id(0), tl.num_programs(0), BLOCK)
 
@@ -218,8 +235,9 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     sizes = _slot_sizes(world, E, L, capacity, H, 1 if fp8 else tokens.element_size())
     slot_bytes = sum(-(-size // _ALIGNMENT) * _ALIGNMENT for size in sizes.values())
     space = ctx.workspaces.get("moe_slots", 2 * slot_bytes, fill=0)
-    parity = getattr(ops, "_moe_calls", 0) & 1
-    ops._moe_calls = getattr(ops, "_moe_calls", 0) + 1
+    sequence = getattr(ops, "_moe_calls", 0)
+    parity = sequence & 1
+    ops._moe_calls = sequence + 1
     slot = _carve(space[parity * slot_bytes:(parity + 1) * slot_bytes], sizes)
     table = slot["table"].view(torch.int32)
     source_rank, source_index, source_slot = (slot[name].view(torch.int32).view(L, capacity)
@@ -243,10 +261,11 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         push_kernel[(programs,)](context, x, ids, positions, calls, headers, table, table_flags, done_flags, data,
                                  scales, source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k,
                                  E_BLOCK=e_block, BLOCK_H=block_h, FP8=fp8, RANK=rank, WORLD=world)
-        finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, source_rank,
+        finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, scales, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
                                    BLOCK=block_h, RANK=rank, WORLD=world)
-    handle = {"ops": ops, "ids": ids, "positions": positions, "weights": topk_weights.contiguous(), "call": call,
+    handle = {"ops": ops, "sequence": sequence, "ids": ids, "positions": positions,
+              "weights": topk_weights.contiguous(), "call": call,
               "parity": parity, "counts": counts, "sources": (source_rank, source_index, source_slot),
               "capacity": capacity}
     return (data, scales if fp8 else None, counts, source_rank, source_index, source_slot), handle
@@ -276,6 +295,11 @@ def combine(expert_out, handle):
 
     ops = handle["ops"]
     ctx = ops._context
+    if ops._moe_calls - handle["sequence"] > 2:
+        raise IrisError(f"moe_combine: its dispatch's receive buffers were reused by the dispatch two calls after it "
+                        f"(dispatch {handle['sequence']}, {ops._moe_calls - handle['sequence'] - 1} dispatches since); "
+                        f"a dispatch's results are views of buffers that alternate between calls: combine it before "
+                        f"the dispatch after next, or clone what must live longer")
     world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
     (T, k), (L, capacity, H) = handle["ids"].shape, expert_out.shape
     element = expert_out.element_size()
@@ -317,9 +341,11 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
             for i in range(tl.program_id(0), tl.load(counts + expert), tl.num_programs(0)):
                 slot = expert * capacity + i
                 source = tl.load(source_rank + slot)
+                sent = (source >= 0) & (source < WORLD)  # never a write to (or a base of) a rank that is none
+                source = tl.where(sent, source, RANK)
                 target = back + (tl.load(source_index + slot) * K + tl.load(source_slot + slot)) * H
                 for h in range(0, H, BLOCK_H):
-                    mask = h + columns < H
+                    mask = (h + columns < H) & sent
                     dctx.store(target + h + columns, tl.load(expert_out + slot * H + h + columns, mask=mask), source,
                                mask=mask)
         for q in tl.static_range(WORLD):
@@ -352,6 +378,6 @@ def reduce_kernel(context, out, back, back_flags, programs, ids, positions, weig
                     for later in tl.static_range(j + 1, K):
                         weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
                     acc += weight * tl.load(back + (t * K + j) * H + h + columns, mask=mask, other=0.0).to(tl.float32)
-            tl.store(out + t * H + h + columns, acc.to(out.dtype.element_ty), mask=mask)
+            tl.store(out + t * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
     if not ok:
         poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)
