@@ -102,15 +102,17 @@ def _table_verdict(dctx, table, capacity, E, L, E_BLOCK: tl.constexpr, WORLD: tl
 
 
 @triton.jit
-def push_kernel(context, tokens, ids, positions, calls, headers, table, table_flags, done_flags, data, scales,
-                source_rank, source_index, source_slot, signature, T, H, E, L, capacity, K: tl.constexpr,
-                E_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, RANK: tl.constexpr,
-                WORLD: tl.constexpr):
+def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, table, table_flags, done_flags, data,
+                scales, source_rank, source_index, source_slot, signature, T, H, E, L, capacity, K: tl.constexpr,
+                E_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, QUANTIZED: tl.constexpr,
+                RANK: tl.constexpr, WORLD: tl.constexpr):
     """Step 2: every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of
     ``data`` (``[L, capacity, H]``) on its expert's rank, its source into ``source_rank``,
     ``source_index``, ``source_slot`` there (``[L, capacity]`` int32); then this program's done
     flag on every rank. With ``FP8`` the row moves as float8_e4m3fn over its scale (its largest
-    magnitude / 448, into ``scales[l, offset]``; 1 for a row of zeros)."""
+    magnitude / 448, into ``scales[l, offset]``; 1 for a row of zeros); with ``QUANTIZED`` too,
+    ``tokens`` are already float8 over ``token_scales`` (``[T]``): Triton's interpreter converts
+    float32 to float8 wrongly next to powers of two, so on CPU ranks torch quantizes first."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call = tl.load(calls) - 1
     announced = header_value(call, signature)
@@ -125,7 +127,9 @@ def push_kernel(context, tokens, ids, positions, calls, headers, table, table_fl
         columns = tl.arange(0, BLOCK_H)
         for t in range(tl.program_id(0), T, tl.num_programs(0)):
             scale = 1.0
-            if FP8:
+            if QUANTIZED:
+                scale = tl.load(token_scales + t)
+            elif FP8:
                 amax = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for h in range(0, H, BLOCK_H):
                     values = tl.load(tokens + t * H + h + columns, mask=h + columns < H, other=0.0)
@@ -145,7 +149,7 @@ def push_kernel(context, tokens, ids, positions, calls, headers, table, table_fl
                     for h in range(0, H, BLOCK_H):
                         mask = h + columns < H
                         values = tl.load(tokens + t * H + h + columns, mask=mask)
-                        if FP8:
+                        if FP8 and not QUANTIZED:
                             values = (values.to(tl.float32) / scale).to(data.dtype.element_ty)
                         dctx.store(data + slot * H + h + columns, values, owner, mask=mask)
                     if FP8:
@@ -249,7 +253,12 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
     row = torch.empty(E + 1, dtype=torch.int32, device=ctx.device)
     ids = topk_ids.contiguous()
-    x = tokens.contiguous()
+    x, token_scales = tokens.contiguous(), None
+    quantized = fp8 and ctx.kernel_device_type == "cpu"  # the interpreter's float8 conversion is wrong
+    if quantized:
+        amax = x.float().abs().amax(dim=1)
+        token_scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
     e_block = triton.next_power_of_2(E)
     block_h = min(triton.next_power_of_2(H), 1024 if ctx.kernel_device_type == "cuda" else 64)
     context = ctx.get_device_context()
@@ -258,9 +267,10 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                                                                                        topk_weights), "direct") as sig:
         announce_route_kernel[(1,)](context, ids, positions, row, calls, call, headers, table, table_flags, sig, T,
                                     E, K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
-        push_kernel[(programs,)](context, x, ids, positions, calls, headers, table, table_flags, done_flags, data,
-                                 scales, source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k,
-                                 E_BLOCK=e_block, BLOCK_H=block_h, FP8=fp8, RANK=rank, WORLD=world)
+        push_kernel[(programs,)](context, x, token_scales if quantized else scales, ids, positions, calls, headers,
+                                 table, table_flags, done_flags, data, scales, source_rank, source_index,
+                                 source_slot, sig, T, H, E, L, capacity, K=k, E_BLOCK=e_block, BLOCK_H=block_h, FP8=fp8, QUANTIZED=quantized, RANK=rank,
+                                 WORLD=world)
         finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, scales, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
                                    BLOCK=block_h, RANK=rank, WORLD=world)
@@ -377,7 +387,8 @@ def reduce_kernel(context, out, back, back_flags, programs, ids, positions, weig
                     weight = tl.load(weights + t * K + j)
                     for later in tl.static_range(j + 1, K):
                         weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
-                    acc += weight * tl.load(back + (t * K + j) * H + h + columns, mask=mask, other=0.0).to(tl.float32)
+                    row = tl.load(back + (t * K + j) * H + h + columns, mask=mask, other=0.0).to(tl.float32)
+                    acc = tl.fma(row, weight, acc)  # one rounding per slot, as torch's addcmul
             tl.store(out + t * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
     if not ok:
         poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)
