@@ -269,8 +269,8 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                                     E, K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
         push_kernel[(programs,)](context, x, token_scales if quantized else scales, ids, positions, calls, headers,
                                  table, table_flags, done_flags, data, scales, source_rank, source_index,
-                                 source_slot, sig, T, H, E, L, capacity, K=k, E_BLOCK=e_block, BLOCK_H=block_h, FP8=fp8, QUANTIZED=quantized, RANK=rank,
-                                 WORLD=world)
+                                 source_slot, sig, T, H, E, L, capacity, K=k, E_BLOCK=e_block, BLOCK_H=block_h,
+                                 FP8=fp8, QUANTIZED=quantized, RANK=rank, WORLD=world)
         finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, scales, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
                                    BLOCK=block_h, RANK=rank, WORLD=world)
