@@ -40,6 +40,17 @@ INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
 
 
 @triton.jit
+def _fma(a, b, c):
+    """``a * b + c`` in float32 with one rounding, as a GPU's fma and torch's addcmul: the
+    interpreter's ``tl.fma`` rounds twice, so there it is computed in float64 and rounded once."""
+    if INTERPRETED:
+        result = (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    else:
+        result = tl.fma(a, b, c)
+    return result
+
+
+@triton.jit
 def _rounded(acc, dtype: tl.constexpr):
     """``acc`` (float32) as ``dtype``, rounded to nearest even as a GPU's conversion and torch's
     are: Triton's interpreter truncates float32 to bfloat16, so there the rounding is done on the
@@ -388,7 +399,7 @@ def reduce_kernel(context, out, back, back_flags, programs, ids, positions, weig
                     for later in tl.static_range(j + 1, K):
                         weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
                     row = tl.load(back + (t * K + j) * H + h + columns, mask=mask, other=0.0).to(tl.float32)
-                    acc = tl.fma(row, weight, acc)  # one rounding per slot, as torch's addcmul
+                    acc = _fma(row, weight, acc)
             tl.store(out + t * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
     if not ok:
         poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)
