@@ -28,6 +28,7 @@ import triton.language as tl
 from iris.errors import IrisError
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
+from iris_triton.operations.moe import FP8_MAX
 from iris_triton.operations.moe_routing import route_kernel
 from iris_triton.protocol.calls import announce, header_value
 from iris_triton.protocol.waits import failed, poison_blocks, record_failure, site_code, wait_for_peer_call, \
@@ -37,6 +38,7 @@ __all__ = ["announce_route_kernel", "finish_kernel", "push_kernel"]
 
 SITE: tl.constexpr = tl.constexpr(site_code("moe_dispatch"))
 INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
+FP8_LARGEST: tl.constexpr = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
@@ -146,7 +148,7 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
                     values = tl.load(tokens + t * H + h + columns, mask=h + columns < H, other=0.0)
                     amax = tl.maximum(amax, tl.abs(values.to(tl.float32)))
                 largest = tl.max(amax, axis=0)
-                scale = tl.where(largest > 0, largest / 448.0, 1.0)
+                scale = tl.where(largest > 0, largest / FP8_LARGEST, 1.0)
             for j in tl.static_range(K):
                 position = tl.load(positions + t * K + j)
                 if position >= 0:
@@ -268,7 +270,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     quantized = fp8 and ctx.kernel_device_type == "cpu"  # the interpreter's float8 conversion is wrong
     if quantized:
         amax = x.float().abs().amax(dim=1)
-        token_scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        token_scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
     e_block = triton.next_power_of_2(E)
     block_h = min(triton.next_power_of_2(H), 1024 if ctx.kernel_device_type == "cuda" else 64)
