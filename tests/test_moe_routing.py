@@ -6,10 +6,26 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from iris_triton.operations.moe_routing import ROUTE_BLOCK, route
+from iris_triton.operations.moe_routing import ROUTE_BLOCK, route_pairs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@triton.jit
+def _route_kernel(ids, positions, row, T, E, K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr):
+    route_pairs(ids, positions, row, T, E, K, E_BLOCK, BLOCK_T)
+
+
+def route(topk_ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    T, k = topk_ids.shape
+    positions = torch.empty(T, k, dtype=torch.int32, device=topk_ids.device)
+    row = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
+    _route_kernel[(1,)](topk_ids, positions, row, T, experts, K=k, E_BLOCK=triton.next_power_of_2(experts),
+                        BLOCK_T=ROUTE_BLOCK)
+    return positions, row
 
 
 def _reference(ids: torch.Tensor, experts: int) -> tuple[list[list[int]], list[int]]:

@@ -2,7 +2,7 @@
 buffers of the ranks that own its experts, in the expert-major layout, in three launches.
 
 1. :func:`announce_route_kernel` (one program): the routing of this rank's pairs
-   (:func:`iris_triton.operations.moe_routing.route_kernel`'s positions and row of counts), the
+   (:func:`iris_triton.operations.moe_routing.route_pairs`' positions and row of counts), the
    row published into every peer's routing table (``table[RANK]`` of the call's slot), the call
    announced in every peer's header ``RANK``, and the table's flag set on every peer.
 2. :func:`push_kernel` (``P`` programs): once every peer's row landed (bounded waits that check
@@ -29,7 +29,7 @@ from iris.errors import IrisError
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 from iris_triton.operations.moe import FP8_MAX
-from iris_triton.operations.moe_routing import route_kernel
+from iris_triton.operations.moe_routing import route_pairs
 from iris_triton.protocol.calls import announce, header_value
 from iris_triton.protocol.waits import failed, poison_blocks, record_failure, site_code, wait_for_peer_call, \
     wait_or_record
@@ -77,7 +77,7 @@ def announce_route_kernel(context, ids, positions, row, calls, call_out, headers
     call = tl.load(calls)
     tl.store(calls, call + 1)
     tl.store(call_out, call)  # the call's number, for its combine
-    route_kernel(ids, positions, row, T, E, K, E_BLOCK, BLOCK_T)
+    route_pairs(ids, positions, row, T, E, K, E_BLOCK, BLOCK_T)
     tl.debug_barrier()  # the row as every thread of the program wrote it
     if not failed(dctx):
         lanes = tl.arange(0, E_BLOCK * 2)

@@ -13,18 +13,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["ROUTE_BLOCK", "route", "route_kernel"]
+__all__ = ["ROUTE_BLOCK", "route_pairs"]
 
-#: Tokens a step of :func:`route_kernel` takes.
+#: Tokens a step of :func:`route_pairs` takes.
 ROUTE_BLOCK = 32
 
 
 @triton.jit
-def route_kernel(ids, positions, row, T, E, K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr):
+def route_pairs(ids, positions, row, T, E, K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr):
     """``positions[t, j]`` (int32) := the position of pair ``(t, j)`` of ``ids`` (``[T, K]``,
     int32 or int64) among this rank's rows of its expert, or -1 when it sends nothing;
     ``row[e]`` (int32, ``e < E``) := the rows of expert ``e``; ``row[E]`` := 1 if some id is
-    outside ``[-1, E)``, else 0. ``E_BLOCK`` is a power of two of at least ``E``; one program."""
+    outside ``[-1, E)``, else 0. ``E_BLOCK`` is a power of two of at least ``E``; run by one
+    program (the first kernel of a dispatch, :mod:`iris_triton.operations.moe_kernels`)."""
     experts = tl.arange(0, E_BLOCK)
     running = tl.zeros([E_BLOCK], dtype=tl.int32)
     outside = tl.zeros([BLOCK_T], dtype=tl.int32)
@@ -48,14 +49,3 @@ def route_kernel(ids, positions, row, T, E, K: tl.constexpr, E_BLOCK: tl.constex
     tl.store(row + experts, running, mask=experts < E)
     tl.store(row + E, tl.max(outside, axis=0))
 
-
-def route(topk_ids, num_experts: int):
-    """``(positions [T, k] int32, row [E + 1] int32)`` of :func:`route_kernel` for ``topk_ids``."""
-    import torch
-
-    T, k = topk_ids.shape
-    positions = torch.empty(T, k, dtype=torch.int32, device=topk_ids.device)
-    row = torch.empty(num_experts + 1, dtype=torch.int32, device=topk_ids.device)
-    route_kernel[(1,)](topk_ids.contiguous(), positions, row, T, num_experts, K=k,
-                       E_BLOCK=triton.next_power_of_2(num_experts), BLOCK_T=ROUTE_BLOCK)
-    return positions, row
