@@ -17,7 +17,7 @@ rate measured in the same run (``copy_`` of a large buffer, read + write), with 
 multiple of it: at world 1 nothing crosses a link, and that bound is the floor.
 
 Launch it on one GPU (world size 1: nothing crosses a link, the figures are the costs of the
-sort, the regrouping and the kernels), under ``torchrun --nproc-per-node 2`` (2 GPUs), or with
+kernels against the HBM bound), under ``torchrun --nproc-per-node 2`` (2 GPUs), or with
 ``--cpu`` on 2 CPU ranks (Triton's interpreter, tiny defaults: the checks and the JSON, not a
 measure of speed). Results go to ``benchmarks/runs/moe-<date>.json`` (or ``--out``).
 
