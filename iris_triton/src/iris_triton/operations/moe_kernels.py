@@ -364,13 +364,12 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
             for i in range(tl.program_id(0), tl.load(counts + expert), tl.num_programs(0)):
                 slot = expert * capacity + i
                 source = tl.load(source_rank + slot)
-                sent = (source >= 0) & (source < WORLD)  # never a write to (or a base of) a rank that is none
-                source = tl.where(sent, source, RANK)
-                target = back + (tl.load(source_index + slot) * K + tl.load(source_slot + slot)) * H
-                for h in range(0, H, BLOCK_H):
-                    mask = (h + columns < H) & sent
-                    dctx.store(target + h + columns, tl.load(expert_out + slot * H + h + columns, mask=mask), source,
-                               mask=mask)
+                if (source >= 0) & (source < WORLD):  # never a write to (or a base of) a rank that is none
+                    target = back + (tl.load(source_index + slot) * K + tl.load(source_slot + slot)) * H
+                    for h in range(0, H, BLOCK_H):
+                        mask = h + columns < H
+                        dctx.store(target + h + columns, tl.load(expert_out + slot * H + h + columns, mask=mask),
+                                   source, mask=mask)
         for q in tl.static_range(WORLD):
             dctx.signal(back_flags + RANK * tl.num_programs(0) + tl.program_id(0), call + 1, q)
 
