@@ -222,6 +222,13 @@ def _check_host_errors(ctx, report: RankReport) -> None:
     report.check("host_errors/expert_out_shape", _raises(
         lambda: ctx.ops.moe_combine(torch.zeros(1, 2, HIDDEN, dtype=torch.bfloat16), result), "expert_out has shape"))
     ctx.ops.moe_combine(result.tokens, result)  # every rank combines the dispatch it made
+    # Two dispatches later its receive buffers hold another call's rows: its combine is refused.
+    later = [dispatch(x, ids, w, world) for _ in range(2)]
+    report.check("host_errors/reused_buffers", _raises(
+        lambda: ctx.ops.moe_combine(result.tokens, result), "receive buffers were reused by the dispatch two calls "
+        "after it", "(dispatch ", "combine it before the dispatch after next"))
+    for made in later:
+        ctx.ops.moe_combine(made.tokens, made)
     report.check("host_errors/context_still_usable", not ctx.failed)
 
 
@@ -293,7 +300,7 @@ def test_combine_is_the_weighted_sum_of_the_expert_outputs(reports):
 
 def test_bad_arguments_are_refused_on_the_host(reports):
     refused = ("tokens_dims", "tokens_dtype", "ids_dtype", "ids_rows", "weights_shape", "weights_dtype",
-               "experts_not_divisible", "capacity", "no_tokens", "handle", "expert_out_shape")
+               "experts_not_divisible", "capacity", "no_tokens", "handle", "expert_out_shape", "reused_buffers")
     assert_rank_checks(reports, "host_errors/", {f"host_errors/{name}" for name in refused} | {
         "host_errors/context_still_usable", "host_errors/completed"})
 

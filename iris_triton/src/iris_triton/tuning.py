@@ -33,6 +33,7 @@ __all__ = [
     "LOW_LATENCY_SHAPES",
     "PUSH_BLOCK_K",
     "PUSH_PROGRAMS",
+    "MOE_ROW_BLOCKS",
     "RMSNORM_SHAPES",
     "SENTINEL_SHAPES",
     "collective_shape",
@@ -93,6 +94,10 @@ ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO = dict(ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
 #: A starting point, not a measurement: a chunk of 8192 holds a whole row of the common hidden sizes.
 #: The CPU chunk is small so that tests reach rows of several chunks.
 RMSNORM_SHAPES = {"cuda": dict(MAX_BLOCK=8192, MAX_WARPS=16, ELEMENTS_PER_WARP=256), "cpu": dict(MAX_BLOCK=64)}
+
+#: The most elements of a token's row the MoE kernels move per step (:mod:`iris_triton.operations.moe_kernels`):
+#: a starting point, not a measurement. The CPU block is small so that tests reach rows of several steps.
+MOE_ROW_BLOCKS = {"cuda": 1024, "cpu": 64}
 
 
 def collective_shape(device_type: str, nbytes: int, name: str | None = None) -> dict:

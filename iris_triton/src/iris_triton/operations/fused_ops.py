@@ -157,6 +157,9 @@ class FusedOps:
         self._context = context
         self._side_stream = None
         self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
+        #: MoE dispatches made so far: which of the two receive buffers the next one fills, and
+        #: whether a combine's buffers were reused since (iris_triton.operations.moe_kernels).
+        self._moe_calls = 0
         #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).
         self._iris_handle = register_operator_handle(self)
 

@@ -133,6 +133,7 @@ def dispatch(ops, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
     from iris_triton.operations import moe_kernels
 
     ctx = ops._context
+    _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
     capacity = ctx.world_size * tokens.shape[0] if capacity is None else capacity
     (data, scales, counts, source_rank, source_index, _), state = moe_kernels.dispatch(
         ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)

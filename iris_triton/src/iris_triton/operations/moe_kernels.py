@@ -31,6 +31,7 @@ from iris_triton.device.context import DeviceContext
 from iris_triton.operations.moe import FP8_MAX
 from iris_triton.operations.moe_routing import route_pairs
 from iris_triton.protocol.calls import announce, header_value
+from iris_triton.tuning import MOE_ROW_BLOCKS
 from iris_triton.protocol.waits import failed, poison_blocks, record_failure, site_code, wait_for_peer_call, \
     wait_or_record
 
@@ -182,8 +183,7 @@ def finish_kernel(context, calls, table, done_flags, programs, counts, data, sca
                   RANK: tl.constexpr, WORLD: tl.constexpr):
     """Step 3: once every rank's ``programs`` pushing programs are done, ``counts`` (int32
     ``[L]``) := this rank's experts' rows, the sources of the slots past them := -1 (their
-    ``scales`` 0); on any
-    failure (a wait, or the table's verdict) every output := all-ones bits."""
+    ``scales`` 0); on any failure (a wait, or the table's verdict) every output := all-ones bits."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call = tl.load(calls) - 1
     ok = not failed(dctx)
@@ -215,13 +215,23 @@ def finish_kernel(context, calls, table, done_flags, programs, counts, data, sca
 _ALIGNMENT = 256
 
 
+def _aligned(size: int) -> int:
+    """``size`` bytes rounded up to the alignment of a slot's buffers."""
+    return -(-size // _ALIGNMENT) * _ALIGNMENT
+
+
 def _carve(space, sizes: dict) -> dict:
     """``space`` (uint8) cut into consecutive buffers of ``sizes`` bytes, each aligned."""
     out, start = {}, 0
     for name, size in sizes.items():
         out[name] = space[start:start + size]
-        start += -(-size // _ALIGNMENT) * _ALIGNMENT
+        start += _aligned(size)
     return out
+
+
+def _row_block(ctx, hidden: int) -> int:
+    """Elements of a row the kernels move per step (:data:`iris_triton.tuning.MOE_ROW_BLOCKS`)."""
+    return min(triton.next_power_of_2(hidden), MOE_ROW_BLOCKS[ctx.kernel_device_type])
 
 
 def _slot_sizes(world: int, experts: int, local: int, capacity: int, hidden: int, element: int) -> dict:
@@ -230,29 +240,27 @@ def _slot_sizes(world: int, experts: int, local: int, capacity: int, hidden: int
             "scales": 4 * local * capacity, "data": element * local * capacity * hidden}
 
 
-def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int | None = None, fp8: bool = False):
-    """``ctx.ops.moe_dispatch`` by the three kernels above: ``((tokens, scales, counts,
-    source_rank, source_index, source_slot), handle)``, all but ``counts`` views of this call's
-    slot of the receive buffers (valid until the dispatch after next); ``scales`` None without
-    ``fp8``."""
+def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int, fp8: bool):
+    """``ctx.ops.moe_dispatch`` by the three kernels above (arguments checked:
+    :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert:
+    ``((tokens, scales, counts, source_rank, source_index, source_slot), handle)``, all but
+    ``counts`` views of this call's slot of the receive buffers (valid until the dispatch after
+    next); ``scales`` None without ``fp8``."""
     import torch
 
     from iris_triton.operations.fused_ops import _announced_call
-    from iris_triton.operations.moe import _check_dispatch
     from iris_triton.operations.moe_routing import ROUTE_BLOCK
 
     ctx = ops._context
-    _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
     world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
     (T, H), k = tokens.shape, topk_ids.shape[1]
     E, L = num_experts, num_experts // world
-    capacity = world * T if capacity is None else capacity
     control = _control(ctx)
     calls, headers, table_flags, done_flags = (control[name] for name in ("calls", "headers", "table", "done"))
     sizes = _slot_sizes(world, E, L, capacity, H, 1 if fp8 else tokens.element_size())
-    slot_bytes = sum(-(-size // _ALIGNMENT) * _ALIGNMENT for size in sizes.values())
+    slot_bytes = sum(map(_aligned, sizes.values()))
     space = ctx.workspaces.get("moe_slots", 2 * slot_bytes, fill=0)
-    sequence = getattr(ops, "_moe_calls", 0)
+    sequence = ops._moe_calls
     parity = sequence & 1
     ops._moe_calls = sequence + 1
     slot = _carve(space[parity * slot_bytes:(parity + 1) * slot_bytes], sizes)
@@ -273,7 +281,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         token_scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
     e_block = triton.next_power_of_2(E)
-    block_h = min(triton.next_power_of_2(H), 1024 if ctx.kernel_device_type == "cuda" else 64)
+    block_h = _row_block(ctx, H)
     context = ctx.get_device_context()
     outputs = (data, scales, counts, source_rank, source_index, source_slot)
     with ctx._call("ops.moe_dispatch", outputs), _announced_call(ctx, "moe_dispatch", (tokens, topk_ids,
@@ -326,13 +334,13 @@ def combine(expert_out, handle):
     world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
     (T, k), (L, capacity, H) = handle["ids"].shape, expert_out.shape
     element = expert_out.element_size()
-    slot_bytes = -(-T * k * H * element // _ALIGNMENT) * _ALIGNMENT
+    slot_bytes = _aligned(T * k * H * element)
     space = ctx.workspaces.get("moe_back", 2 * slot_bytes)
     parity = handle["parity"]
     back = space[parity * slot_bytes:parity * slot_bytes + T * k * H * element].view(expert_out.dtype)
     back_flags = _control(ctx)["back"][parity * world * programs:(parity + 1) * world * programs]
     out = torch.empty(T, H, dtype=expert_out.dtype, device=ctx.device)
-    block_h = min(triton.next_power_of_2(H), 1024 if ctx.kernel_device_type == "cuda" else 64)
+    block_h = _row_block(ctx, H)
     context = ctx.get_device_context()
     source_rank, source_index, source_slot = handle["sources"]
     x = expert_out.contiguous()
