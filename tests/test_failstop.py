@@ -544,7 +544,7 @@ def compile_first(ops, seed) -> None:
         return
     ctx = _create(T_OK)
     for op in ops:
-        attempt(ctx, op, ("compile", seed))
+        attempt(ctx, op, ("warm", seed))  # the warm-up's data: its sizes, and so its kernels
     _sync()
     ctx.destroy()
     _GROUPS.pop(id(ctx), None)
@@ -1073,6 +1073,7 @@ def mismatch_worker(rank, world, report, case, seed):
     run, expected = mismatch_call(ctx, MISMATCHES[case][min(rank, 1)], seed)
     try:
         result = run()
+        ctx.check()  # on GPUs the call need not have waited for its kernel: a failure surfaces here
         report["outcome"] = "exact" if torch.equal(result, expected) else (
             f"WRONG: returned normally, {int((result != expected).sum())} of {result.numel()} elements differ from "
             f"its own call's reference, e.g. {result[:4].tolist()} vs {expected[:4].tolist()}")

@@ -19,7 +19,9 @@ def widen(x):
 @triton.jit
 def combine(acc, x, OP: tl.constexpr):
     """``acc`` combined with ``x`` by ``OP`` (:data:`iris.collectives.REDUCE_OPS`; ``"avg"`` sums,
-    and :func:`finish` divides). Integers wrap around, as torch's do."""
+    and :func:`finish` divides). Integers wrap around, as torch's do; ``"max"`` and ``"min"`` give
+    NaN where any operand is NaN, as torch's do (a GPU's plain max/min instruction returns the other
+    operand: the interpreter, whose numpy propagates NaN, does not show the difference)."""
     if OP == "sum":
         acc = acc + x
     elif OP == "avg":
@@ -27,10 +29,10 @@ def combine(acc, x, OP: tl.constexpr):
     elif OP == "prod":
         acc = acc * x
     elif OP == "max":
-        acc = tl.maximum(acc, x)
+        acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
     else:
         tl.static_assert(OP == "min", "OP must be 'sum', 'prod', 'max', 'min' or 'avg'")
-        acc = tl.minimum(acc, x)
+        acc = tl.minimum(acc, x, propagate_nan=tl.PropagateNan.ALL)
     return acc
 
 
