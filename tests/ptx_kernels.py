@@ -375,6 +375,12 @@ def _ccl_specs(frontend) -> dict:
                               CONSUME=consume, OP=op, SRC=src, SITE=2, **shape)
             out[f"{prefix}ccl_{name}{suffix}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
                                                        divisible)
+    push, middle, consume = CCL_STEPS["all_reduce_one_shot"]
+    for op in ("max", "min"):  # compared with NaN propagation, as torch's max and min are
+        constexprs = dict(CTX=frontend.device_context, TRACING=False, RANK=0, WORLD=2, PUSH=push, MIDDLE=middle,
+                          CONSUME=consume, OP=op, SRC=1, SITE=2, **shape)
+        out[f"{prefix}ccl_all_reduce_{op}"] = _spec(frontend.kernel(ccl.collective_kernel), constexprs, types,
+                                                    divisible)
     return out
 
 
@@ -499,8 +505,9 @@ def memory_instructions(ptx: str) -> list[str]:
 
 
 #: Other PTX a test looks for: the special registers a kernel reads (``%globaltimer``: the clock of
-#: a wait bounded in wall-clock time) and the ``trap`` instruction.
-_MARKERS = re.compile(r"%globaltimer\w*|%clock\w*|\btrap\b")
+#: a wait bounded in wall-clock time), the ``trap`` instruction and floating-point max/min (with
+#: ``.NaN`` where a NaN operand gives NaN).
+_MARKERS = re.compile(r"%globaltimer\w*|%clock\w*|\btrap\b|\b(?:max|min)(?:\.ftz)?(?:\.NaN)?\.(?:f16|bf16|f32)(?:x2)?\b")
 
 
 def markers(ptx: str) -> list[str]:

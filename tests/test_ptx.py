@@ -285,6 +285,17 @@ def test_collective_kernels_move_vectors_and_signal_at_system_scope(ptx, fronten
 
 
 @pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_and_min_reductions_give_nan_for_a_nan_operand(ptx, frontend, op):
+    # torch's max and min give NaN where any operand is NaN; a GPU's plain max.f32 returns the
+    # other operand (the interpreter's numpy propagates NaN, so only the PTX shows it): the
+    # reductions compare with .NaN (on bf16 data the compiler narrows the float32 comparison to
+    # packed bf16 pairs, which gives the same result) and never without it.
+    marks = [m for m in markers_of(ptx, f"{frontend}ccl_all_reduce_{op}") if m.startswith(f"{op}.")]
+    assert marks and all(".NaN." in m for m in marks), marks
+
+
+@pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
 @pytest.mark.parametrize("collective", TILE_COLLECTIVES)
 def test_tile_collectives_move_vectors_and_signal_at_system_scope(ptx, frontend, collective):
     # A tile collective inside a kernel (iris.x; bf16 tiles, the source compiled by each front
