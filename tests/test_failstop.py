@@ -452,7 +452,7 @@ def _tile(ctx, collective: str, xs, seed):
         except IrisError:
             # A failure is per tile: the tiles whose calls succeeded before it hold their results.
             # Every tile must be all NaN or exactly right; then the call counts as failed (NaN).
-            if not _tiles_nan_or_exact(out, expected):
+            if not _tiles_nan_or_exact(out, expected, world if collective == "all_gather_rows" else 1):
                 return out  # compared with the reference: reported as wrong
             out.fill_(float("nan"))
             raise
@@ -461,13 +461,19 @@ def _tile(ctx, collective: str, xs, seed):
     return call, expected, out
 
 
-def _tiles_nan_or_exact(out: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Whether every TILE_BLOCK x TILE_BLOCK tile of ``out`` is all NaN or equal to ``expected``'s."""
-    for r in range(0, out.shape[0], TILE_BLOCK):
-        for c in range(0, out.shape[1], TILE_BLOCK):
-            got, want = out[r:r + TILE_BLOCK, c:c + TILE_BLOCK], expected[r:r + TILE_BLOCK, c:c + TILE_BLOCK]
-            if not (bool(got.isnan().all()) or torch.equal(got, want)):
-                return False
+def _tiles_nan_or_exact(out: torch.Tensor, expected: torch.Tensor, blocks: int) -> bool:
+    """Whether every tile the collective wrote is all NaN or equal to ``expected``'s: ``out`` is
+    ``blocks`` blocks of rows (all_gather's, one per rank, each as many rows as the input, which
+    need not be a multiple of the tile), each cut into TILE_BLOCK x TILE_BLOCK tiles from its
+    first row."""
+    rows = out.shape[0] // blocks
+    for first in range(0, out.shape[0], rows):
+        for r in range(first, first + rows, TILE_BLOCK):
+            end = min(r + TILE_BLOCK, first + rows)
+            for c in range(0, out.shape[1], TILE_BLOCK):
+                got, want = out[r:end, c:c + TILE_BLOCK], expected[r:end, c:c + TILE_BLOCK]
+                if not (bool(got.isnan().all()) or torch.equal(got, want)):
+                    return False
     return True
 
 
