@@ -68,10 +68,13 @@ INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
 CHECK_POINTERS: tl.constexpr = tl.constexpr(debug_from_environment())
 if CHECK_POINTERS:
     triton.knobs.runtime.debug = True
-if INTERPRETING:  # the checks' IrisErrors reach the launching code as raised, not wrapped per call level
+if INTERPRETING:  # the checks' IrisErrors reach the launching code as raised, not wrapped per call level;
+    # device-function calls do not patch triton.language again
     from iris_triton.device.interpreter_errors import unwrap_iris_errors
+    from iris_triton.device.interpreter_patching import patch_language_once
 
     unwrap_iris_errors()
+    patch_language_once()
 #: log2 of the bytes of heap per byte of a rank's allocation map (debug mode's write checks).
 MAP_SHIFT: tl.constexpr = tl.constexpr(MAP_GRANULE.bit_length() - 1)
 #: Bytes from a heap's base to its allocation map (after the heap size, an int64 at the base).
