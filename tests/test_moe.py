@@ -189,6 +189,53 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
         report.check(f"combine/back_to_back/{i}", torch.equal(y, _reference_combine(x, ids, w, False, torch.bfloat16)))
 
 
+#: The cases compiled with torch.compile (fullgraph): a 16-bit one and fp8.
+COMPILED_CASES = ("random", "fp8")
+
+
+def _written(tensor: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The bits of a dispatch result's rows each expert received (``counts``: the rows past them
+    are not written in ``tokens``), or of all of ``counts`` itself."""
+    if tensor.dim() == 1:
+        return tensor
+    return torch.cat([tensor[e, :int(c)].reshape(-1).view(torch.uint8) for e, c in enumerate(counts)])
+
+
+def _check_compiled(ctx, report: RankReport) -> None:
+    """Dispatch, the expert function and combine in one compiled graph (torch.compile, fullgraph,
+    aot_eager): the operators torch.ops.iris.moe_dispatch / moe_combine give what the eager calls
+    give, bit for bit."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    rank, world = ctx.rank, ctx.world_size
+    for name in COMPILED_CASES:
+        _, k, per_rank, dtype, fp8 = next(case for case in CASES if case[0] == name)
+        experts = per_rank * world
+        ids = _routing(name, rank, world, k, experts, "compiled")
+        x, w = _tokens(dtype, rank, name, "compiled"), _weights(k, rank, name, "compiled")
+        eager = ctx.ops.moe_dispatch(x, ids, w, experts, fp8=fp8)
+        fields = ("tokens", "scales", "counts", "source_rank", "source_index")
+        expected = {f: getattr(eager, f).clone() for f in fields if getattr(eager, f) is not None}
+        ctx.ops.moe_combine(_expert_function(eager.tokens, eager.scales, rank * per_rank,
+                                             torch.bfloat16 if fp8 else dtype), eager)
+
+        def step(x, ids, w):
+            result = ctx.ops.moe_dispatch(x, ids, w, experts, fp8=fp8)
+            expert_out = _expert_function(result.tokens, result.scales, rank * per_rank,
+                                          torch.bfloat16 if fp8 else dtype)
+            received = {f: getattr(result, f).clone() for f in fields if getattr(result, f) is not None}
+            return received, ctx.ops.moe_combine(expert_out, result)
+
+        counter = CompileCounterWithBackend("aot_eager")
+        received, y = torch.compile(step, fullgraph=True, backend=counter)(x, ids, w)
+        report.check(f"compiled/{name}/dispatch", received.keys() == expected.keys() and all(
+            torch.equal(_written(received[f], expected["counts"]), _written(expected[f], expected["counts"]))
+            for f in expected))
+        report.check(f"compiled/{name}/combine", torch.equal(
+            y, _reference_combine(x, ids, w, fp8, torch.bfloat16 if fp8 else dtype)))
+        report.check(f"compiled/{name}/one_graph", counter.frame_count == 1)
+
+
 def _raises(call, *fragments, kind=IrisError) -> bool | str:
     try:
         call()
@@ -254,6 +301,21 @@ def _check_device_errors(report: RankReport, rank: int) -> None:
         kind=IrisTimeoutError))
     ctx.destroy()
 
+    # A combine whose dispatch's buffers were reused, where the host does not know the dispatch's
+    # number (the operator, as compiled code calls it): the device refuses it on every rank.
+    ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30)
+    stale = ctx.ops.moe_dispatch(x, ids, w, 2 * world, capacity=world * TOKENS)
+    for _ in range(2):
+        made = ctx.ops.moe_dispatch(x, ids, w, 2 * world, capacity=world * TOKENS)
+        ctx.ops.moe_combine(made.tokens, made)
+    h = stale.handle
+    report.check("device_errors/stale_dispatch", _raises(
+        lambda: torch.ops.iris.moe_combine(stale.tokens, h.topk_ids, h.topk_weights, h.positions, h.call, h.counts,
+                                           h.slot, ctx.ops._iris_handle, h.num_experts, h.capacity),
+        f"world rank(s) [{rank}]", "a later dispatch reused", "combine before then", kind=IrisTimeoutError))
+    report.check("device_errors/stale_dispatch/failed", ctx.failed)
+    ctx.destroy()
+
     ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30, debug=True)
     report.check("device_errors/ids_out_of_range_debug_mode_host_check", _raises(
         lambda: ctx.ops.moe_dispatch(x, bad, w, 2 * world), f"on world rank(s) [{world - 1}]",
@@ -271,6 +333,8 @@ def _worker(rank: int) -> bytes:
         _check_back_to_back(ctx, report)
     with report.section("host_errors"):
         _check_host_errors(ctx, report)
+    with report.section("compiled"):
+        _check_compiled(ctx, report)
     ctx.barrier()
     ctx.destroy()
     with report.section("device_errors"):
@@ -293,6 +357,12 @@ def test_dispatch_matches_the_all_to_all_single_reference(reports):
     assert_rank_checks(reports, "dispatch/", _dispatch_names(calls))
 
 
+def test_dispatch_and_combine_compile_into_one_graph_with_the_eager_results(reports):
+    assert_rank_checks(reports, "compiled/", {f"compiled/{name}/{check}" for name in COMPILED_CASES
+                                              for check in ("dispatch", "combine", "one_graph")} | {
+        "compiled/completed"})
+
+
 def test_combine_is_the_weighted_sum_of_the_expert_outputs(reports):
     assert_rank_checks(reports, "combine/", {f"combine/{name}" for name, *_ in CASES} | {
         f"combine/back_to_back/{i}" for i in range(BACK_TO_BACK)} | {"combine/no_failure"})
@@ -308,7 +378,8 @@ def test_bad_arguments_are_refused_on_the_host(reports):
 def test_routings_that_do_not_fit_fail_the_call_on_every_rank(reports):
     assert_rank_checks(reports, "device_errors/", {f"device_errors/{name}" for name in (
         "over_capacity", "over_capacity/failed", "ids_out_of_range", "ids_out_of_range_debug_mode_host_check",
-        "debug_mode_host_check_leaves_the_context_usable", "completed")})
+        "debug_mode_host_check_leaves_the_context_usable", "stale_dispatch", "stale_dispatch/failed",
+        "completed")})
 
 
 def _cpu_copy(result):

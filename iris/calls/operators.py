@@ -35,7 +35,7 @@ import torch
 from iris.calls.declarations import COPY, DECLARATIONS, LIKE, REQUIRED, Declaration, Made, dense
 from iris.calls.handles import lookup
 
-__all__ = ["NAMESPACE", "compiled_call", "functional_params", "in_place_name"]
+__all__ = ["NAMESPACE", "compiled_call", "functional_params", "in_place_name", "keep_in_program_order"]
 
 NAMESPACE = "iris"
 
@@ -125,7 +125,7 @@ def _register(declaration: Declaration) -> None:
                                  schema=_schema(in_place, "()", declaration.mutated))
     op.register_fake(lambda *arguments: None)
     if not declaration.outputs:
-        _order(declaration.name)
+        keep_in_program_order(declaration.name)
         return
 
     functional = functional_params(declaration)
@@ -148,11 +148,12 @@ def _register(declaration: Declaration) -> None:
     op = torch.library.custom_op(f"{NAMESPACE}::{declaration.name}", run_functional, mutates_args=(),
                                  schema=_schema(functional, returns))
     op.register_fake(fake_functional)
-    _order(declaration.name)
+    keep_in_program_order(declaration.name)
 
 
-def _order(name: str) -> None:
-    """Give the operator ``name`` an ordered effect: compiled graphs keep it in program order."""
+def keep_in_program_order(name: str) -> None:
+    """Give the operator ``torch.ops.iris.<name>`` an ordered effect: compiled graphs keep it in
+    program order (a backend's own operators too)."""
     torch.library._register_effectful_op(getattr(torch.ops.iris, name).default,
                                          torch._library.effects.EffectType.ORDERED)
 

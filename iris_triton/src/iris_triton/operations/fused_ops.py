@@ -35,6 +35,7 @@ from iris.calls.handles import register as register_operator_handle
 from iris.calls.routing import declared
 from iris.errors import IrisError
 from iris.collectives.groups import namespace_for
+from iris_triton.operations import moe
 from iris_triton.operations.copy_engine import CopyEngineOps
 from iris_triton.operations.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_TILES, LINK_BYTES_PER_SECOND,
@@ -119,6 +120,24 @@ def _guarded(operation):
     return call
 
 
+def _compiled_as(compiled):
+    """Decorate a public method whose results are not declared outputs (MoE's): under
+    torch.compile it runs ``compiled(self, *args, **kwargs)``, which calls its custom operator,
+    instead of the method (whose guard Dynamo cannot trace)."""
+
+    def decorate(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            if torch.compiler.is_compiling():
+                return compiled(self, *args, **kwargs)
+            return method(self, *args, **kwargs)
+
+        call.__iris_operator__ = method.__name__
+        return call
+
+    return decorate
+
+
 @contextlib.contextmanager
 def _announced_call(ctx, name: str, args: tuple, method: str):
     """The call of the operation ``name`` with tensors ``args`` by ``method`` (``"fused/<tile>"``
@@ -149,12 +168,14 @@ class FusedOps:
     """Fused matmul + communication of one context (``ctx.ops``). Every method is collective:
     all ranks call it in the same order with tensors of the same shapes."""
 
-    #: Public methods without a custom operator (torch.ops.iris): their results are objects, not
-    #: tensors, so torch.compile cannot record them; they run eagerly, outside compiled regions.
-    EAGER_ONLY = ("moe_dispatch", "moe_combine", "tune", "tune_matmul", "method_names")
+    #: Public methods without a custom operator (torch.ops.iris): they run eagerly, outside
+    #: compiled regions.
+    EAGER_ONLY = ("tune", "tune_matmul", "method_names")
 
     def __init__(self, context):
         self._context = context
+        #: The world size, where compiled code reads it (a plain attribute, which Dynamo traces).
+        self._world_size = context.world_size
         self._side_stream = None
         self._copy_engine = CopyEngineOps(context, self._alongside, self._join)
         #: MoE dispatches made so far: which of the two receive buffers the next one fills, and
@@ -360,6 +381,7 @@ class FusedOps:
         methods = tuple(m for m in self.method_names() if m != "fused")  # each tile of fused by its name
         return tune_matmul(self, operation, methods, n, k, rows, dtypes, repeats=repeats, save=save, timer=timer)
 
+    @_compiled_as(moe.compiled_dispatch)
     @_guarded
     def moe_dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                      num_experts: int, *, capacity: int | None = None, fp8: bool = False):
@@ -372,22 +394,19 @@ class FusedOps:
         ``topk_weights``: float32 ``[T, k]``. ``capacity``: rows per expert (default ``W * T``,
         which always holds; a routing that overflows it fails the call on every rank).
         ``fp8=True`` moves tokens as float8_e4m3fn with a float32 scale per token. No host
-        synchronisation (CUDA-graph capturable after one eager call of the largest size).
-        Eager only: torch.compile cannot trace the result object (docs/moe.md)."""
-        from iris_triton.operations.moe import dispatch
+        synchronisation (CUDA-graph capturable after one eager call of the largest size). Under
+        torch.compile the call is the operator ``torch.ops.iris.moe_dispatch`` (docs/moe.md)."""
+        return moe.dispatch(self, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
 
-        return dispatch(self, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
-
+    @_compiled_as(moe.compiled_combine)
     @_guarded
     def moe_combine(self, expert_out: torch.Tensor, handle) -> torch.Tensor:
         """The inverse of :meth:`moe_dispatch`: ``expert_out`` (``[local experts, capacity,
         hidden]``, bf16, fp16 or fp32: the experts' outputs in the dispatch's slots) goes back to
         the tokens' ranks; returns ``[T, hidden]`` (``expert_out``'s dtype), token t :=
         ``sum_j topk_weights[t, j] * output of its j-th expert``, in float32. ``handle``: the
-        dispatch's result or its ``.handle``. Eager only, as :meth:`moe_dispatch`."""
-        from iris_triton.operations.moe import combine
-
-        return combine(self, expert_out, handle)
+        dispatch's result or its ``.handle``. Under torch.compile: ``torch.ops.iris.moe_combine``."""
+        return moe.combine(self, expert_out, handle)
 
     # -- checks, decisions, buffers, streams ----------------------------------------------------
 

@@ -28,31 +28,50 @@ IrisTimeoutError at the call (CPU ranks) or at the next iris call (GPUs).
 
 from __future__ import annotations
 
-import attrs
+import dataclasses
+
 import torch
 
+from iris.calls.handles import lookup
+from iris.calls.operators import keep_in_program_order
 from iris.errors import IrisError
 
-__all__ = ["DTYPES", "FP8_MAX", "MoeDispatch", "MoeHandle", "combine", "dispatch"]
+__all__ = ["DTYPES", "FP8_MAX", "MoeDispatch", "MoeHandle", "combine", "compiled_combine", "compiled_dispatch",
+           "dispatch"]
 
 #: Element types of ``tokens`` and of combine's expert outputs.
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: The largest finite float8_e4m3fn: a token's scale is its largest magnitude over this.
 FP8_MAX = 448.0
-@attrs.frozen(eq=False)
+# The result classes are frozen dataclasses (not attrs classes as elsewhere): torch.compile traces
+# their construction, which it cannot for attrs' generated __init__.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class MoeHandle:
     """What :func:`combine` needs to send the expert outputs back (opaque; from
-    :attr:`MoeDispatch.handle`)."""
+    :attr:`MoeDispatch.handle`): the dispatch's context and arguments, its slot of the receive
+    buffers and its state on the device."""
 
     ops: object
     """The ``ctx.ops`` object of the dispatch (combine runs on the same context)."""
     num_experts: int
     capacity: int
-    kernels: dict
-    """The dispatch's state on the device (:func:`iris_triton.operations.moe_kernels.dispatch`)."""
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    positions: torch.Tensor
+    """int32 [T, k]: each pair's position among its expert's rows from this rank (-1: sent nowhere)."""
+    call: torch.Tensor
+    """int32 [1]: the dispatch's number, counted on the device."""
+    counts: torch.Tensor
+    slot: torch.Tensor
+    """uint8: the dispatch's slot of the receive buffers (:func:`moe_kernels.carve_slot`)."""
+    sequence: int | None
+    """The dispatch's number on the host, to refuse a stale combine at once; None in compiled code,
+    where the device refuses it."""
 
 
-@attrs.frozen(eq=False)
+@dataclasses.dataclass(frozen=True, eq=False)
 class MoeDispatch:
     """The tokens one rank's experts received (:func:`dispatch`). Slot ``[e, i]`` for ``i <
     counts[e]`` holds a row for local expert ``e`` (global expert ``rank * L + e``), in
@@ -129,26 +148,45 @@ def _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, 
 
 def dispatch(ops, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
              capacity: int | None, fp8: bool) -> MoeDispatch:
-    """``ctx.ops.moe_dispatch`` (:mod:`iris_triton.operations.moe_kernels`)."""
+    """``ctx.ops.moe_dispatch``, eagerly (:mod:`iris_triton.operations.moe_kernels`)."""
     from iris_triton.operations import moe_kernels
 
     ctx = ops._context
     _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
     capacity = ctx.world_size * tokens.shape[0] if capacity is None else capacity
-    (data, scales, counts, source_rank, source_index, _), state = moe_kernels.dispatch(
-        ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
-    handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, kernels=state)
-    return MoeDispatch(tokens=data, scales=scales, counts=counts, source_rank=source_rank, source_index=source_index,
-                       handle=handle)
+    slot, counts, positions, call, sequence = moe_kernels.dispatch(ops, tokens, topk_ids, topk_weights, num_experts,
+                                                                   capacity, fp8)
+    return _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
+                   sequence)
+
+
+def compiled_dispatch(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity=None, fp8=False) -> MoeDispatch:
+    """``ctx.ops.moe_dispatch`` under torch.compile: the operator ``torch.ops.iris.moe_dispatch``
+    (which runs the eager call), its slot carved into the result as the eager call does."""
+    capacity = ops._world_size * tokens.shape[0] if capacity is None else capacity
+    slot, counts, positions, call = torch.ops.iris.moe_dispatch(tokens, topk_ids, topk_weights, ops._iris_handle,
+                                                                num_experts, capacity, fp8)
+    return _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
+                   None)
+
+
+def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
+            sequence) -> MoeDispatch:
+    from iris_triton.operations.moe_kernels import carve_slot
+
+    buffers = carve_slot(slot, ops._world_size, num_experts, capacity, tokens.shape[1],
+                         torch.float8_e4m3fn if fp8 else tokens.dtype)
+    handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids,
+                       topk_weights=topk_weights, positions=positions, call=call, counts=counts, slot=slot,
+                       sequence=sequence)
+    return MoeDispatch(tokens=buffers["data"], scales=buffers["scales"] if fp8 else None, counts=counts,
+                       source_rank=buffers["source_rank"], source_index=buffers["source_index"], handle=handle)
 
 
 # -- combine -----------------------------------------------------------------------------------------
 
 
-def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
-    """``ctx.ops.moe_combine``: ``[T, hidden]`` in ``expert_out``'s dtype, token ``t`` :=
-    ``sum_j topk_weights[t, j] * expert_out[slot of (t, j)]`` (float32 sums)."""
-    ctx = ops._context
+def _handle_of(ops, handle) -> MoeHandle:
     if isinstance(handle, MoeDispatch):
         handle = handle.handle
     if not isinstance(handle, MoeHandle):
@@ -157,12 +195,78 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
     if handle.ops is not ops:
         raise IrisError("moe_combine: handle comes from a dispatch on another context or group; combine on the "
                         "ctx.ops that dispatched")
+    return handle
+
+
+def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
+    """``ctx.ops.moe_combine``, eagerly: ``[T, hidden]`` in ``expert_out``'s dtype, token ``t`` :=
+    ``sum_j topk_weights[t, j] * expert_out[slot of (t, j)]`` (float32 sums)."""
+    from iris_triton.operations import moe_kernels
+
+    ctx = ops._context
+    handle = _handle_of(ops, handle)
+    if handle.sequence is not None and ops._moe_calls - handle.sequence > 2:
+        raise IrisError(f"moe_combine: its dispatch's receive buffers were reused by the dispatch two calls after it "
+                        f"(dispatch {handle.sequence}, {ops._moe_calls - handle.sequence - 1} dispatches since); a "
+                        f"dispatch's results are views of buffers that alternate between calls: combine it before the "
+                        f"dispatch after next, or clone what must live longer")
     _tensor("expert_out", expert_out, ctx, DTYPES, 3)
     L = handle.num_experts // ctx.world_size
     if expert_out.shape[:2] != (L, handle.capacity):
         raise IrisError(f"moe_combine: expert_out has shape {tuple(expert_out.shape)}; it needs [local experts, "
                         f"capacity, hidden] = [{L}, {handle.capacity}, hidden], as the dispatch's tokens")
-    from iris_triton.operations import moe_kernels
+    return moe_kernels.combine(ops, expert_out, handle.topk_ids, handle.topk_weights, handle.positions, handle.call,
+                               handle.counts, handle.slot, handle.num_experts, handle.capacity)
 
-    out = moe_kernels.combine(expert_out, handle.kernels)
-    return out
+
+def compiled_combine(ops, expert_out, handle) -> torch.Tensor:
+    """``ctx.ops.moe_combine`` under torch.compile: the operator ``torch.ops.iris.moe_combine``
+    (which runs the eager call) on the handle's tensors."""
+    handle = handle.handle if isinstance(handle, MoeDispatch) else handle
+    return torch.ops.iris.moe_combine(expert_out, handle.topk_ids, handle.topk_weights, handle.positions, handle.call,
+                                      handle.counts, handle.slot, ops._iris_handle, handle.num_experts,
+                                      handle.capacity)
+
+
+# -- the custom operators (torch.ops.iris.moe_dispatch / moe_combine) ------------------------------------
+# Each runs the eager method on the ctx.ops object its handle names, and keeps its place in program
+# order (iris.calls.operators). An operator's outputs may not alias each other, so dispatch's
+# returns its slot of the receive buffers whole, which compiled code carves (carve_slot).
+
+
+@torch.library.custom_op("iris::moe_dispatch", mutates_args=())
+def _dispatch_operator(tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, handle: int,
+                       num_experts: int, capacity: int, fp8: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor]:
+    ops = lookup(handle)
+    made = ops.moe_dispatch(tokens, topk_ids, topk_weights, num_experts, capacity=capacity, fp8=fp8).handle
+    return made.slot, made.counts, made.positions, made.call
+
+
+@_dispatch_operator.register_fake
+def _dispatch_shapes(tokens, topk_ids, topk_weights, handle, num_experts, capacity, fp8):
+    from iris_triton.operations.moe_kernels import slot_bytes
+
+    world = lookup(handle)._world_size
+    size = slot_bytes(world, num_experts, capacity, tokens.shape[1], 1 if fp8 else tokens.element_size())
+    return (tokens.new_empty(size, dtype=torch.uint8), tokens.new_empty(num_experts // world, dtype=torch.int32),
+            tokens.new_empty(topk_ids.shape, dtype=torch.int32), tokens.new_empty(1, dtype=torch.int32))
+
+
+@torch.library.custom_op("iris::moe_combine", mutates_args=())
+def _combine_operator(expert_out: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                      positions: torch.Tensor, call: torch.Tensor, counts: torch.Tensor, slot: torch.Tensor,
+                      handle: int, num_experts: int, capacity: int) -> torch.Tensor:
+    ops = lookup(handle)
+    made = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids, topk_weights=topk_weights,
+                     positions=positions, call=call, counts=counts, slot=slot, sequence=None)
+    return ops.moe_combine(expert_out, made)
+
+
+@_combine_operator.register_fake
+def _combine_shapes(expert_out, topk_ids, topk_weights, positions, call, counts, slot, handle, num_experts, capacity):
+    return expert_out.new_empty((topk_ids.shape[0], expert_out.shape[2]))
+
+
+keep_in_program_order("moe_dispatch")
+keep_in_program_order("moe_combine")

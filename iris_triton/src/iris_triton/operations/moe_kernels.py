@@ -220,32 +220,53 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGNMENT) * _ALIGNMENT
 
 
-def _carve(space, sizes: dict) -> dict:
-    """``space`` (uint8) cut into consecutive buffers of ``sizes`` bytes, each aligned."""
-    out, start = {}, 0
-    for name, size in sizes.items():
-        out[name] = space[start:start + size]
-        start += _aligned(size)
-    return out
-
-
 def _row_block(ctx, hidden: int) -> int:
     """Elements of a row the kernels move per step (:data:`iris_triton.tuning.MOE_ROW_BLOCKS`)."""
     return min(triton.next_power_of_2(hidden), MOE_ROW_BLOCKS[ctx.kernel_device_type])
 
 
-def _slot_sizes(world: int, experts: int, local: int, capacity: int, hidden: int, element: int) -> dict:
+def slot_sizes(world: int, experts: int, capacity: int, hidden: int, element: int) -> dict:
+    """Bytes of each buffer of one dispatch's slot (``element``: bytes per moved element)."""
+    local = experts // world
     return {"table": 4 * world * (experts + 1), "source_rank": 4 * local * capacity,
             "source_index": 4 * local * capacity, "source_slot": 4 * local * capacity,
             "scales": 4 * local * capacity, "data": element * local * capacity * hidden}
 
 
+def slot_bytes(world: int, experts: int, capacity: int, hidden: int, element: int) -> int:
+    """Bytes of one dispatch's slot (its buffers, each aligned)."""
+    return sum(map(_aligned, slot_sizes(world, experts, capacity, hidden, element).values()))
+
+
+def carve_slot(slot, world: int, experts: int, capacity: int, hidden: int, dtype) -> dict:
+    """A dispatch's slot (uint8) as its buffers: ``table`` (int32), ``source_rank``,
+    ``source_index``, ``source_slot`` (int32 ``[L, capacity]``), ``scales`` (float32 ``[L,
+    capacity]``) and ``data`` (``dtype`` ``[L, capacity, hidden]``). Plain slicing and views, so
+    that compiled code (torch.compile) carves the result of the dispatch operator as eager code
+    does."""
+    import torch
+
+    local = experts // world
+    sizes = slot_sizes(world, experts, capacity, hidden, dtype.itemsize)
+    out, start = {}, 0
+    for name, size in sizes.items():
+        out[name] = slot[start:start + size]
+        start += _aligned(size)
+    for name in ("source_rank", "source_index", "source_slot"):
+        out[name] = out[name].view(torch.int32).view(local, capacity)
+    out["table"] = out["table"].view(torch.int32)
+    out["scales"] = out["scales"].view(torch.float32).view(local, capacity)
+    out["data"] = out["data"].view(dtype).view(local, capacity, hidden)
+    return out
+
+
 def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int, fp8: bool):
     """``ctx.ops.moe_dispatch`` by the three kernels above (arguments checked:
-    :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert:
-    ``((tokens, scales, counts, source_rank, source_index, source_slot), handle)``, all but
-    ``counts`` views of this call's slot of the receive buffers (valid until the dispatch after
-    next); ``scales`` None without ``fp8``."""
+    :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert: ``(slot, counts,
+    positions, call, sequence)``: this call's slot of the receive buffers (uint8, valid until the
+    dispatch after next; :func:`carve_slot` cuts it into the result's tensors), the rows each
+    local expert received (int32 ``[L]``), each pair's position among its expert's rows from this
+    rank (int32 ``[T, k]``), the call's number on the device (int32 ``[1]``) and on the host."""
     import torch
 
     from iris_triton.operations.fused_ops import _announced_call
@@ -257,18 +278,16 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     E, L = num_experts, num_experts // world
     control = _control(ctx)
     calls, headers, table_flags, done_flags = (control[name] for name in ("calls", "headers", "table", "done"))
-    sizes = _slot_sizes(world, E, L, capacity, H, 1 if fp8 else tokens.element_size())
-    slot_bytes = sum(map(_aligned, sizes.values()))
-    space = ctx.workspaces.get("moe_slots", 2 * slot_bytes, fill=0)
+    dtype = torch.float8_e4m3fn if fp8 else tokens.dtype
+    size = slot_bytes(world, E, capacity, H, dtype.itemsize)
+    space = ctx.workspaces.get("moe_slots", 2 * size, fill=0)
     sequence = ops._moe_calls
-    parity = sequence & 1
     ops._moe_calls = sequence + 1
-    slot = _carve(space[parity * slot_bytes:(parity + 1) * slot_bytes], sizes)
-    table = slot["table"].view(torch.int32)
-    source_rank, source_index, source_slot = (slot[name].view(torch.int32).view(L, capacity)
-                                              for name in ("source_rank", "source_index", "source_slot"))
-    data = slot["data"].view(torch.float8_e4m3fn if fp8 else tokens.dtype).view(L, capacity, H)
-    scales = slot["scales"].view(torch.float32).view(L, capacity)
+    slot = space[(sequence & 1) * size:((sequence & 1) + 1) * size]
+    buffers = carve_slot(slot, world, E, capacity, H, dtype)
+    table, data, scales = buffers["table"], buffers["data"], buffers["scales"]
+    source_rank, source_index, source_slot = (buffers[name] for name in ("source_rank", "source_index",
+                                                                         "source_slot"))
     counts = torch.empty(L, dtype=torch.int32, device=ctx.device)
     call = torch.empty(1, dtype=torch.int32, device=ctx.device)
     positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
@@ -295,11 +314,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, scales, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
                                    BLOCK=block_h, RANK=rank, WORLD=world)
-    handle = {"ops": ops, "sequence": sequence, "ids": ids, "positions": positions,
-              "weights": topk_weights.contiguous(), "call": call,
-              "parity": parity, "counts": counts, "sources": (source_rank, source_index, source_slot),
-              "capacity": capacity}
-    return (data, scales if fp8 else None, counts, source_rank, source_index, source_slot), handle
+    return slot, counts, positions, call, sequence
 
 
 def _control(ctx) -> dict:
@@ -319,37 +334,32 @@ def _control(ctx) -> dict:
     return out
 
 
-def combine(expert_out, handle):
-    """``ctx.ops.moe_combine`` by :func:`return_kernel` and :func:`reduce_kernel`: ``[T, hidden]``
-    in ``expert_out``'s dtype."""
+def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, slot, num_experts: int,
+            capacity: int):
+    """``ctx.ops.moe_combine`` by :func:`return_kernel` and :func:`reduce_kernel` (arguments
+    checked: :func:`iris_triton.operations.moe.combine`; the rest is the dispatch's, as
+    :func:`dispatch` returned it): ``[T, hidden]`` in ``expert_out``'s dtype. The dispatch's
+    parity (which half of the return buffers) is read on the device from its number."""
     import torch
 
-    ops = handle["ops"]
     ctx = ops._context
-    if ops._moe_calls - handle["sequence"] > 2:
-        raise IrisError(f"moe_combine: its dispatch's receive buffers were reused by the dispatch two calls after it "
-                        f"(dispatch {handle['sequence']}, {ops._moe_calls - handle['sequence'] - 1} dispatches since); "
-                        f"a dispatch's results are views of buffers that alternate between calls: combine it before "
-                        f"the dispatch after next, or clone what must live longer")
     world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
-    (T, k), (L, capacity, H) = handle["ids"].shape, expert_out.shape
+    (T, k), (L, _, H) = topk_ids.shape, expert_out.shape
     element = expert_out.element_size()
-    slot_bytes = _aligned(T * k * H * element)
-    space = ctx.workspaces.get("moe_back", 2 * slot_bytes)
-    parity = handle["parity"]
-    back = space[parity * slot_bytes:parity * slot_bytes + T * k * H * element].view(expert_out.dtype)
-    back_flags = _control(ctx)["back"][parity * world * programs:(parity + 1) * world * programs]
+    back_stride = _aligned(T * k * H * element) // element
+    back = ctx.workspaces.get("moe_back", 2 * back_stride * element).view(expert_out.dtype)
+    control = _control(ctx)
+    buffers = carve_slot(slot, world, num_experts, capacity, 0, torch.uint8)  # the sources lie before the data
     out = torch.empty(T, H, dtype=expert_out.dtype, device=ctx.device)
     block_h = _row_block(ctx, H)
     context = ctx.get_device_context()
-    source_rank, source_index, source_slot = handle["sources"]
-    x = expert_out.contiguous()
+    sources = (buffers["source_rank"], buffers["source_index"], buffers["source_slot"])
+    x, ids, weights = expert_out.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
     with ctx._call("ops.moe_combine", (out,)):
-        return_kernel[(programs,)](context, x, handle["counts"], source_rank, source_index, source_slot,
-                                   handle["call"], back, back_flags, H, L, capacity, K=k, BLOCK_H=block_h, RANK=rank,
-                                   WORLD=world)
-        reduce_kernel[(programs,)](context, out, back, back_flags, programs, handle["ids"], handle["positions"],
-                                   handle["weights"], handle["call"], T, H, K=k, BLOCK_H=block_h, RANK=rank,
+        return_kernel[(programs,)](context, x, counts, *sources, call, control["calls"], back, control["back"],
+                                   back_stride, H, L, capacity, K=k, BLOCK_H=block_h, RANK=rank, WORLD=world)
+        reduce_kernel[(programs,)](context, out, back, control["back"], back_stride, programs, ids, positions,
+                                   weights, call, control["calls"], T, H, K=k, BLOCK_H=block_h, RANK=rank,
                                    WORLD=world)
     return out
 
@@ -358,16 +368,33 @@ def combine(expert_out, handle):
 
 
 @triton.jit
-def return_kernel(context, expert_out, counts, source_rank, source_index, source_slot, call_in, back, back_flags,
-                  H, L, capacity, K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+def _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride, FLAGS: tl.constexpr):
+    """``(call, back, back_flags, ok)`` of a combine: its dispatch's number, that dispatch's parity's
+    half of the return buffers (``back_stride`` elements apart) and of their flags (``FLAGS``
+    apart), and whether the dispatch's receive buffers still hold its rows (no dispatch reused
+    them since: at most one more dispatch made; else the failure is recorded)."""
+    call = tl.load(call_in)
+    parity = call & 1
+    ok = tl.load(calls) - call <= 2
+    if not ok:
+        record_failure(dctx, dctx.rank, (11 << 8) + SITE)  # stale_dispatch
+    return call, back + parity * back_stride, back_flags + parity * FLAGS, ok
+
+
+@triton.jit
+def return_kernel(context, expert_out, counts, source_rank, source_index, source_slot, call_in, calls, back,
+                  back_flags, back_stride, H, L, capacity, K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr,
+                  WORLD: tl.constexpr):
     """Combine's first step: every received row's expert output (``expert_out[l, i]``, ``i <
     counts[l]``) into row ``[t, j]`` of ``back`` (``[T, K, H]``, the dispatch's parity) on its
     source rank (``source_*[l, i]``: rank, token ``t``, slot ``j``); then this program's flag
-    ``back_flags[RANK, p]`` := the dispatch's number + 1 on every rank."""
+    ``back_flags[RANK, p]`` := the dispatch's number + 1 on every rank. A stale dispatch
+    (:func:`_combined_dispatch`) sends nothing."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
-    call = tl.load(call_in)
+    call, back, back_flags, fresh = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
+                                                       WORLD * tl.num_programs(0))
     columns = tl.arange(0, BLOCK_H)
-    if not failed(dctx):
+    if fresh & (not failed(dctx)):
         for expert in range(0, L):
             for i in range(tl.program_id(0), tl.load(counts + expert), tl.num_programs(0)):
                 slot = expert * capacity + i
@@ -383,15 +410,16 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
 
 
 @triton.jit
-def reduce_kernel(context, out, back, back_flags, programs, ids, positions, weights, call_in, T, H,
-                  K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+def reduce_kernel(context, out, back, back_flags, back_stride, programs, ids, positions, weights, call_in, calls, T,
+                  H, K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Combine's second step: once every rank's ``programs`` returning programs are done, ``out[t]``
     := ``sum_j w[t, j] * back[t, j']`` in float32, ``j'`` the first slot of the token naming the
     same expert as ``j`` (a repeat was sent once; its weight adds to the first's); a pair sent
-    nowhere adds nothing. On a failure ``out`` := all-ones bits."""
+    nowhere adds nothing. On a failure (a stale dispatch too) ``out`` := all-ones bits."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
-    call = tl.load(call_in)
-    ok = not failed(dctx)
+    call, back, back_flags, ok = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
+                                                    WORLD * programs)
+    ok = ok & (not failed(dctx))
     for q in range(WORLD):
         for p in range(0, programs):
             if ok:

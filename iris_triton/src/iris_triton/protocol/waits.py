@@ -50,7 +50,7 @@ WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "a
 #: Kinds of failure, by code: a peer did not deliver within the timeout, or it delivered a
 #: different call (another collective, size, dtype, op or root).
 KINDS = {1: "timeout", 2: "mismatch", 3: "overflow", 4: "capacity", 5: "bounds", 6: "splits", 7: "unmatched",
-         8: "tiles", 9: "expert_ids", 10: "expert_capacity"}
+         8: "tiles", 9: "expert_ids", 10: "expert_capacity", 11: "stale_dispatch"}
 #: What the kinds of failure that a call's own arguments cause (found on the device, in the
 #: split counts every rank published: iris_triton.collectives.all_to_all_v) say about the ranks recorded.
 ARGUMENT_FAILURES = {
@@ -65,6 +65,8 @@ ARGUMENT_FAILURES = {
                   "output (IRIS_DEBUG=1 checks it on the host at the call)",
     "expert_capacity": "would receive more rows for one of their experts than capacity holds; pass a larger "
                        "capacity to moe_dispatch (the default, world_size * num_tokens, always holds)",
+    "stale_dispatch": "combined a dispatch whose receive buffers a later dispatch reused (a dispatch's results are "
+                      "valid until the dispatch after next: combine before then, or clone what must live longer)",
     "tiles": "synchronised a tile whose number is outside the tile sync it was given (ctx.tile_sync(num_tiles) "
              "must cover every tile number of the views the kernel passes)",
     "unmatched": "passed output_split_sizes that differ from the rows their peers send them (output_split_sizes[s] "
