@@ -507,7 +507,8 @@ def memory_instructions(ptx: str) -> list[str]:
 #: Other PTX a test looks for: the special registers a kernel reads (``%globaltimer``: the clock of
 #: a wait bounded in wall-clock time), the ``trap`` instruction and floating-point max/min (with
 #: ``.NaN`` where a NaN operand gives NaN).
-_MARKERS = re.compile(r"%globaltimer\w*|%clock\w*|\btrap\b|\b(?:max|min)(?:\.ftz)?(?:\.NaN)?\.(?:f16|bf16|f32)(?:x2)?\b")
+_MARKERS = re.compile(r"%globaltimer\w*|%clock\w*|\btrap\b"
+                      r"|\b(?:max|min)(?:\.ftz)?(?:\.NaN)?\.(?:f16|bf16|f32)(?:x2)?\b")
 
 
 def markers(ptx: str) -> list[str]:

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime import interpreter
+from triton.runtime.errors import InterpreterError
 
 import iris_triton.device.functions  # noqa: F401 - installs the patch-once, as importing iris's backend does
 from iris_triton.device.compiled import INTERPRETING
@@ -62,7 +63,7 @@ def test_a_launch_leaves_the_language_as_it_found_it(monkeypatch):
 
 def test_a_failed_launch_ends_its_patches_too(monkeypatch):
     # A kernel that raises mid-launch still undoes its patches, and the next launch patches afresh.
-    with pytest.raises(Exception):
-        _nested_calls[(1,)](torch.randn(4), torch.empty(4), 4, CALLS=2, BLOCK=3)  # BLOCK not a power of 2
+    with pytest.raises(InterpreterError, match="power of 2"):
+        _nested_calls[(1,)](torch.randn(4), torch.empty(4), 4, CALLS=2, BLOCK=3)
     assert tl.core.is_builtin(tl.load)
     assert _walks_of_one_launch(monkeypatch, 2) > 0

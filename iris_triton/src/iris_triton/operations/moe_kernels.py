@@ -25,7 +25,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from iris.errors import IrisError
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 from iris_triton.operations.moe import FP8_MAX
