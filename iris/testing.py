@@ -138,7 +138,10 @@ class RankReport(dict):
         self.rank = rank
 
     def check(self, name: str, ok) -> None:
-        self[name] = bool(ok)
+        """Record the check ``name``: passed when ``ok`` is true (a bool, or what ``bool`` takes,
+        such as a one-element tensor); a string is the description of a failure, kept as it is
+        (never true, however it reads)."""
+        self[name] = ok if isinstance(ok, str) else bool(ok)
 
     @contextmanager
     def section(self, name: str):

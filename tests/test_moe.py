@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import iris
-from iris.errors import IrisError, IrisTimeoutError
+from iris.errors import CallMismatchError, IrisError, IrisTimeoutError
 from iris.testing import (RankReport, assert_rank_checks, interpreted_device, reports_on_available_ranks,
                           seeded_generator, spawn_reports)
 
@@ -316,6 +316,20 @@ def _check_device_errors(report: RankReport, rank: int) -> None:
     report.check("device_errors/stale_dispatch/failed", ctx.failed)
     ctx.destroy()
 
+    # Combines of one dispatch whose expert outputs differ between ranks (hidden size): every rank
+    # raises naming both calls, before any row lands in a peer's buffers (the workspace already fits
+    # the larger call, so no growth is what notices).
+    ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30)
+    made = ctx.ops.moe_dispatch(x, ids, w, 2 * world)
+    wide = torch.zeros(*made.tokens.shape[:2], 2 * HIDDEN, dtype=torch.bfloat16)
+    ctx.ops.moe_combine(wide, made)
+    made = ctx.ops.moe_dispatch(x, ids, w, 2 * world)
+    report.check("device_errors/combine_mismatch", _raises(
+        lambda: ctx.ops.moe_combine(wide if rank == world - 1 else made.tokens, made), "the ranks made different calls",
+        f"moe_combine(({2}, {world * TOKENS}, {HIDDEN}) bfloat16", f"moe_combine(({2}, {world * TOKENS}, {2 * HIDDEN}) "
+        "bfloat16", kind=CallMismatchError))
+    ctx.destroy()
+
     ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30, debug=True)
     report.check("device_errors/ids_out_of_range_debug_mode_host_check", _raises(
         lambda: ctx.ops.moe_dispatch(x, bad, w, 2 * world), f"on world rank(s) [{world - 1}]",
@@ -379,7 +393,7 @@ def test_routings_that_do_not_fit_fail_the_call_on_every_rank(reports):
     assert_rank_checks(reports, "device_errors/", {f"device_errors/{name}" for name in (
         "over_capacity", "over_capacity/failed", "ids_out_of_range", "ids_out_of_range_debug_mode_host_check",
         "debug_mode_host_check_leaves_the_context_usable", "stale_dispatch", "stale_dispatch/failed",
-        "completed")})
+        "combine_mismatch", "completed")})
 
 
 def _cpu_copy(result):

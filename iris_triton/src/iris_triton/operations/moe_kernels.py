@@ -31,12 +31,13 @@ from iris_triton.operations.moe import FP8_MAX
 from iris_triton.operations.moe_routing import route_pairs
 from iris_triton.protocol.calls import announce, header_value
 from iris_triton.tuning import MOE_ROW_BLOCKS
-from iris_triton.protocol.waits import failed, poison_blocks, record_failure, site_code, wait_for_peer_call, \
-    wait_or_record
+from iris_triton.protocol.waits import failed, peers_announced, poison_blocks, record_failure, site_code, \
+    wait_for_peer_call, wait_or_record
 
 __all__ = ["announce_route_kernel", "finish_kernel", "push_kernel"]
 
 SITE: tl.constexpr = tl.constexpr(site_code("moe_dispatch"))
+COMBINE_SITE: tl.constexpr = tl.constexpr(site_code("moe_combine"))
 INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
 FP8_LARGEST: tl.constexpr = tl.constexpr(FP8_MAX)
 
@@ -318,13 +319,14 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
 
 def _control(ctx) -> dict:
     """The MoE protocol's int32 words on the heap: the dispatch count, the headers (two rows by call
-    parity, then the announcements), the routing tables' flags, the pushing programs' flags, and
-    the returning programs' flags by the dispatch's parity."""
+    parity, then the announcements), the routing tables' flags, the pushing programs' flags, the
+    returning programs' flags by the dispatch's parity, and combine's headers (two rows by the
+    dispatch's parity)."""
     import torch
 
     world, programs = ctx.world_size, ctx.programs
     sizes = {"calls": 1, "headers": 3 * world, "table": world, "done": world * programs,
-             "back": 2 * world * programs}
+             "back": 2 * world * programs, "combine_headers": 2 * world}
     words = ctx.workspaces.get("moe_control", 4 * sum(sizes.values()), fill=0).view(torch.int32)
     out, start = {}, 0
     for name, size in sizes.items():
@@ -341,6 +343,8 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
     parity (which half of the return buffers) is read on the device from its number."""
     import torch
 
+    from iris_triton.operations.fused_ops import _announced_call
+
     ctx = ops._context
     world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
     (T, k), (L, _, H) = topk_ids.shape, expert_out.shape
@@ -354,9 +358,11 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
     context = ctx.get_device_context()
     sources = (buffers["source_rank"], buffers["source_index"], buffers["source_slot"])
     x, ids, weights = expert_out.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
-    with ctx._call("ops.moe_combine", (out,)):
+    with ctx._call("ops.moe_combine", (out,)), _announced_call(ctx, "moe_combine", (expert_out, topk_ids,
+                                                                                   topk_weights), "direct") as sig:
         return_kernel[(programs,)](context, x, counts, *sources, call, control["calls"], back, control["back"],
-                                   back_stride, H, L, capacity, K=k, BLOCK_H=block_h, RANK=rank, WORLD=world)
+                                   back_stride, control["combine_headers"], sig, H, L, capacity, K=k,
+                                   BLOCK_H=block_h, RANK=rank, WORLD=world)
         reduce_kernel[(programs,)](context, out, back, control["back"], back_stride, programs, ids, positions,
                                    weights, call, control["calls"], T, H, K=k, BLOCK_H=block_h, RANK=rank,
                                    WORLD=world)
@@ -376,24 +382,31 @@ def _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride, FLAG
     parity = call & 1
     ok = tl.load(calls) - call <= 2
     if not ok:
-        record_failure(dctx, dctx.rank, (11 << 8) + SITE)  # stale_dispatch
+        record_failure(dctx, dctx.rank, (11 << 8) + COMBINE_SITE)  # stale_dispatch
     return call, back + parity * back_stride, back_flags + parity * FLAGS, ok
 
 
 @triton.jit
 def return_kernel(context, expert_out, counts, source_rank, source_index, source_slot, call_in, calls, back,
-                  back_flags, back_stride, H, L, capacity, K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr,
-                  WORLD: tl.constexpr):
-    """Combine's first step: every received row's expert output (``expert_out[l, i]``, ``i <
-    counts[l]``) into row ``[t, j]`` of ``back`` (``[T, K, H]``, the dispatch's parity) on its
-    source rank (``source_*[l, i]``: rank, token ``t``, slot ``j``); then this program's flag
-    ``back_flags[RANK, p]`` := the dispatch's number + 1 on every rank. A stale dispatch
-    (:func:`_combined_dispatch`) sends nothing."""
+                  back_flags, back_stride, headers, signature, H, L, capacity, K: tl.constexpr, BLOCK_H: tl.constexpr,
+                  RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Combine's first step: the call announced in every peer's combine header (program 0; its
+    dispatch's parity's row of ``headers``), and once every peer announced the same call (bounded
+    waits; another call is recorded as a mismatch: a peer's rows of another size or type would land
+    outside the rows this rank's buffers hold), every received row's expert output
+    (``expert_out[l, i]``, ``i < counts[l]``) into row ``[t, j]`` of ``back`` (``[T, K, H]``, the
+    dispatch's parity) on its source rank (``source_*[l, i]``: rank, token ``t``, slot ``j``);
+    then this program's flag ``back_flags[RANK, p]`` := the dispatch's number + 1 on every rank. A
+    stale dispatch (:func:`_combined_dispatch`) sends nothing."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call, back, back_flags, fresh = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
                                                        WORLD * tl.num_programs(0))
+    announced = header_value(call, signature)
+    row = headers + (call & 1) * WORLD
+    if fresh & (tl.program_id(0) == 0) & (not failed(dctx)):
+        announce(dctx, row, announced, RANK, WORLD)
     columns = tl.arange(0, BLOCK_H)
-    if fresh & (not failed(dctx)):
+    if fresh & peers_announced(dctx, row, announced, RANK, WORLD, COMBINE_SITE, True):
         for expert in range(0, L):
             for i in range(tl.program_id(0), tl.load(counts + expert), tl.num_programs(0)):
                 slot = expert * capacity + i
@@ -422,7 +435,7 @@ def reduce_kernel(context, out, back, back_flags, back_stride, programs, ids, po
     for q in range(WORLD):
         for p in range(0, programs):
             if ok:
-                ok = wait_or_record(dctx, back_flags + q * programs + p, call + 1, q, SITE)
+                ok = wait_or_record(dctx, back_flags + q * programs + p, call + 1, q, COMBINE_SITE)
     columns = tl.arange(0, BLOCK_H)
     for t in range(tl.program_id(0), T, tl.num_programs(0)):
         for h in range(0, H, BLOCK_H):

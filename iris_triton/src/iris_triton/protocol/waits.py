@@ -46,7 +46,7 @@ WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "a
               "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "send", "recv",
               "all_to_all_single", "all_to_all_vdev", "reduce", "gather", "scatter", "tile all_reduce",
               "tile all_gather", "tile reduce_scatter", "tile all_to_all", "tile broadcast", "all_reduce_rmsnorm",
-              "moe_dispatch", "tile gather")
+              "moe_dispatch", "tile gather", "moe_combine")
 #: Kinds of failure, by code: a peer did not deliver within the timeout, or it delivered a
 #: different call (another collective, size, dtype, op or root).
 KINDS = {1: "timeout", 2: "mismatch", 3: "overflow", 4: "capacity", 5: "bounds", 6: "splits", 7: "unmatched",
