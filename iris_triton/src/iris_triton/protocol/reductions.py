@@ -21,7 +21,9 @@ def combine(acc, x, OP: tl.constexpr):
     """``acc`` combined with ``x`` by ``OP`` (:data:`iris.collectives.REDUCE_OPS`; ``"avg"`` sums,
     and :func:`finish` divides). Integers wrap around, as torch's do; ``"max"`` and ``"min"`` give
     NaN where any operand is NaN, as torch's do (a GPU's plain max/min instruction returns the other
-    operand: the interpreter, whose numpy propagates NaN, does not show the difference)."""
+    operand: the interpreter, whose numpy propagates NaN, does not show the difference), and order
+    -0 below +0 (IEEE 754's maximum and minimum; torch returns either zero of a tie, by the path its
+    kernel takes)."""
     if OP == "sum":
         acc = acc + x
     elif OP == "avg":
