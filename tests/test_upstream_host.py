@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -68,6 +69,22 @@ def test_hip_imports_without_gpu_process_group_or_triton():
     ).stdout.split()
     cores = out[-1]
     assert out[:-1] == ["1", "0", cores, cores, "1", "cpu", "1000000", "(-1,", "-1)"]
+
+
+@pytest.mark.parametrize("name", sorted(hip.AMD_ONLY))
+def test_hip_amd_only_calls_import_and_raise_naming_the_call(name):
+    # Upstream's HIP/ROCr-only calls import (a program that names them still loads) and raise,
+    # when called, NotImplementedError naming the call and what it was for.
+    call = getattr(hip, name)
+    assert call.__name__ == name
+    with pytest.raises(NotImplementedError, match=rf"iris\.hip\.{name} is {re.escape(hip.AMD_ONLY[name])}, which only "
+                                                  r"HIP/ROCr provides \(AMD GPUs\)"):
+        call(0, 1)
+
+
+def test_hip_names_nothing_else_it_lacks():
+    with pytest.raises(AttributeError, match="module 'iris.hip' has no attribute 'mem_create_typo'"):
+        hip.mem_create_typo  # noqa: B018
 
 
 def test_hip_answers_for_this_machine():

@@ -10,6 +10,11 @@ module gives the same answers for the devices iris runs on:
 * on a machine without a GPU, the host counts as the one device, ``0``, whose compute units are
   the CPU cores this process may run on; kernels run in Triton's interpreter there.
 
+Upstream's HIP/ROCr-only calls (DMA-BUF export and import, virtual-memory reservation and
+mapping, fine-grained allocation: :data:`AMD_ONLY`) exist under their names, so that a program
+that imports them still imports; calling one raises :class:`NotImplementedError` naming the call
+and what iris does instead on NVIDIA GPUs.
+
 Importing it needs no GPU, no process group and no Triton.
 """
 
@@ -20,6 +25,7 @@ import os
 import torch
 
 __all__ = [
+    "AMD_ONLY",
     "count_devices",
     "get_arch_string",
     "get_cu_count",
@@ -121,3 +127,35 @@ def get_arch_string(device_id: int | None = None) -> str:
 def get_rocm_version() -> tuple[int, int]:
     """``(-1, -1)``: what upstream returns when it finds no ROCm installation, as here."""
     return (-1, -1)
+
+
+#: Upstream's calls that only HIP/ROCr provide, by what they are for.
+AMD_ONLY = {
+    **dict.fromkeys(("export_dmabuf_handle", "import_dmabuf_handle", "destroy_external_memory"),
+                    "DMA-BUF sharing of device memory"),
+    **dict.fromkeys(("get_allocation_granularity", "mem_create", "mem_export_to_shareable_handle",
+                     "mem_import_from_shareable_handle", "mem_address_reserve", "mem_map", "mem_unmap",
+                     "mem_address_free", "mem_release", "mem_set_access"),
+                    "HIP virtual-memory management"),
+    "malloc_fine_grained": "fine-grained (hipExtMallocWithFlags) allocation",
+}
+
+
+def _amd_only(name: str):
+    def call(*args, **kwargs):
+        raise NotImplementedError(
+            f"iris.hip.{name} is {AMD_ONLY[name]}, which only HIP/ROCr provides (AMD GPUs); iris on NVIDIA GPUs "
+            f"and CPU ranks has no such call: its symmetric heap is mapped into every peer when the context is "
+            f"created (CUDA IPC), and ctx.as_symmetric(tensor) puts an existing tensor on the heap "
+            f"(docs/migrating.md)")
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"Upstream's HIP/ROCr-only ``{name}`` ({AMD_ONLY[name]}): raises NotImplementedError here."
+    return call
+
+
+def __getattr__(name: str):
+    """Upstream's AMD-only calls (:data:`AMD_ONLY`), which raise when called."""
+    if name in AMD_ONLY:
+        return _amd_only(name)
+    raise AttributeError(f"module 'iris.hip' has no attribute {name!r}")
