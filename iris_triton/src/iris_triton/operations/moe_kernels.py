@@ -31,8 +31,8 @@ from iris_triton.operations.moe import FP8_MAX
 from iris_triton.operations.moe_routing import route_pairs
 from iris_triton.protocol.calls import announce, header_value
 from iris_triton.tuning import MOE_ROW_BLOCKS
-from iris_triton.protocol.waits import failed, peers_announced, poison_blocks, record_failure, site_code, \
-    wait_for_peer_call, wait_or_record
+from iris_triton.protocol.waits import EXPERT_CAPACITY, EXPERT_IDS, STALE_DISPATCH, failed, peers_announced, \
+    poison_blocks, record_failure, site_code, wait_for_peer_call, wait_or_record
 
 __all__ = ["announce_route_kernel", "finish_kernel", "push_kernel"]
 
@@ -105,13 +105,13 @@ def _table_verdict(dctx, table, capacity, E, L, E_BLOCK: tl.constexpr, WORLD: tl
         per_expert += tl.load(table + q * (E + 1) + experts, mask=experts < E, other=0)
         outside = tl.load(table + q * (E + 1) + E) != 0
         if outside & RECORD:
-            record_failure(dctx, q, (9 << 8) + SITE)  # expert_ids
+            record_failure(dctx, q, EXPERT_IDS * 256 + SITE)
         ok = ok & (not outside)
     over = (per_expert > capacity) & (experts < E)
     for q in tl.static_range(WORLD):
         mine = over & (experts // L == q)
         if (tl.sum(mine.to(tl.int32), axis=0) > 0) & RECORD:
-            record_failure(dctx, q, (10 << 8) + SITE)  # expert_capacity
+            record_failure(dctx, q, EXPERT_CAPACITY * 256 + SITE)
     return ok & (tl.sum(over.to(tl.int32), axis=0) == 0)
 
 
@@ -382,7 +382,7 @@ def _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride, FLAG
     parity = call & 1
     ok = tl.load(calls) - call <= 2
     if not ok:
-        record_failure(dctx, dctx.rank, (11 << 8) + COMBINE_SITE)  # stale_dispatch
+        record_failure(dctx, dctx.rank, STALE_DISPATCH * 256 + COMBINE_SITE)
     return call, back + parity * back_stride, back_flags + parity * FLAGS, ok
 
 

@@ -88,6 +88,9 @@ BOUNDS: tl.constexpr = tl.constexpr(5)
 SPLITS: tl.constexpr = tl.constexpr(6)
 UNMATCHED: tl.constexpr = tl.constexpr(7)
 TILES: tl.constexpr = tl.constexpr(8)
+EXPERT_IDS: tl.constexpr = tl.constexpr(9)
+EXPERT_CAPACITY: tl.constexpr = tl.constexpr(10)
+STALE_DISPATCH: tl.constexpr = tl.constexpr(11)
 
 
 def fault_words(world: int) -> int:
