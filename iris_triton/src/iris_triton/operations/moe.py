@@ -221,8 +221,8 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
 
 def compiled_combine(ops, expert_out, handle) -> torch.Tensor:
     """``ctx.ops.moe_combine`` under torch.compile: the operator ``torch.ops.iris.moe_combine``
-    (which runs the eager call) on the handle's tensors."""
-    handle = handle.handle if isinstance(handle, MoeDispatch) else handle
+    (which runs the eager call) on the handle's tensors, checked as the eager call checks it."""
+    handle = _handle_of(ops, handle)
     return torch.ops.iris.moe_combine(expert_out, handle.topk_ids, handle.topk_weights, handle.positions, handle.call,
                                       handle.counts, handle.slot, ops._iris_handle, handle.num_experts,
                                       handle.capacity)
