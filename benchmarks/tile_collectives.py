@@ -1,8 +1,8 @@
-"""Tile collectives inside a kernel (``iris.x``) against the host-launched collectives, in one run.
+"""Tile collectives inside a kernel (``iris_triton.tiles``) against the host-launched collectives, in one run.
 
 For each size (bytes per rank of a bf16 ``rows x 8192`` matrix), a persistent kernel (one program
-per multiprocessor) all-reduces every ``64 x 128`` tile of it with ``x.all_reduce`` (one-shot) and
-``x.all_reduce_two_shot``, each tile synchronised by a tile sync; the same bytes go through
+per multiprocessor) all-reduces every ``64 x 128`` tile of it with ``tiles.all_reduce`` (one-shot) and
+``tiles.all_reduce_two_shot``, each tile synchronised by a tile sync; the same bytes go through
 ``ctx.ccl.all_reduce`` and through NCCL (torch.distributed, GPU ranks). Every implementation is
 checked against NCCL's (gloo's on CPU ranks) result first, then timed per call under CUDA graphs
 (``benchmarks.common.interleaved_per_call_us``): each rank's median, and the slowest rank's is the
@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 import iris
-import iris.x as x
+import iris_triton.tiles as tiles
 from benchmarks.common import CPU_CAVEAT, interleaved_per_call_us, write_results
 from iris.config import parse_size
 
@@ -41,15 +41,15 @@ def all_reduce_tiles(context, src, dst, sync, M, N, CTX: tl.constexpr, RANK: tl.
     """Every tile of the row-major ``M x N`` ``src`` all-reduced into ``dst``, program ``p``
     taking tiles ``p, p + P, ...``."""
     dctx = CTX.initialize(context, RANK, WORLD)
-    src_view = x.make_tensor_view(src, M, N, N, 1)
-    dst_view = x.make_tensor_view(dst, M, N, N, 1)
+    src_view = tiles.make_tensor_view(src, M, N, N, 1)
+    dst_view = tiles.make_tensor_view(dst, M, N, N, 1)
     tiles_n = tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tiles_n, tl.num_programs(0)):
-        tile = x.TileView(t // tiles_n, t % tiles_n, BLOCK_M, BLOCK_N)
+        tile = tiles.TileView(t // tiles_n, t % tiles_n, BLOCK_M, BLOCK_N)
         if TWO_SHOT:
-            x.all_reduce_two_shot(tile, src_view, dst_view, dctx, sync)
+            tiles.all_reduce_two_shot(tile, src_view, dst_view, dctx, sync)
         else:
-            x.all_reduce(tile, src_view, dst_view, dctx, sync)
+            tiles.all_reduce(tile, src_view, dst_view, dctx, sync)
 
 
 def _measure(ctx, kernel, programs: int, size: int, calls: int, repeats: int) -> dict:

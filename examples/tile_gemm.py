@@ -1,4 +1,4 @@
-"""Communication inside your own GEMM kernels with iris's tile collectives (``iris.x``), checked
+"""Communication inside your own GEMM kernels with iris's tile collectives (``iris_triton.tiles``), checked
 against torch.
 
 - ``matmul_all_reduce``: a row-parallel layer. Each rank holds a block of ``A``'s columns and
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 import iris
-import iris.x as x
+import iris_triton.tiles as tiles
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 16
 
@@ -37,11 +37,11 @@ def matmul_all_reduce_kernel(context, a, b, partial, out, sync, M, N, K, CTX: tl
     """``out`` := the sum over ranks of ``a @ b`` (row-major ``M x K`` and ``K x N``; ``partial``
     and ``out`` ``M x N``, ``partial`` on the heap)."""
     dctx = CTX.initialize(context, RANK, WORLD)
-    partial_view = x.make_tensor_view(partial, M, N, N, 1)
-    out_view = x.make_tensor_view(out, M, N, N, 1)
+    partial_view = tiles.make_tensor_view(partial, M, N, N, 1)
+    out_view = tiles.make_tensor_view(out, M, N, N, 1)
     tiles_n = tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tiles_n, tl.num_programs(0)):
-        tile = x.TileView(t // tiles_n, t % tiles_n, BLOCK_M, BLOCK_N)
+        tile = tiles.TileView(t // tiles_n, t % tiles_n, BLOCK_M, BLOCK_N)
         rm, rn = tile.indices()
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -51,7 +51,7 @@ def matmul_all_reduce_kernel(context, a, b, partial, out, sync, M, N, K, CTX: tl
             acc = tl.dot(a_tile, b_tile, acc)
         pointers, mask = partial_view.tile_ptr(tile)
         tl.store(pointers, acc.to(partial.dtype.element_ty), mask=mask)
-        x.all_reduce(tile, partial_view, out_view, dctx, sync)  # the epilogue: this tile, summed over ranks
+        tiles.all_reduce(tile, partial_view, out_view, dctx, sync)  # the epilogue: this tile, summed over ranks
 
 
 def all_gather_matmul_kernel(context, a_shard, b, gathered, out, sync, m, N, K, CTX: tl.constexpr,
@@ -61,11 +61,11 @@ def all_gather_matmul_kernel(context, a_shard, b, gathered, out, sync, m, N, K, 
     ``p`` of every rank's ``m x K`` shard into ``gathered`` (``WORLD * m x K``), then computes the
     rows of ``out`` it gathered."""
     dctx = CTX.initialize(context, RANK, WORLD)
-    shard_view = x.make_tensor_view(a_shard, m, K, K, 1)
-    gathered_view = x.make_tensor_view(gathered, WORLD * m, K, K, 1)
+    shard_view = tiles.make_tensor_view(a_shard, m, K, K, 1)
+    gathered_view = tiles.make_tensor_view(gathered, WORLD * m, K, K, 1)
     for t in range(tl.program_id(0), tl.cdiv(m, BLOCK_M), tl.num_programs(0)):
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            x.all_gather(x.TileView(t, k, BLOCK_M, BLOCK_K), shard_view, gathered_view, 0, dctx, sync)
+            tiles.all_gather(tiles.TileView(t, k, BLOCK_M, BLOCK_K), shard_view, gathered_view, 0, dctx, sync)
         for q in range(WORLD):
             rows = q * m + t * BLOCK_M + tl.arange(0, BLOCK_M)
             inside = rows < (q + 1) * m

@@ -298,7 +298,7 @@ def test_max_and_min_reductions_give_nan_for_a_nan_operand(ptx, frontend, op):
 @pytest.mark.parametrize("frontend", ["", "gluon:"], ids=["triton", "gluon"])
 @pytest.mark.parametrize("collective", TILE_COLLECTIVES)
 def test_tile_collectives_move_vectors_and_signal_at_system_scope(ptx, frontend, collective):
-    # A tile collective inside a kernel (iris.x; bf16 tiles, the source compiled by each front
+    # A tile collective inside a kernel (iris_triton.tiles; bf16 tiles, the source compiled by each front
     # end): its tiles move as 16-byte vectors, never as single 16-bit elements; a tile's ready
     # and done signals are release exchanges at system scope, its waits acquire loads at system
     # scope, and nothing else is atomic.

@@ -1,4 +1,4 @@
-"""Tile collectives inside a kernel (``iris.x``) across real ranks, against torch.
+"""Tile collectives inside a kernel (``iris_triton.tiles``) across real ranks, against torch.
 
 One spawn per world size (2 and 3 ranks; 3 with float32 only) runs every check, each rank returning ``{check: True |
 False | error text}``: every collective of ``tests/tile_kernels.py`` over a ragged matrix (tiles

@@ -109,7 +109,7 @@ class TritonDeviceOps(DeviceOps):
 
     def tile_sync(self, num_tiles: int) -> torch.Tensor:
         """The synchronisation state of the tile collectives (:mod:`iris_triton.tiles.collectives`,
-        ``iris.x``) for tile numbers ``[0, num_tiles)``: a small int64 tensor to pass to the kernel
+        ``iris_triton.tiles``) for tile numbers ``[0, num_tiles)``: a small int64 tensor to pass to the kernel
         and on to the collectives as ``sync``. It counts calls per tile on the device, so one
         sync serves every launch of a kernel, CUDA-graph replays included; kernels that may run at
         the same time need one each. Collective (it allocates on the heap)."""
@@ -246,13 +246,14 @@ class TritonDeviceOps(DeviceOps):
         return read_device_clock(torch.empty(1, dtype=torch.int64, device=self.device))
 
     def _compile_check_calls(self, full: bool):
-        """The tile collectives inside :mod:`iris_triton.tiles.kernel`'s kernel (each, with each
-        reduction in the full calls, with tracing as the context has it), the device clock's read,
-        the demo's ring store and the announcement of a call that waits on the host (and its
-        taking back)."""
+        """The tile collectives inside :mod:`iris_triton.tiles.kernel`'s kernels (each, with each
+        reduction in the full calls, with tracing as the context has it; upstream's forms too, in
+        bfloat16, and in the full calls every float type), the device clock's read, the demo's
+        ring store and the announcement of a call that waits on the host (and its taking back)."""
         from iris_triton.device.clock import read_device_clock
         from iris_triton.demo import ring_store_step
-        from iris_triton.tiles.kernel import COLLECTIVES, launch_tile_collective
+        from iris_triton.tiles.kernel import (COLLECTIVES, UPSTREAM_COLLECTIVES, launch_tile_collective,
+                                              launch_upstream_tile_collective)
 
         world = self.world_size
         sync = self.tile_sync(16)
@@ -263,6 +264,13 @@ class TritonDeviceOps(DeviceOps):
                     dst = self.zeros(32 * world, 32 * world)
                     launch_tile_collective(self, collective, src, dst, sync, op=op, chunk=32)
                 yield f"tile collective {collective}(op={op})", call
+        for collective in UPSTREAM_COLLECTIVES:
+            for dtype in (torch.float32, torch.float16, torch.bfloat16) if full else (torch.bfloat16,):
+                def upstream_call(collective=collective, dtype=dtype):
+                    src = self.zeros(32, 32 * world, dtype=dtype)
+                    dst = self.zeros(32 * world, 32 * world, dtype=dtype)
+                    launch_upstream_tile_collective(self, collective, src, dst)
+                yield f"upstream tile collective {collective}({dtype})", upstream_call
         yield "device clock", lambda: read_device_clock(torch.zeros(1, dtype=torch.int64, device=self.device))
         yield "demo ring store", lambda: ring_store_step(self, [torch.zeros(1000)] * world)
 

@@ -296,19 +296,59 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
 
 
 @triton.jit
+def _atomic_add(remote, value, mask, sem: tl.constexpr, scope: tl.constexpr):
+    """``tl.atomic_add``, and in Triton's interpreter, which has no 16-bit float atomics, the same
+    addition through :func:`_interpreted_atomic_add_16`."""
+    if INTERPRETED and remote.dtype.element_ty.is_floating() and remote.dtype.element_ty.primitive_bitwidth == 16:
+        old = _interpreted_atomic_add_16(remote, value, mask)
+    else:
+        old = tl.atomic_add(remote, value, mask=mask, sem=sem, scope=scope)
+    return old
+
+
+@triton.jit
+def _interpreted_atomic_add_16(remote, value, mask):
+    """Add 16-bit floats ``value`` at ``remote`` atomically (the interpreter only): a compare-and-
+    swap loop on the 32-bit word that holds each element, its other half kept as it is; each sum
+    rounded once, as a GPU's 16-bit atomic add rounds it. Returns the old values. Lanes outside
+    ``mask`` swap the words they did not load (0) for the same value, at an address inside the
+    block, so they change nothing."""
+    address = remote.to(tl.int64)
+    valid = address == address if mask is None else mask
+    if remote.type.is_block():
+        inside = tl.min(tl.where(valid, address, 0x7FFFFFFFFFFFFFFF))
+    else:
+        inside = address
+    words = (tl.where(valid, address, inside) // 4 * 4).to(tl.pointer_type(tl.int32))
+    shift = (address % 4 * 8).to(tl.int32)
+    old = value
+    pending = valid
+    while tl.max(pending.to(tl.int32)) > 0:
+        word = tl.load(words, mask=pending, other=0, volatile=True)
+        current = ((word >> shift) & 0xFFFF).to(tl.int16).to(value.dtype, bitcast=True)
+        added = (current.to(tl.float32) + value.to(tl.float32)).to(value.dtype)
+        bits = added.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        updated = tl.where(pending, (word & ~(0xFFFF << shift)) | (bits << shift), word)
+        seen = tl.atomic_cas(words, word, updated)
+        old = tl.where(pending & (seen == word), current, old)
+        pending = pending & (seen != word)
+    return old
+
+
+@triton.jit
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically add ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask=mask,
-                         sem=_sem(sem), scope=_scope(scope))
+    return _atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), _like(val, ptr), mask,
+                       _sem(sem), _scope(scope))
 
 
 @triton.jit
 def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically subtract ``val`` at ``ptr``'s offset on ``to_rank``; returns the old values."""
-    return tl.atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), -_like(val, ptr), mask=mask,
-                         sem=_sem(sem), scope=_scope(scope))
+    return _atomic_add(_translate_write(ptr, from_rank, to_rank, heap_bases, mask, hint), -_like(val, ptr), mask,
+                       _sem(sem), _scope(scope))
 
 
 @triton.jit

@@ -175,14 +175,20 @@ def failed(dctx):
 
 
 @triton.jit
-def wait_or_record(dctx, flag, value, peer, SITE: tl.constexpr):
-    """Wait until this rank's ``flag`` >= ``value`` (acquire, system scope) and return True; give
-    up (False) after the context's timeout or at once when it has failed, recording a timeout of
-    ``SITE`` for ``peer``."""
-    ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
+def wait_or_record(dctx, flag, value, peer, SITE: tl.constexpr, ON_PEER: tl.constexpr = False):
+    """Wait until this rank's ``flag`` (with ``ON_PEER``: ``peer``'s, at ``flag``'s offset in its
+    heap) >= ``value`` (acquire, system scope) and return True; give up (False) after the
+    context's timeout or at once when it has failed, recording a timeout of ``SITE`` for
+    ``peer``."""
+    if ON_PEER:
+        holder = peer
+        ok = dctx.atomic_add(flag, 0, peer, sem="acquire", scope="sys") >= value
+    else:
+        holder = dctx.rank
+        ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
     if not ok:
         if not failed(dctx):  # else give up at once: the context failed, and said why already
-            ok = dctx.wait_until(flag, value, dctx.rank, dctx.failstop.timeout_ns)
+            ok = dctx.wait_until(flag, value, holder, dctx.failstop.timeout_ns)
             if not ok:
                 record_failure(dctx, peer, TIMEOUT * 256 + SITE)
     return ok

@@ -167,7 +167,7 @@ def _leave(dctx, sync, row, value, ok, hub, GATHER: tl.constexpr, SITE: tl.const
 
 
 @triton.jit
-def _owner_of_run(tile_id, tiles, world):
+def owner_of_run(tile_id, tiles, world):
     """The rank that owns tile ``tile_id`` of ``tiles`` in contiguous runs: rank r the
     ``tiles // world`` from ``r * (tiles // world)``, the last rank the rest too."""
     per_rank = tiles // world
@@ -244,7 +244,7 @@ def reduce_scatter(tile, src_view, dst_view, ctx, sync=None, op: tl.constexpr = 
     in rank order; the other ranks' ``dst_view`` is left as it is. Every rank calls it for every
     tile."""
     tile_id = src_view.tile_id(tile)
-    owner = _owner_of_run(tile_id, src_view.number_of_tiles(tile.block_m, tile.block_n), ctx.world_size)
+    owner = owner_of_run(tile_id, src_view.number_of_tiles(tile.block_m, tile.block_n), ctx.world_size)
     row, value, ok = _arrive(ctx, sync, tile_id, owner, True, REDUCE_SCATTER, REDUCE_SCATTER_SITE)
     if ctx.rank == owner:
         src, mask = src_view.tile_ptr(tile, ctx)
