@@ -31,9 +31,10 @@ class ReferenceHeap:
     def needed_units(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.alignment))
 
-    def allocate(self, nbytes: int) -> int | None:
+    def allocate(self, nbytes: int, alignment: int | None = None) -> int | None:
         n = self.needed_units(nbytes)
-        unit = self.units.find(bytes(n))
+        step = max(alignment or self.alignment, self.alignment) // self.alignment
+        unit = next((u for u in range(0, len(self.units) - n + 1, step) if not any(self.units[u : u + n])), -1)
         if unit < 0:
             return None
         self.units[unit : unit + n] = b"\x01" * n
@@ -63,7 +64,7 @@ def random_ops(seed: int, count: int, max_bytes: int):
         if rng.random() < 0.55:
             # Mix tiny, zero, unaligned and large requests.
             nbytes = rng.choice([0, 1, rng.randrange(1, 300), rng.randrange(1, 4 * KiB), rng.randrange(1, max_bytes)])
-            ops.append(("alloc", nbytes))
+            ops.append(("alloc", (nbytes, rng.choice([None, None, None, 512, 1024, 4 * KiB]))))
         else:
             ops.append(("free", rng.randrange(1 << 30)))
     return ops
@@ -75,13 +76,15 @@ def run_ops(alloc: HeapAllocator, ops, reference: ReferenceHeap | None = None, c
     offsets: list[int | None] = []
     for op, arg in ops:
         if op == "alloc":
+            nbytes, alignment = arg if isinstance(arg, tuple) else (arg, None)
             try:
-                offset = alloc.allocate(arg)
+                offset = alloc.allocate(nbytes, alignment)
             except HeapExhaustedError:
                 offset = None
             offsets.append(offset)
             if reference is not None:
-                assert offset == reference.allocate(arg), f"allocate({arg}) after {len(offsets)} allocations"
+                assert offset == reference.allocate(nbytes, alignment), (
+                    f"allocate({nbytes}, alignment={alignment}) after {len(offsets)} allocations")
             if offset is not None:
                 live.append(offset)
         elif live:
@@ -131,6 +134,21 @@ def test_heap_size_is_truncated_to_the_alignment():
 def test_alignment_must_be_a_power_of_two(alignment):
     with pytest.raises(ValueError, match="power of two"):
         HeapAllocator(MiB, alignment=alignment)
+
+
+def test_an_aligned_block_leaves_the_bytes_it_skips_free():
+    alloc = HeapAllocator(64 * KiB)
+    assert alloc.allocate(100) == 0
+    assert alloc.allocate(100, alignment=4 * KiB) == 4 * KiB
+    assert alloc.allocate(3 * KiB) == DEFAULT_ALIGNMENT  # the skipped bytes, first fit
+    assert alloc.allocate(1, alignment=64) == DEFAULT_ALIGNMENT * 13  # never below the allocator's own
+    assert alloc.free_bytes == 64 * KiB - 3 * DEFAULT_ALIGNMENT - 3 * KiB
+
+
+@pytest.mark.parametrize("alignment", [0, 3, -256, 1.5, True])
+def test_a_requested_alignment_must_be_a_power_of_two(alignment):
+    with pytest.raises(ValueError, match="power of two"):
+        HeapAllocator(MiB).allocate(8, alignment)
 
 
 def test_negative_request_is_value_error():

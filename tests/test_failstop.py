@@ -1109,14 +1109,14 @@ def test_mismatched_calls_raise_or_return_exactly_their_own_reference():
 
 def test_a_context_used_from_two_threads_at_once_raises_instead_of_interleaving(ctx, monkeypatch):
     inside, release = threading.Event(), threading.Event()
-    allocate = ctx.heap.allocate
+    allocate = ctx.heap.allocate_strided
 
     def slow_allocate(*args, **kwargs):
         inside.set()
         assert release.wait(30), "the test never released the first call"
         return allocate(*args, **kwargs)
 
-    monkeypatch.setattr(ctx.heap, "allocate", slow_allocate)
+    monkeypatch.setattr(ctx.heap, "allocate_strided", slow_allocate)
     first = {}
     thread = threading.Thread(target=lambda: first.setdefault("tensor", ctx.zeros(4)))
     thread.start()

@@ -8,11 +8,12 @@ Two things make upstream iris's programs run unchanged:
   :mod:`~iris.compat.tiles`), on the same kernels as every other context. That class is the one
   place the core tells the two kinds of context apart.
 - **Upstream's module names.** ``iris.ccl``, ``iris.hip``, ``iris.logging``, ``iris.timing``,
-  ``iris.ops``, ``iris.iris`` and ``iris.experimental`` are modules of this package under a second
-  name (:data:`ALIASES`); ``iris.x``, ``iris.device_utils`` and ``iris.experimental.iris_gluon``
-  are modules of a backend, which declares them (``Backend.device_modules``), so the core imports
-  no backend. An alias is the same module object as its target (``iris.ops.config is
-  iris.compat.ops.config``), imported on first use.
+  ``iris.ops``, ``iris.iris``, ``iris.experimental``, ``iris.tensor_creation`` and
+  ``iris.allocators`` are modules of this package under a second name (:data:`ALIASES`);
+  ``iris.x``, ``iris.device_utils`` and ``iris.experimental.iris_gluon`` are modules of a
+  backend, which declares them (``Backend.device_modules``), so the core imports no backend. An
+  alias is the same module object as its target (``iris.ops.config is iris.compat.ops.config``),
+  imported on first use.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ ALIASES: dict[str, str | tuple[str, str]] = {
     "iris.iris": "iris.compat.iris_module",
     "iris.ops": "iris.compat.ops",
     "iris.experimental": "iris.compat.experimental",
+    "iris.tensor_creation": "iris.compat.tensor_creation",
+    "iris.allocators": "iris.compat.allocators",
     "iris.experimental.iris_gluon": ("gluon", "experimental.iris_gluon"),
     "iris.x": ("triton", "x"),
     "iris.device_utils": ("triton", "device_utils"),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
+from iris.compat.heap import UpstreamHeapMethods
 from iris.context.bootstrap import Communicator
 from iris.errors import AsymmetricHeapError, IrisError, NotOnHeapError
 from iris.heap.allocator import HeapAllocator
@@ -51,8 +52,9 @@ class HeapCall:
         return f"call #{self.index}: {self.op}({self.nbytes} bytes{where}{', ' + self.detail if self.detail else ''})"
 
 
-class SymmetricHeap:
-    """Allocates and frees blocks at offsets identical on every rank.
+class SymmetricHeap(UpstreamHeapMethods):
+    """Allocates and frees blocks at offsets identical on every rank (and upstream iris's heap
+    calls, :class:`iris.compat.heap.UpstreamHeapMethods`).
 
     Allocation and free are collective in the sense that every rank must make the same calls in
     the same order. Each rank keeps a running digest of its calls (op, offset, bytes) and the
@@ -73,7 +75,12 @@ class SymmetricHeap:
         #: host code asks for a heap that is not mapped here.
         self.node_layout = node_layout
         self.debug = debug
-        self.allocator = HeapAllocator(mapping.size)
+        self.allocator = HeapAllocator(mapping.size, base_address=self.local.data_ptr(),
+                                       device=self.local.device)
+        #: The context whose heap this is (a weak proxy; set by the context): what upstream iris's
+        #: heap calls that need one reach (``as_symmetric``, ``get_heap_bases``, the constructors
+        #: of ``iris.tensor_creation``).
+        self.owner = None
         self._calls = 0
         #: Running digest of every call so far, chained: equal on two ranks iff their histories are.
         self._digest = bytes(8)
@@ -141,13 +148,25 @@ class SymmetricHeap:
         if self.allocation_map is not None:
             self.allocation_map[offset // MAP_GRANULE : -(-(offset + nbytes) // MAP_GRANULE)] = value
 
-    def allocate(self, nbytes: int, detail: str = "") -> int:
-        """Offset of a new block of ``nbytes``; identical on every rank."""
+    def allocate_bytes(self, nbytes: int, detail: str = "", alignment: int | None = None) -> int:
+        """Offset of a new block of ``nbytes`` (a multiple of ``alignment`` bytes when given);
+        identical on every rank."""
         call = self._begin("allocate", nbytes, detail)
-        offset = self.allocator.allocate(nbytes)
+        offset = self.allocator.allocate(nbytes, alignment)
         self._log(call, offset)
         self._mark(offset, nbytes, 1)
         return offset
+
+    def allocate_strided(self, shape: tuple, stride: tuple, dtype: torch.dtype, alignment: int | None = None,
+                         ) -> torch.Tensor:
+        """A new tensor of exactly ``shape``, ``stride`` and ``dtype`` on the heap (not zeroed),
+        which ``ctx.free`` takes back. Collective, as every allocation."""
+        itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+        span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        nbytes = span * itemsize
+        offset = self.allocate_bytes(nbytes, f"{tuple(shape)} {dtype}", alignment)
+        self.allocated_as[offset] = (tuple(shape), tuple(stride), dtype)
+        return self.view(offset, nbytes).view(dtype).as_strided(shape, stride)
 
     def free_offset(self, offset: int, detail: str = "") -> None:
         call = self._begin("free", self.allocator.block_size(offset) or 0, detail)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -57,6 +58,7 @@ class HeapMixin:
         self.heap = SymmetricHeap(mapping, self.comm, debug=self.config.debug,
                                   allocation_map=self.config.debug or debug_from_environment(),
                                   node_layout=self.node_layout if self.node_layout.nodes > 1 else None)
+        self.heap.owner = weakref.proxy(self)
         self.heap_creation_seconds = time.perf_counter() - start
         self._device_context = make_device_context(self.rank, self.world_size, mapping.bases, mapping.size,
                                                    self.device)
@@ -71,6 +73,7 @@ class HeapMixin:
         # does not wait for peers, which may be gone.
         if not self.failed:
             self.comm.barrier()
+        self.heap.owner = None
         del self.heap, self._heap_bases, self._device_context
         super()._teardown()
 

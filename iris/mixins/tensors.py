@@ -119,13 +119,8 @@ class TensorMixin:
 
     def _empty_strided(self, shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Uninitialized heap tensor with exactly this shape, stride and dtype."""
-        itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
-        span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-        nbytes = span * itemsize
         with self._call("allocate"):
-            offset = self.heap.allocate(nbytes, detail=f"{tuple(shape)} {dtype}")
-        self.heap.allocated_as[offset] = (tuple(shape), tuple(stride), dtype)
-        return self.heap.view(offset, nbytes).view(dtype).as_strided(shape, stride)
+            return self.heap.allocate_strided(tuple(shape), tuple(stride), dtype)
 
     def _target(self, meta_call: Callable[..., torch.Tensor], out: torch.Tensor | None,
                 requires_grad: bool, dtype: torch.dtype | None) -> torch.Tensor:
