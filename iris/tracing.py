@@ -100,6 +100,13 @@ class Tracing:
         self._buffer[:TRACE_HEADER].zero_()
         self._host_events = []
 
+    @property
+    def trace_counter(self) -> torch.Tensor | None:
+        """Upstream iris's event counter: a one-element tensor on the device counting the
+        events kernels appended (those past ``max_events`` too), a view of this rank's buffer;
+        None while tracing is off."""
+        return None if self._buffer is None else self._buffer[:1]
+
     def _switch(self, enabled: bool) -> None:
         self.enabled = enabled
         self.epoch += 1

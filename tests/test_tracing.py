@@ -137,6 +137,7 @@ def _worker(rank: int, path: str) -> bytes:
         record = ctx.tracing.events()
         report.check("full/dropped", record["appended"] > 3 and record["dropped"] == record["appended"] - 3)
         report.check("full/kept", len(record["device"]) == 3 and all(e["end_ns"] != 0 for e in record["device"]))
+        report.check("full/trace_counter", int(ctx.tracing.trace_counter.item()) == record["appended"])
     with report.section("off"):
         ctx.tracing.disable()
         before = ctx.get_device_context().clone()
@@ -144,6 +145,7 @@ def _worker(rank: int, path: str) -> bytes:
         report.check("off/context_unchanged", torch.equal(ctx.get_device_context(), before))
         trace_words = [trailer_index(name, ctx.world_size) for name in ("trace_distance", "trace_capacity")]
         report.check("off/trailer_empty", ctx.get_device_context()[trace_words].tolist() == [0, 0])
+        report.check("off/trace_counter", ctx.tracing.trace_counter is None)
         try:
             ctx.tracing.events()
             report.check("off/events_refused", False)
@@ -164,9 +166,10 @@ def test_traced_kernels_and_calls_export_one_trace_of_every_rank(tmp_path):
         "all_reduce_calls", *TRACED_CALLS, "gemm_tiles", "none_dropped")})
     on_cpu = not torch.cuda.is_available()  # where reports_on_available_ranks ran the 2 ranks
     assert_rank_checks(reports, "host/", {"host/calls"} | ({"host/device_inside_call"} if on_cpu else set()))
-    assert_rank_checks(reports, "full/", {"full/completed", "full/ring_put", "full/dropped", "full/kept"})
+    assert_rank_checks(reports, "full/", {"full/completed", "full/ring_put", "full/dropped", "full/kept",
+                                          "full/trace_counter"})
     assert_rank_checks(reports, "off/", {"off/completed", "off/ring_put", "off/context_unchanged",
-                                         "off/trailer_empty", "off/events_refused"})
+                                         "off/trailer_empty", "off/events_refused", "off/trace_counter"})
     trace = json.loads(path.read_text())
     assert check_chrome_trace(trace, 2) == []
     names = {e["name"] for e in trace["traceEvents"]}

@@ -87,6 +87,19 @@ def test_hip_names_nothing_else_it_lacks():
         hip.mem_create_typo  # noqa: B018
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="address ranges are those of CUDA allocations")
+def test_hip_get_address_range_finds_the_allocation_of_a_tensor():
+    whole = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    base, size = hip.get_address_range(whole[4096:].data_ptr())
+    assert base <= whole.data_ptr() and whole.data_ptr() + whole.numel() <= base + size
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU ranks")
+def test_hip_get_address_range_says_why_without_a_gpu():
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        hip.get_address_range(torch.zeros(4).data_ptr())
+
+
 def test_hip_answers_for_this_machine():
     if HAS_CUDA:
         assert hip.count_devices() == torch.cuda.device_count()
