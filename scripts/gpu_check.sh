@@ -6,6 +6,9 @@
 # Named steps, each within one 10-minute call on one H200 (ranks share the GPU, time-sliced):
 #   shared-gpu-3-4, shared-gpu-8   every multi-rank path at worlds 3 and 4, and 8 (tests/test_shared_gpu.py)
 #   faults-a, faults-b, faults-c   the fault matrix (tests/test_failstop.py, worlds 2 and 3 on GPU ranks)
+#   upstream-a, upstream-b         upstream iris's own tests (x, ccl, ops; unittests) at world 1, from a
+#                                  checkout of upstream iris in .upstream/ (ignored; pass carry [".upstream"]),
+#                                  Gluon kernels' 64 lanes made 32 (scripts/upstream_tests.py)
 # The full check on one GPU is these five steps: five calls.
 # The whole suite takes longer than one 10-minute call: split it by files, e.g. --tests "-q
 # tests/test_[a-f]*.py" in one call and --tests "-q tests/test_[g-z]*.py" in the next. The fault
@@ -18,6 +21,7 @@ OUT="${OUT:-/tmp/iris-gpu-check}"
 mkdir -p "$OUT"
 tests="-q tests"
 benches=()
+upstream=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
@@ -28,6 +32,8 @@ while [ $# -gt 0 ]; do
         faults-a) tests="-q tests/test_failstop.py -k 'late_by_less or busy or mismatched'" ;;
         faults-b) tests="-q tests/test_failstop.py -k 'dead_peer or give_up or sentinel or trap'" ;;
         faults-c) tests="-q tests/test_failstop.py -k 'killed_during or late_by_more or threads'" ;;
+        upstream-a) tests=""; upstream=(x ccl ops) ;;
+        upstream-b) tests=""; upstream=(unittests) ;;
         *) echo "unknown step $2" >&2; exit 2 ;;
       esac
       shift 2 ;;
@@ -43,6 +49,10 @@ if [ -n "$tests" ]; then
   # The pytest arguments as written, quotes included (e.g. -k "a or b").
   eval "python3 -m pytest $tests" 2>&1 | tee "$OUT/pytest.log" | tail -40 || true
   grep -qE "(passed|skipped)" "$OUT/pytest.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/pytest.log" || status=1
+fi
+if [ ${#upstream[@]} -gt 0 ]; then
+  python3 scripts/upstream_tests.py --upstream .upstream --out "$OUT/upstream" "${upstream[@]}" 2>&1 \
+    | tee "$OUT/upstream.log" | grep -v "^    " | tail -60 || status=1
 fi
 for bench in "${benches[@]}"; do
   echo "== benchmark: $bench"

@@ -23,9 +23,12 @@ import traceback
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 import iris
+import iris_gluon
 from iris_gluon.frontend import GLUON
 from iris_triton.collectives import kernels as ccl
 from iris_triton.collectives import low_latency
@@ -455,6 +458,36 @@ def _tile_collective_specs(frontend) -> dict:
 OPTIONS = {"num_warps", "num_stages"}
 
 
+@gluon.jit
+def upstream_style_gluon(IrisDeviceCtx: gl.constexpr, context_tensor, buf, out, source_rank: gl.constexpr,
+                         num_ranks: gl.constexpr, BLOCK: gl.constexpr, LANES: gl.constexpr):
+    """A Gluon kernel as upstream iris's are written: the context class a constexpr argument,
+    the context built from the context tensor, a 1-D layout over one warp: ``iris_gluon.warp_layout()``
+    (``LANES=0``), or written out with ``LANES`` lanes (upstream's AMD kernels: 64)."""
+    ctx = IrisDeviceCtx.initialize(context_tensor)
+    if LANES == 0:
+        layout: gl.constexpr = iris_gluon.warp_layout()
+    else:
+        layout: gl.constexpr = gl.BlockedLayout([1], [LANES], [1], [0])
+    offsets = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
+    mask = offsets < BLOCK
+    partner = (source_rank + 1) % num_ranks
+    data = ctx.load(buf + offsets, partner, mask=mask)
+    ctx.store(out + offsets, data, partner, mask=mask)
+    ctx.atomic_add(out + offsets, data, partner, mask=mask)
+    ctx.get(buf + offsets, out + offsets, partner, mask=mask)
+    ctx.put(buf + offsets, out + offsets, partner, mask=mask)
+
+
+def _upstream_style_gluon_specs() -> dict:
+    """:func:`upstream_style_gluon` with the warp's layout and with AMD's 64 lanes (one warp per
+    program, as upstream launches them)."""
+    types = {"context_tensor": "*i64", "buf": "*fp32", "out": "*fp32"}
+    return {f"gluon:upstream_style_{name}": _spec(upstream_style_gluon, dict(
+        IrisDeviceCtx=GLUON.device_context, source_rank=0, num_ranks=2, BLOCK=32, LANES=lanes), types)
+        for name, lanes in (("warp_layout", 0), ("64_lanes", 64))}
+
+
 def specs() -> dict:
     out = {**_ctx_specs(TRITON), **_ctx_specs(GLUON), **_ccl_specs(TRITON), **_ccl_specs(GLUON),
            **_announcing_all_reduce_specs(TRITON), **_announcing_all_reduce_specs(GLUON), **_fused_specs(),
@@ -486,6 +519,7 @@ def specs() -> dict:
     out["wait_acquire_cta"] = _spec(wait_sem_scope, dict(RANK=0, SEM="acquire", SCOPE="cta"))
     out["device_barrier"] = _spec(device_barrier_kernel, dict(RANK=0, WORLD=2, TRACING=False),
                                   divisible=("context", "state_ptr"))
+    out.update(_upstream_style_gluon_specs())
     return out
 
 
@@ -524,6 +558,8 @@ def compile_all() -> dict:
             source = source_class(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
             fused = name.startswith("fused_")
             options = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k in OPTIONS} if fused else {}
+            if name.startswith("gluon:upstream_style"):
+                options = {"num_warps": 1}  # as upstream launches its Gluon kernels
             ptx = triton.compile(source, target=TARGET, options=options).asm["ptx"]
             ops[name], marks[name] = memory_instructions(ptx), markers(ptx)
         except Exception:  # reported to the test, which decides whether the failure was expected

@@ -1,0 +1,106 @@
+"""Run upstream iris's own tests against this iris: the compatibility evidence.
+
+Upstream's tests (its ``tests/`` folder, from a checkout of upstream iris, passed as
+``--upstream``) are copied to a scratch folder, adjusted by launch glue only, and run with pytest
+on ``--ranks`` ranks started by ``iris.spawn`` (CPU ranks without a GPU, with Triton's
+interpreter; one GPU per rank, or ranks sharing GPU 0 is not supported here). The glue:
+
+- Gluon kernels lay blocks out over AMD's 64-lane wavefronts (``gl.BlockedLayout([1], [64], ...)``):
+  the lane count becomes 32, NVIDIA's warp;
+- on CPU ranks, tensors made on ``cuda`` devices are made on the CPU, ``torch.cuda.synchronize``
+  does nothing, and heaps are ``--cpu-heap`` bytes (upstream's 8 GiB per rank exceeds a laptop).
+
+Each rank writes a JUnit file; the summary lists passed, failed and skipped tests per file, and
+every distinct failure message. Example::
+
+    python scripts/upstream_tests.py --upstream ~/src/iris --ranks 2 x ccl ops unittests
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+#: Upstream test files that exercise HIP/ROCr-only APIs (DMA-BUF, virtual memory): not run.
+AMD_ONLY = re.compile(r"dmabuf|vmem|hip_apis|rocr")
+
+
+def _glue(folder: Path, on_cpu: bool, cpu_heap: int) -> None:
+    for path in folder.rglob("*.py"):
+        text = path.read_text()
+        text = re.sub(r"(BlockedLayout\(\s*\[[^\]]*\],\s*\[)64(\])", r"\g<1>32\2", text)
+        if on_cpu:
+            text = re.sub(r"""device=f?["']cuda(:\{?\w*\}?)?["']""", 'device="cpu"', text)
+            text = re.sub(r"heap_size = 2\s*\*\*\s*33", f"heap_size = {cpu_heap}", text)
+        path.write_text(text)
+
+
+def _rank(rank: int, world: int, folder: str, files: list[str], out: str) -> int:
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.cuda.synchronize = lambda *args, **kwargs: None
+    os.chdir(folder)
+    sys.path.insert(0, folder)
+    return int(pytest.main(["-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+                            f"--junitxml={out}/rank{rank}.xml", *files]))
+
+
+def _summary(junit: Path) -> str:
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    failures: dict[str, list[str]] = collections.defaultdict(list)
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        name = case.get("classname", "").rsplit(".", 1)[-1]
+        outcome = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+        kind = "passed" if outcome is None else {"failure": "failed", "error": "failed"}.get(outcome.tag, "skipped")
+        counts[name][kind] += 1
+        if kind == "failed":
+            message = (outcome.get("message") or "").splitlines()[0][:200] if outcome.get("message") else "?"
+            if message not in failures[name]:
+                failures[name].append(message)
+    lines = []
+    for name in sorted(counts):
+        c = counts[name]
+        lines.append(f"{name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
+        lines += [f"    {message}" for message in failures[name]]
+    total = sum(counts.values(), collections.Counter())
+    lines.append(f"total: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True, type=Path, help="a checkout of upstream iris")
+    parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--cpu-heap", type=int, default=1 << 30, help="bytes of heap per CPU rank")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "iris-upstream-tests")
+    parser.add_argument("folders", nargs="+", help="folders under upstream's tests/ (x, ccl, ops, unittests)")
+    args = parser.parse_args()
+    import torch
+
+    import iris
+
+    scratch = Path(tempfile.mkdtemp(prefix="iris-upstream-"))
+    shutil.copytree(args.upstream / "tests", scratch / "tests")
+    on_cpu = not torch.cuda.is_available()
+    _glue(scratch / "tests", on_cpu, args.cpu_heap)
+    files = sorted(str(path.relative_to(scratch / "tests")) for folder in args.folders
+                   for path in (scratch / "tests" / folder).glob("test_*.py") if not AMD_ONLY.search(path.name))
+    args.out.mkdir(parents=True, exist_ok=True)
+    codes = iris.spawn(_rank, args.ranks, args.ranks, str(scratch / "tests"), files, str(args.out))
+    for rank in range(args.ranks):
+        print(f"== rank {rank} (pytest exit code {codes[rank]})")
+        print(_summary(args.out / f"rank{rank}.xml"))
+    return 0 if not any(codes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
