@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
 # The multi-rank tests on the newest Triton and numpy, as `pip install` gives a laptop user, in a
 # second environment (scripts/setup.sh --latest: .venv-latest), after compiling every kernel with
-# this Triton (iris compile-check at worlds 3 and 8; .venv checks every default world). Extra
+# this Triton (iris compile-check at world 3, every rank; .venv checks every default world). Extra
 # arguments go to pytest alone; without any, the check and the subset below run (two-rank worlds:
-# the full suite on .venv covers three ranks).
+# the full suite on .venv covers three ranks). --prepare sets up and compiles only, --subset runs
+# the subset only (scripts/test.sh prepares while the main suite runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --latest
 venv_python=.venv-latest/bin/python
-"$venv_python" -c "import numpy, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
 subset=(tests/test_ccl.py tests/test_device_api.py tests/test_fused.py tests/test_testing_plugin.py tests/test_ptx.py
         tests/test_context.py tests/test_upstream_device_api.py tests/test_upstream_ccl_ops.py tests/test_upstream_host.py
-        tests/test_upstream_launch.py tests/test_ccl_rooted.py tests/test_all_to_all_v.py tests/test_p2p.py
-        tests/test_torch_integration.py tests/test_tile_collectives.py tests/test_moe.py
-        tests/test_all_reduce_rmsnorm.py tests/test_tracing.py
+        tests/test_upstream_launch.py tests/test_upstream_tiles.py tests/test_upstream_heap.py tests/test_ccl_rooted.py
+        tests/test_all_to_all_v.py tests/test_p2p.py tests/test_torch_integration.py tests/test_tile_collectives.py
+        tests/test_moe.py tests/test_all_reduce_rmsnorm.py tests/test_tracing.py
         tests/test_tuning.py -k "not world3 and not world4 and not world5")
+mode=all
+case "${1:-}" in
+  --prepare) mode=prepare; shift ;;
+  --subset) mode=subset; shift ;;
+esac
+if [ "$mode" != subset ]; then
+  scripts/setup.sh --latest
+  "$venv_python" -c "import numpy, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+fi
 if [ $# -gt 0 ]; then
   exec "$venv_python" -m pytest -q "$@"
 fi
 status=0
-.venv-latest/bin/iris compile-check --quiet --worlds 3,8 || status=$?
-"$venv_python" -m pytest -q "${subset[@]}" || status=$?
+if [ "$mode" != subset ]; then
+  .venv-latest/bin/iris compile-check --quiet --worlds 3 || status=$?
+fi
+if [ "$mode" != prepare ]; then
+  "$venv_python" -m pytest -q "${subset[@]}" || status=$?
+fi
 exit $status
