@@ -58,6 +58,7 @@ __all__ = [
     "free_loopback_port",
     "interpreted_device",
     "mapped_heap_segments",
+    "message_raised",
     "rank_device",
     "reports_on_available_ranks",
     "run_marked_test",
@@ -108,6 +109,16 @@ def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def message_raised(call: Callable[[], Any], error_type: type[BaseException] = Exception) -> str:
+    """The message of the ``error_type`` that ``call()`` raises, or ``"nothing"`` when it returns
+    (what a rank reports of a call that must fail; other exceptions propagate)."""
+    try:
+        call()
+    except error_type as error:
+        return str(error)
+    return "nothing"
 
 
 def seeded_generator(*seed) -> torch.Generator:

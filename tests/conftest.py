@@ -53,6 +53,17 @@ IRIS_ENV = ("IRIS_BACKEND", "IRIS_HEAP_SIZE", "IRIS_DEBUG", "IRIS_TIMEOUT", "IRI
 
 
 @pytest.fixture
+def free_heap_after(ctx):
+    """Return every block a test allocated to the session heap, so tests stay independent (the
+    allocator has no public listing of live blocks, hence ``_allocated``). Modules that allocate
+    on the session ``ctx`` use it for every test: ``pytestmark = pytest.mark.usefixtures(...)``."""
+    before = set(ctx.heap.allocator._allocated)
+    yield
+    for offset in sorted(set(ctx.heap.allocator._allocated) - before):
+        ctx.heap.free_offset(offset)
+
+
+@pytest.fixture
 def clean_iris_env(monkeypatch):
     """Remove every IRIS_* variable that shapes a context, for the duration of a test."""
     for name in IRIS_ENV:

@@ -16,6 +16,8 @@ import torch
 
 from iris.errors import HeapExhaustedError, IrisError, NotOnHeapError
 
+pytestmark = pytest.mark.usefixtures("free_heap_after")
+
 CONSTRUCTORS = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "arange",
                 "linspace", "rand", "randn", "randint", "uniform"]
 
@@ -60,16 +62,6 @@ SIZE_SEQUENCES = {
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _free_what_the_test_allocated(ctx):
-    """Return every block a test allocated to the session heap, so tests stay independent
-    (the allocator has no public listing of live blocks, hence ``_allocated``)."""
-    before = set(ctx.heap.allocator._allocated)
-    yield
-    for offset in sorted(set(ctx.heap.allocator._allocated) - before):
-        ctx.heap.free_offset(offset)
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ import torch
 
 import iris
 from iris.errors import IrisError, IrisTimeoutError
-from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
+from iris.testing import (RankReport, assert_rank_checks, message_raised, reports_on_available_ranks,
+                          seeded_generator)
 from iris_triton.backend import interpreter_runs_kernel_loops
 from iris_triton.device.frontend import TRITON
 
@@ -329,11 +330,7 @@ def _failure(rank: int, world: int, scenario: str) -> dict:
             ctx.get_device_context(), src, wide, sync, M, N, *wide.shape, N, 1, wide.stride(0), 1, 1, 0,
             CTX=TRITON.device_context, RANK=rank, WORLD=world, COLLECTIVE=collective,
             TRACING=False, OP="sum", BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-        try:
-            ctx.check()
-            report["raised"] = "nothing"
-        except IrisTimeoutError as error:
-            report["raised"] = str(error)
+        report["raised"] = message_raised(ctx.check, IrisTimeoutError)
         report["seconds"] = time.monotonic() - start
         failed = torch.isnan(wide)
         if scenario == "outside":  # tile 0 is inside the sync of one tile and succeeds; every later one fails

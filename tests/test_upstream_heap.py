@@ -15,13 +15,9 @@ import iris.tensor_creation as tc
 from iris.errors import IrisError
 from iris.testing import seeded_generator
 
+pytestmark = pytest.mark.usefixtures("free_heap_after")
 
-@pytest.fixture(autouse=True)
-def _free_what_the_test_allocated(ctx):
-    before = set(ctx.heap.allocator._allocated)
-    yield
-    for offset in sorted(set(ctx.heap.allocator._allocated) - before):
-        ctx.heap.free_offset(offset)
+
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.uint8])

@@ -27,16 +27,11 @@ import iris.hip as hip
 from iris.device_utils import get_cu_id, get_se_id, get_xcc_id, read_realtime
 from iris.errors import BackendNotFoundError, NotOnHeapError
 
+pytestmark = pytest.mark.usefixtures("free_heap_after")
+
 HAS_CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True)
-def _free_what_the_test_allocated(ctx):
-    """Return every block a test allocated to the session heap (as tests/test_tensors.py does)."""
-    before = set(ctx.heap.allocator._allocated)
-    yield
-    for offset in sorted(set(ctx.heap.allocator._allocated) - before):
-        ctx.heap.free_offset(offset)
 
 
 def gen(ctx, seed: int) -> torch.Generator:
