@@ -21,11 +21,14 @@ Everything else is the context of :func:`iris.create`.
 from __future__ import annotations
 
 import functools
+import warnings
 from numbers import Number
 from typing import Any
 
 import numpy as np
 import torch
+
+from iris.compat.tensor_creation import is_valid_device
 
 __all__ = ["DeviceName", "Iris", "upstream_class"]
 
@@ -170,16 +173,28 @@ class Iris:
 
         return UpstreamOps(self, ops)
 
+    def as_symmetric(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the heap. Upstream maps the tensor's own memory into the heap, so that the
+        tensor and the result are the same memory; iris's heap is one allocation per rank, mapped
+        into the peers when the context is made, and memory from torch's allocator cannot join it:
+        the result is a copy, and a warning says so (a tensor already on the heap comes back as it
+        is)."""
+        if self.is_symmetric(tensor):
+            return tensor
+        warnings.warn(
+            f"as_symmetric copies the tensor (shape {tuple(tensor.shape)}, {tensor.dtype}) onto the symmetric heap: "
+            f"the heap is one allocation per rank, mapped into every peer when the context is made, and memory "
+            f"from torch's allocator cannot be mapped into it, so writes to the original and to the copy are not "
+            f"seen by the other; allocate the tensor on the heap (ctx.zeros/empty/...) to share it in place",
+            UserWarning, stacklevel=2)
+        return super().as_symmetric(tensor)
+
     # Upstream's private helpers that its tests call (``ctx._Iris__allocate(...)``).
     def __allocate(self, num_elements: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.empty(num_elements, dtype=dtype)
 
     def __is_valid_device(self, device) -> bool:
-        if device is None:
-            return True
-        wanted = torch.device(device)
-        mine = self.get_device()
-        return wanted.type == mine.type and wanted.index in (None, mine.index)
+        return is_valid_device(device, self.get_device())
 
     def __on_symmetric_heap(self, tensor: torch.Tensor) -> bool:
         return self.is_symmetric(tensor)
