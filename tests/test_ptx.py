@@ -376,8 +376,9 @@ def test_fused_kernels_push_vectors_then_release_a_flag(ptx, kernel):
     assert atomics_of(ops) == ["atom.global.sys.release.exch.b32"], ops
 
 
-def test_every_kernel_compiled_except_the_bogus_comparison(ptx):
-    assert set(ptx["errors"]) == {"wait_cmp_bogus"}, {k: v[-1500:] for k, v in ptx["errors"].items()}
+def test_every_kernel_compiled_except_the_bogus_comparison_and_amds_lanes(ptx):
+    expected = {"wait_cmp_bogus", "gluon:upstream_style_64_lanes"}  # both refused on purpose (tests below)
+    assert set(ptx["errors"]) == expected, {k: v[-1500:] for k, v in ptx["errors"].items() if k not in expected}
     assert len(ptx["ops"]) >= 90
 
 
