@@ -76,7 +76,7 @@ def _sum_when_locked(tile, src_view, lock, ctx, SITE: tl.constexpr):
             part = widen(tile.data)
         else:
             ok = ok & wait_or_record(ctx, lock, 1, q, SITE, True)
-            part = widen(ctx.load(src, q, mask=mask & ok, other=0))
+            part = widen(ctx.load(src, q, mask=mask, other=0))  # poisoned below if a wait gave up
         if q == 0:
             total = part
         else:
