@@ -3,8 +3,8 @@
 # second environment (scripts/setup.sh --latest: .venv-latest), after compiling every kernel with
 # this Triton (iris compile-check at world 3, every rank; .venv checks every default world). Extra
 # arguments go to pytest alone; without any, the check and the subset below run (two-rank worlds:
-# the full suite on .venv covers three ranks). --prepare sets up and compiles only, --subset runs
-# the subset only (scripts/test.sh prepares while the main suite runs).
+# the full suite on .venv covers three ranks). One step alone: --setup, --check (the compile
+# check) or --subset (scripts/test.sh runs them alongside its own work).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv_python=.venv-latest/bin/python
@@ -14,23 +14,21 @@ subset=(tests/test_ccl.py tests/test_device_api.py tests/test_fused.py tests/tes
         tests/test_all_to_all_v.py tests/test_p2p.py tests/test_torch_integration.py tests/test_tile_collectives.py
         tests/test_moe.py tests/test_all_reduce_rmsnorm.py tests/test_tracing.py
         tests/test_tuning.py -k "not world3 and not world4 and not world5")
-mode=all
+steps=(setup check subset)
 case "${1:-}" in
-  --prepare) mode=prepare; shift ;;
-  --subset) mode=subset; shift ;;
+  --setup|--check|--subset) steps=("${1#--}"); shift ;;
 esac
-if [ "$mode" != subset ]; then
-  scripts/setup.sh --latest
-  "$venv_python" -c "import numpy, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-fi
-if [ $# -gt 0 ]; then
-  exec "$venv_python" -m pytest -q "$@"
-fi
 status=0
-if [ "$mode" != subset ]; then
-  .venv-latest/bin/iris compile-check --quiet --worlds 3 || status=$?
-fi
-if [ "$mode" != prepare ]; then
-  "$venv_python" -m pytest -q "${subset[@]}" || status=$?
-fi
+for step in "${steps[@]}"; do
+  case "$step" in
+    setup)
+      scripts/setup.sh --latest
+      "$venv_python" -c "import numpy, torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+      if [ $# -gt 0 ]; then
+        exec "$venv_python" -m pytest -q "$@"
+      fi ;;
+    check) .venv-latest/bin/iris compile-check --quiet --worlds 3 || status=$? ;;
+    subset) "$venv_python" -m pytest -q "${subset[@]}" || status=$? ;;
+  esac
+done
 exit $status
