@@ -17,13 +17,14 @@ status=0
 logs=$(mktemp -d)
 nice -n 19 .venv/bin/iris compile-check --quiet > "$logs/compile-check.log" 2>&1 &
 check=$!
-(scripts/test_latest.sh --setup > "$logs/latest-setup.log" 2>&1; echo $? > "$logs/latest-setup.status"
+(if scripts/test_latest.sh --setup > "$logs/latest-setup.log" 2>&1; then echo 0; else echo 1; fi \
+   > "$logs/latest-setup.status"
  nice -n 19 scripts/test_latest.sh --check > "$logs/latest-check.log" 2>&1) &
 latest=$!
 .venv/bin/python -m pytest -q --durations=20 || status=$?  # the slowest tests: what to trim first
-while [ ! -s "$logs/latest-setup.status" ]; do sleep 2; done  # .venv-latest ready (long before this)
+while [ ! -s "$logs/latest-setup.status" ] && kill -0 "$latest" 2>/dev/null; do sleep 2; done  # .venv-latest ready
 echo "== newest Triton: set-up"; cat "$logs/latest-setup.log"
-if [ "$(cat "$logs/latest-setup.status")" = 0 ]; then
+if [ "$(cat "$logs/latest-setup.status" 2>/dev/null)" = 0 ]; then
   scripts/test_latest.sh --subset || status=$?
 else
   status=1

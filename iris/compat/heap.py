@@ -39,11 +39,9 @@ class UpstreamHeapMethods:
         with self._context("allocate")._call("heap.allocate"):
             return self.allocate_strided((num_elements,), (1,), dtype, alignment)
 
-    def is_symmetric(self, tensor: torch.Tensor) -> bool:
-        """Whether every element of ``tensor`` lies on this rank's heap."""
-        return isinstance(tensor, torch.Tensor) and self.contains(tensor)
-
-    on_symmetric_heap = is_symmetric
+    def on_symmetric_heap(self, tensor: torch.Tensor) -> bool:
+        """Upstream's name of ``is_symmetric``."""
+        return self.is_symmetric(tensor)
 
     def as_symmetric(self, tensor: torch.Tensor) -> torch.Tensor:
         """``ctx.as_symmetric(tensor)``."""

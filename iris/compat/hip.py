@@ -37,24 +37,6 @@ __all__ = [
     "set_device",
 ]
 
-def get_address_range(ptr) -> tuple[int, int]:
-    """``(base, size)`` of the CUDA allocation that holds the device address ``ptr`` (an int or
-    a ctypes pointer), as the driver reports it (``cuMemGetAddressRange``); on a machine without a
-    GPU there is no device allocation to ask about (RuntimeError)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("iris.hip.get_address_range: no CUDA GPU is visible; address ranges are those of device "
-                           "allocations (CPU ranks' memory has none)")
-    from cuda.bindings import driver
-
-    torch.cuda.init()  # the primary context the driver call needs
-    address = ptr if isinstance(ptr, int) else ptr.value
-    err, base, size = driver.cuMemGetAddressRange(address)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"iris.hip.get_address_range({address:#x}): cuMemGetAddressRange failed ({err.name}); "
-                           f"pass an address inside a CUDA allocation (tensor.data_ptr() of a CUDA tensor)")
-    return int(base), int(size)
-
-
 #: Ticks per millisecond of ``iris.device_utils.read_realtime``: it counts nanoseconds, on a GPU
 #: (``%globaltimer``) and in the interpreter (the host's monotonic clock) alike.
 WALL_CLOCK_RATE_KHZ = 1_000_000
@@ -146,6 +128,24 @@ def get_arch_string(device_id: int | None = None) -> str:
 def get_rocm_version() -> tuple[int, int]:
     """``(-1, -1)``: what upstream returns when it finds no ROCm installation, as here."""
     return (-1, -1)
+
+
+def get_address_range(ptr) -> tuple[int, int]:
+    """``(base, size)`` of the CUDA allocation that holds the device address ``ptr`` (an int or
+    a ctypes pointer), as the driver reports it (``cuMemGetAddressRange``); on a machine without a
+    GPU there is no device allocation to ask about (RuntimeError)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("iris.hip.get_address_range: no CUDA GPU is visible; address ranges are those of device "
+                           "allocations (CPU ranks' memory has none)")
+    from cuda.bindings import driver
+
+    torch.cuda.init()  # the primary context the driver call needs
+    address = ptr if isinstance(ptr, int) else ptr.value
+    err, base, size = driver.cuMemGetAddressRange(address)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"iris.hip.get_address_range({address:#x}): cuMemGetAddressRange failed ({err.name}); "
+                           f"pass an address inside a CUDA allocation (tensor.data_ptr() of a CUDA tensor)")
+    return int(base), int(size)
 
 
 #: Upstream's calls that only HIP/ROCr provide, by what they are for.

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from iris.compat.heap import UPSTREAM_ALIGNMENT
+from iris.mixins.tensors import _unnest_size
 
 __all__ = ["allocate", "apply_layout", "apply_memory_format", "arange", "empty", "full", "is_valid_device",
            "linspace", "ones", "parse_size", "rand", "randint", "randn", "throw_if_invalid_device",
@@ -34,9 +35,8 @@ def allocate(heap, num_elements: int, dtype: torch.dtype) -> torch.Tensor:
 
 def parse_size(size) -> tuple[tuple, int]:
     """``(size, number of elements)`` of a size given as ``(2, 3)``, ``((2, 3),)`` or ``([2, 3],)``."""
-    while len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-        size = size[0]
-    return tuple(size), math.prod(size)
+    size = tuple(_unnest_size(tuple(size)))
+    return size, math.prod(size)
 
 
 def is_valid_device(device, iris_device) -> bool:

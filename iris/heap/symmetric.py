@@ -209,6 +209,10 @@ class SymmetricHeap(UpstreamHeapMethods):
         offset = address - local.data_ptr()
         return offset if 0 <= offset < self.size else None
 
+    def is_symmetric(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a tensor lying entirely on this rank's heap."""
+        return isinstance(tensor, torch.Tensor) and self.contains(tensor)
+
     def contains(self, tensor: torch.Tensor) -> bool:
         """Whether every element of ``tensor`` lies on this rank's heap: from its base up to and
         including a last element that ends exactly at the heap's end."""

@@ -111,7 +111,7 @@ class HeapMixin:
 
     def is_symmetric(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` lies entirely on this context's heap."""
-        return isinstance(tensor, torch.Tensor) and self.heap.contains(tensor)
+        return self.heap.is_symmetric(tensor)
 
     def _heap_offset(self, tensor: torch.Tensor, what: str = "tensor") -> int:
         if not self.is_symmetric(tensor):

@@ -11,9 +11,9 @@ does the same with upstream iris's forms (:mod:`iris_triton.tiles.upstream`, ``i
 
 from __future__ import annotations
 
-import triton.language as tl
-
+import torch
 import triton
+import triton.language as tl
 
 import iris_triton.tiles as tiles
 import iris_triton.tiles.upstream as upstream
@@ -118,10 +118,10 @@ def upstream_tile_collective(context, src, dst, partial, locks, M, N, DM, DN, st
 
 def launch_upstream_tile_collective(ctx, collective: str, src, dst, *, programs: int = 2,
                                     block: tuple[int, int] = (16, 16)) -> None:
-    """Launch :func:`upstream_tile_collective`: ``collective`` of the 2-D ``src`` into ``dst`` (on the
-    heap; zeroed for ``all_reduce_atomic``), with a partial buffer and locks of its own."""
-    import torch
-
+    """Run :func:`upstream_tile_collective`: ``collective`` of the 2-D ``src`` into ``dst`` (on the
+    heap; zeroed for ``all_reduce_atomic``), with a partial buffer and locks of its own, which it
+    frees once every rank's kernel is done (so it waits for the kernel, and raises as
+    ``ctx.check()`` does). Collective."""
     tiles_m, tiles_n = -(-dst.shape[0] // block[0]), -(-dst.shape[1] // block[1])
     partial = ctx.zeros(src.shape, dtype=src.dtype)
     locks = ctx.zeros(tiles_m * tiles_n, dtype=torch.int32)
@@ -130,3 +130,7 @@ def launch_upstream_tile_collective(ctx, collective: str, src, dst, *, programs:
         ctx.get_device_context(), src, dst, partial, locks, src.shape[0], src.shape[1], dst.shape[0], dst.shape[1],
         src.stride(0), src.stride(1), dst.stride(0), dst.stride(1), RANK=ctx.rank, WORLD=ctx.world_size,
         COLLECTIVE=collective, BLOCK_M=block[0], BLOCK_N=block[1])
+    ctx.check()
+    ctx.barrier()  # no peer still reads this rank's partial tiles or locks
+    ctx.free(locks)
+    ctx.free(partial)
