@@ -139,8 +139,9 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
     # Both directions move the same token data through this rank's memory: its tokens and the rows it receives.
     moved = (T + sum(state[4])) * hidden * x.element_size()
     bound_us = max(ctx.comm.all_gather_object(moved / (copy_gbps * 1e9) * 1e6))
+    latest = {"dispatch": result}
     fns = {"iris/dispatch": lambda: ctx.ops.moe_dispatch(x, ids, weights, experts),
-           "iris/combine": lambda: ctx.ops.moe_combine(result.tokens, result),
+           "iris/combine": lambda: ctx.ops.moe_combine(latest["dispatch"].tokens, latest["dispatch"]),
            "torch/dispatch": lambda: reference.dispatch(x, ids),
            "torch/combine": lambda: reference.combine(grouped, weights, state)}
     row = {"tokens": T, "hidden": hidden, "experts": experts, "topk": topk, "world": world,
@@ -150,6 +151,9 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
         for name, fn in fns.items():
             if mode == "graph" and name.startswith("torch"):
                 continue  # host split sizes: not capturable
+            if name == "iris/combine":
+                # A dispatch's results live until the dispatch after next: combine the latest one.
+                latest["dispatch"] = ctx.ops.moe_dispatch(x, ids, weights, experts)
             us = max(ctx.comm.all_gather_object(per_call_us(ctx, fn, calls, repeats, mode == "graph")))
             row[mode][name] = {"us": us, "link_fraction": row["link_bytes"] / (us * 1e-6) / (link_gbps * 1e9)
                                if row["link_bytes"] else None, "hbm_bound_multiple": us / bound_us}

@@ -1,0 +1,127 @@
+"""The fused kernels' matrix product alone (their tile loop, no communication) against cuBLAS
+(``torch.matmul``), in one run.
+
+The fused GEMM + communication kernels (:mod:`iris_triton.operations.fused`) can only approach
+the overlap bound if their product runs at cuBLAS's speed. This benchmark isolates that product:
+a persistent kernel with one program per multiprocessor walks the output tiles in the fused
+kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`) and computes each with
+their :func:`~iris_triton.operations.gemm.tile_product`, then stores it; nothing is sent. Each
+tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``) is checked against
+``torch.matmul`` and timed beside it with ``triton.testing.do_bench`` (median), on the per-rank
+products of Llama-3-70B at TP=2 (bf16):
+
+- QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
+- MLP up ``[M, 8192] x [8192, 28672]``, MLP down ``[M, 14336] x [14336, 8192]``,
+
+for M = 2048, 8192 and 16384. Each row gives TFLOP/s and the share of cuBLAS's throughput.
+``--cpu`` (with ``TRITON_INTERPRET=1``) runs a tiny shape in Triton's interpreter: the check and
+the JSON, not speed.
+
+    python -m benchmarks.gemm [--rows 2048,8192,16384] [--out DIR]
+    TRITON_INTERPRET=1 python -m benchmarks.gemm --cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from benchmarks.common import write_results
+from iris_triton.operations.gemm import tile_coordinates, tile_product
+from iris_triton.tuning import GEMM_TILES
+
+#: (name, K, N) of each per-rank product; M is the number of rows (tokens).
+SHAPES = {"cuda": (("qkv", 8192, 5120), ("o_proj", 4096, 8192), ("mlp_up", 8192, 28672),
+                   ("mlp_down", 14336, 8192)),
+          "cpu": (("tiny", 48, 40),)}
+ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
+
+
+@triton.jit
+def tile_loop_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                     EVEN_K: tl.constexpr):
+    """``c := a @ b`` by the fused kernels' tile loop: program ``p`` takes tiles ``p, p + P, ...``."""
+    row_tiles = tl.cdiv(M, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    for t in range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0)):
+        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+        acc, offs_m, offs_n = tile_product(a, b, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_row,
+                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                 mask=mask)
+
+
+def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int) -> torch.Tensor:
+    """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs."""
+    M, K = a.shape
+    N = b.shape[1]
+    tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
+    tile_loop_kernel[(min(programs, tiles),)](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                              c.stride(0), c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0, **tile)
+    return c
+
+
+def _median_ms(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        return triton.testing.do_bench(fn, return_mode="median")
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(device: torch.device, rows: list[int]) -> list[dict]:
+    """One result row per (shape, M): cuBLAS and every tile, checked, then timed."""
+    programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    results = []
+    for name, K, N in SHAPES[device.type]:
+        for M in rows:
+            g = torch.Generator(device).manual_seed(M + K + N)
+            a = torch.randn(M, K, generator=g, device=device).to(torch.bfloat16)
+            b = torch.randn(K, N, generator=g, device=device).to(torch.bfloat16)
+            reference = torch.matmul(a, b)
+            c = torch.empty_like(reference)
+            flops = 2 * M * N * K
+            row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
+                   "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
+            for tile_name, tile in GEMM_TILES[device.type].items():
+                out = tile_loop(a, b, torch.empty_like(reference), tile, programs)
+                error = (out.float() - reference.float()).abs().max().item()
+                scale = reference.float().abs().max().item()
+                timed = functools.partial(tile_loop, a, b, c, tile, programs)
+                row[tile_name] = {"ms": _median_ms(timed, device), "max_error": error, "correct": error <= 1e-2 * scale}
+            for entry in row.values():
+                if isinstance(entry, dict):
+                    entry["tflops"] = flops / (entry["ms"] * 1e-3) / 1e12
+                    entry["cublas_share"] = row["cublas"]["ms"] / entry["ms"]
+            results.append(row)
+            print(f"{name:9s} M {M:6d}: cuBLAS {row['cublas']['tflops']:6.1f} TFLOP/s; "
+                  + ", ".join(f"{t} {row[t]['tflops']:6.1f} ({row[t]['cublas_share']:.0%}"
+                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in GEMM_TILES[device.type]))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gemm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default=None, help="rows M of each product, comma-separated")
+    parser.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter")
+    parser.add_argument("--out", default=None, help="directory for the JSON result")
+    args = parser.parse_args(argv)
+    device = torch.device("cpu" if args.cpu or not torch.cuda.is_available() else "cuda")
+    rows = [int(r) for r in (args.rows or ROWS[device.type]).split(",")]
+    results = measure(device, rows)
+    path = write_results("gemm", {"tiles": GEMM_TILES[device.type], "results": results}, args.out, device.type)
+    print(f"wrote {path}")
+    if not all(row[t]["correct"] for row in results for t in GEMM_TILES[device.type]):
+        raise SystemExit("a tile loop's product differs from torch.matmul (INCORRECT above)")
+
+
+if __name__ == "__main__":
+    main()
