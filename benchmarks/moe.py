@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 import iris
+from iris_triton.operations.moe_kernels import slot_bytes
 from benchmarks.common import per_call_us, resolve, run_as_this_rank, synchronize, write_results
 
 #: The link between 2 x H200, per direction (GB/s).
@@ -104,11 +105,12 @@ def _matches(result, grouped: torch.Tensor, counts: torch.Tensor) -> bool:
     return True
 
 
-def heap_bytes(world: int, tokens: int, hidden: int, experts: int, topk: int) -> int:
-    """A heap for the receive workspace of the largest call (the most rows a rank can receive,
-    with their 16-byte headers), grown once or twice, and the small workspaces."""
-    rows = world * tokens * min(topk, experts // world)
-    return 3 * rows * (2 * hidden + 16) + (256 << 20)
+def heap_bytes(world: int, token_counts: list[int], hidden: int, experts: int) -> int:
+    """A heap for every call's receive buffers (two slots at the default capacity, ``world *
+    tokens`` rows per expert; a workspace that grows after a CUDA graph capture keeps its old
+    bytes for the graphs), and room for combine's return buffers and the small workspaces."""
+    returned = 4 * max(token_counts) * experts // world * hidden * 2
+    return sum(2 * slot_bytes(world, experts, world * T, hidden, 2) for T in token_counts) + returned + (256 << 20)
 
 
 def local_copy_gbps(ctx, calls: int, repeats: int) -> float:
@@ -163,7 +165,7 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
 def _run(rank: int, token_counts: list[int], hidden: int, experts: int, topk: int, calls: int, repeats: int,
          link_gbps: float) -> list[dict]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    ctx = iris.create(heap_size=heap_bytes(world, max(token_counts), hidden, experts, topk))
+    ctx = iris.create(heap_size=heap_bytes(world, token_counts, hidden, experts))
     reference = TorchReference(ctx.world_size, experts)
     copy_gbps = min(ctx.comm.all_gather_object(local_copy_gbps(ctx, calls, repeats)))
     rows = []
