@@ -109,8 +109,7 @@ def heap_bytes(world: int, token_counts: list[int], hidden: int, experts: int) -
     """A heap for every call's receive buffers (two slots at the default capacity, ``world *
     tokens`` rows per expert; a workspace that grows after a CUDA graph capture keeps its old
     bytes for the graphs), and room for combine's return buffers and the small workspaces."""
-    returned = 4 * max(token_counts) * experts // world * hidden * 2
-    return sum(2 * slot_bytes(world, experts, world * T, hidden, 2) for T in token_counts) + returned + (256 << 20)
+    return sum(2 * slot_bytes(world, experts, world * T, hidden, 2) for T in token_counts) + (4 << 30)
 
 
 def local_copy_gbps(ctx, calls: int, repeats: int) -> float:
