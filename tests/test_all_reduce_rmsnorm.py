@@ -295,7 +295,7 @@ def _graph_worker(rank: int, backend: str) -> bytes:
     return report.packed()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "gluon"])
 def test_cuda_graph_capture_and_replay_match_torch(backend):
     reports = reports_on_available_ranks(_graph_worker, 1, backend, backend=backend, timeout=120)

@@ -428,7 +428,7 @@ def _gpu_worker(rank: int, world: int) -> bytes:
     return report.packed()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_dispatch_and_combine_on_two_gpu_ranks():
     reports = reports_on_available_ranks(_gpu_worker, 2, 2, timeout=120)
     cases = [name for name, *_ in CASES if name != "tight_capacity"]  # as _gpu_worker skips it
@@ -436,7 +436,7 @@ def test_dispatch_and_combine_on_two_gpu_ranks():
     assert_rank_checks(reports, "combine/", {f"combine/{name}" for name in cases})
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_dispatch_and_combine_replay_in_a_cuda_graph(ctx):
     """One rank: an eager call sizes the workspaces, then dispatch + combine are captured and
     replayed with new tokens, routings and weights, against torch."""
@@ -478,3 +478,31 @@ def test_dispatch_and_combine_replay_in_a_cuda_graph(ctx):
                               wv[:, j:j + 1])
         torch.testing.assert_close(y.float().cpu(), expected.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
     ctx.check()
+
+
+def _far_rows_worker(rank: int, world: int) -> bytes:
+    """Rows routed to the last expert of a large capacity: their place in the receive buffer is
+    past 2**31 elements, so every offset on the kernels' path must be 64-bit."""
+    report = RankReport(rank)
+    experts, hidden, capacity, tokens = 8, 4096, 80_000, 32
+    assert (experts - 1) * capacity * hidden > 2**31
+    with iris.create("triton", heap_size="11GiB") as ctx:
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+        ids = torch.tensor([[experts - 1, t % (experts - 1)] for t in range(tokens)])
+        w = torch.rand(tokens, 2, generator=g)
+        result = ctx.ops.moe_dispatch(x.to(ctx.device), ids.to(ctx.device), w.to(ctx.device), experts,
+                                      capacity=capacity)
+        report.check("far/dispatch/count", result.counts[experts - 1].item() == tokens)
+        report.check("far/dispatch/rows", torch.equal(result.tokens[experts - 1, :tokens].cpu(), x))
+        y = ctx.ops.moe_combine(result.tokens, result)
+        ctx.check()
+        report.check("far/combine", torch.allclose(y.cpu().float(), (x.float() * w.sum(1, keepdim=True)),
+                                               rtol=1e-2, atol=1e-2))
+    return report.packed()
+
+
+@pytest.mark.gpu
+def test_rows_past_two_to_the_31_elements_of_the_receive_buffer_land_and_return():
+    reports = reports_on_available_ranks(_far_rows_worker, 1, 1, timeout=180)
+    assert_rank_checks(reports, "far/", {"far/dispatch/count", "far/dispatch/rows", "far/combine"})

@@ -262,7 +262,7 @@ def test_tile_collectives_match_torch(reports, family):
     assert_rank_checks(reports, f"{family}/", _family_names(len(reports))[family])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels run on GPUs only")
+@pytest.mark.gpu
 def test_tile_collectives_in_gluon_kernels_match_torch():
     reports = reports_on_available_ranks(_worker, 2, 2, "gluon", backend="gluon", timeout=120)
     names = _family_names(len(reports))
@@ -270,7 +270,7 @@ def test_tile_collectives_in_gluon_kernels_match_torch():
         assert_rank_checks(reports, f"{family}/", names[family])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_a_tile_collective_kernel_replays_in_a_cuda_graph(reports):
     gpus = torch.cuda.device_count()
     if gpus < len(reports) and gpus != 1:

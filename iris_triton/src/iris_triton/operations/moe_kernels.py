@@ -146,7 +146,7 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
             elif FP8:
                 amax = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for h in range(0, H, BLOCK_H):
-                    values = tl.load(tokens + t * H + h + columns, mask=h + columns < H, other=0.0)
+                    values = tl.load(tokens + tl.cast(t, tl.int64) * H + h + columns, mask=h + columns < H, other=0.0)
                     amax = tl.maximum(amax, tl.abs(values.to(tl.float32)))
                 largest = tl.max(amax, axis=0)
                 scale = tl.where(largest > 0, largest / FP8_LARGEST, 1.0)
@@ -159,13 +159,13 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
                     for q in tl.static_range(WORLD):
                         if q < RANK:
                             offset += tl.load(table + q * (E + 1) + e)
-                    slot = (e % L) * capacity + offset
+                    slot = (e % L) * capacity + offset  # its row, at slot * H: past 2**31 in large buffers
                     for h in range(0, H, BLOCK_H):
                         mask = h + columns < H
-                        values = tl.load(tokens + t * H + h + columns, mask=mask)
+                        values = tl.load(tokens + tl.cast(t, tl.int64) * H + h + columns, mask=mask)
                         if FP8 and not QUANTIZED:
                             values = (values.to(tl.float32) / scale).to(data.dtype.element_ty)
-                        dctx.store(data + slot * H + h + columns, values, owner, mask=mask)
+                        dctx.store(data + tl.cast(slot, tl.int64) * H + h + columns, values, owner, mask=mask)
                     if FP8:
                         dctx.store(scales + slot, scale, owner)
                     source = tl.full((), RANK, tl.int32)
@@ -412,11 +412,12 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
                 slot = expert * capacity + i
                 source = tl.load(source_rank + slot)
                 if (source >= 0) & (source < WORLD):  # never a write to (or a base of) a rank that is none
-                    target = back + (tl.load(source_index + slot) * K + tl.load(source_slot + slot)) * H
+                    # 64-bit row offsets: a buffer of [L, capacity, H] or [T, K, H] can pass 2**31 elements.
+                    target = back + (tl.load(source_index + slot) * K + tl.load(source_slot + slot)).to(tl.int64) * H
+                    returned = expert_out + tl.cast(slot, tl.int64) * H
                     for h in range(0, H, BLOCK_H):
                         mask = h + columns < H
-                        dctx.store(target + h + columns, tl.load(expert_out + slot * H + h + columns, mask=mask),
-                                   source, mask=mask)
+                        dctx.store(target + h + columns, tl.load(returned + h + columns, mask=mask), source, mask=mask)
         for q in tl.static_range(WORLD):
             dctx.signal(back_flags + RANK * tl.num_programs(0) + tl.program_id(0), call + 1, q)
 
@@ -447,8 +448,8 @@ def reduce_kernel(context, out, back, back_flags, back_stride, programs, ids, po
                     weight = tl.load(weights + t * K + j)
                     for later in tl.static_range(j + 1, K):
                         weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
-                    row = tl.load(back + (t * K + j) * H + h + columns, mask=mask, other=0.0).to(tl.float32)
-                    acc = _fma(row, weight, acc)
-            tl.store(out + t * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
+                    row = tl.load(back + tl.cast(t * K + j, tl.int64) * H + h + columns, mask=mask, other=0.0)
+                    acc = _fma(row.to(tl.float32), weight, acc)
+            tl.store(out + tl.cast(t, tl.int64) * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
     if not ok:
         poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)
