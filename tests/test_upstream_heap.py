@@ -156,5 +156,8 @@ def test_an_upstream_contexts_as_symmetric_copies_with_a_warning_that_says_why()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert shmem.as_symmetric(on_heap) is on_heap
+        elsewhere = torch.empty(3, device="meta")
+        with pytest.raises(RuntimeError, match=r"heap's device .* got one on meta; move it there first"):
+            shmem.as_symmetric(elsewhere)
     finally:
         shmem.destroy()

@@ -178,9 +178,14 @@ class Iris:
         tensor and the result are the same memory; iris's heap is one allocation per rank, mapped
         into the peers when the context is made, and memory from torch's allocator cannot join it:
         the result is a copy, and a warning says so (a tensor already on the heap comes back as it
-        is)."""
+        is). A tensor on another kind of device than the heap's is refused, as upstream refuses
+        one that is not on its GPU."""
         if self.is_symmetric(tensor):
             return tensor
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != self.device.type:
+            kind = "a CUDA device" if self.device.type == "cuda" else f"the {self.device.type} device"
+            raise RuntimeError(f"as_symmetric takes a tensor on the heap's device ({self.device}: {kind}), got one on "
+                               f"{tensor.device}; move it there first (tensor.to(ctx.get_device()))")
         warnings.warn(
             f"as_symmetric copies the tensor (shape {tuple(tensor.shape)}, {tensor.dtype}) onto the symmetric heap: "
             f"the heap is one allocation per rank, mapped into every peer when the context is made, and memory "
