@@ -184,7 +184,9 @@ def spawn_reports(worker: Callable[..., bytes], nprocs: int, *args, device: str,
     """Every rank's unpacked :class:`RankReport` from ``worker(rank, *args)`` (which returns
     ``report.packed()``) on ``nprocs`` ranks; any wait gives up after ``timeout`` seconds."""
     with _rank_environment(timeout):
-        return [pickle.loads(zlib.decompress(p)) for p in iris.spawn(worker, nprocs, *args, device=device)]
+        start = "forkserver" if device == "cpu" else "spawn"  # CPU ranks: torch, Triton and iris imported once
+        return [pickle.loads(zlib.decompress(p)) for p in iris.spawn(worker, nprocs, *args, device=device,
+                                                                   start_method=start)]
 
 
 def reports_on_available_ranks(worker: Callable[..., bytes], nprocs: int, *args, backend: str = DEFAULT_BACKEND,

@@ -19,12 +19,12 @@ The ranks are CPU ranks (Triton's interpreter) where no GPU is visible, else GPU
 GPU r modulo the GPUs visible, so that ranks share a GPU where there are fewer GPUs than ranks (CUDA
 IPC between processes on one device; the GPU time-slices them). On GPUs an iris call need not wait
 for its kernel: a call counts as made once ``ctx.check()`` after it returned (the failure rule's
-"the next iris call raises"). CPU ranks are forked from a forkserver that imported iris once (cheap
-ranks, no ``iris.spawn``); GPU ranks are spawned (CUDA is not usable in a process forked from one
-that has asked CUDA for its devices). A rank reports through a file it rewrites after every check,
-so a rank that is killed leaves what it saw, and the parent bounds every world in time and kills
-what is left. Short by default; ``IRIS_CHAOS_ITERS=n`` adds n rounds of random victims, seeds and
-timings to every scenario.
+"the next iris call raises"). CPU ranks are forked from the server ``iris.spawn`` forks its CPU
+ranks from, which imported iris once (cheap ranks); GPU ranks are spawned (CUDA is not usable in a
+process forked from one that has asked CUDA for its devices). A rank reports through a file it
+rewrites after every check, so a rank that is killed leaves what it saw, and the parent bounds
+every world in time and kills what is left. Short by default; ``IRIS_CHAOS_ITERS=n`` adds n rounds
+of random victims, seeds and timings to every scenario.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import contextlib
 import gc
 import itertools
 import multiprocessing
-import multiprocessing.forkserver as forkserver
 import os
 import pickle
 import random
@@ -56,6 +55,7 @@ if DEVICE == "cpu":
 import iris  # noqa: E402
 from iris.errors import IrisError  # noqa: E402
 from iris.testing import mapped_heap_segments, seeded_generator  # noqa: E402
+from iris.tools.spawn import cpu_rank_context, die_with_launcher  # noqa: E402
 from iris_triton.backend import TritonDeviceOps  # noqa: E402
 
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and (os.environ.get("TRITON_INTERPRET") != "1"
@@ -96,28 +96,15 @@ SHAPE = (5, 16, 24)
 
 # -- the harness: ranks forked from a forkserver, reporting through files ------------------------------------
 
-_MP = multiprocessing.get_context("forkserver" if DEVICE == "cpu" else "spawn")
+def _rank_env() -> dict[str, str]:
+    """The ranks' environment: this process's, without the settings each test gives its ranks."""
+    return {k: v for k, v in os.environ.items() if k not in ("IRIS_DEBUG", "IRIS_ON_TIMEOUT")}
 
 
-def _forkserver_ready() -> None:
-    """Start the forkserver with this module imported, so that ranks start with iris, torch and
-    triton imported. The forkserver of Python 3.11 does not take the parent's ``sys.path``
-    (its ``sys_path`` argument is unused): it finds this module through
-    ``PYTHONPATH``, set to name this folder while it starts. (A preload that fails to import is
-    ignored silently; then every rank would import torch and triton itself, seconds each.)"""
-    if DEVICE == "cpu" and not getattr(_forkserver_ready, "done", False):
-        _MP.set_forkserver_preload([__name__])
-        saved = os.environ.get("PYTHONPATH")
-        here = os.path.dirname(os.path.abspath(__file__))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved]))
-        try:
-            forkserver.ensure_running()
-        finally:
-            if saved is None:
-                del os.environ["PYTHONPATH"]
-            else:
-                os.environ["PYTHONPATH"] = saved
-        _forkserver_ready.done = True
+def _processes():
+    """Where the ranks come from: the forkserver ``iris.spawn`` uses for CPU ranks (torch, Triton
+    and iris imported once), else ``spawn``."""
+    return cpu_rank_context(_rank_env()) if DEVICE == "cpu" else multiprocessing.get_context("spawn")
 
 
 class Report(dict):
@@ -137,11 +124,13 @@ class Report(dict):
         os.replace(self.path + ".tmp", self.path)
 
 
-def _rank_entry(rank: int, world: int, directory: str, worker, args: tuple) -> None:
+def _rank_entry(rank: int, world: int, directory: str, worker, args: tuple, env: dict[str, str],
+                launcher: int) -> None:
+    die_with_launcher(launcher)
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       IRIS_TIMEOUT=str(T_OK), GLOO_SOCKET_IFNAME="lo")
-    os.environ.pop("IRIS_DEBUG", None)
-    os.environ.pop("IRIS_ON_TIMEOUT", None)
     if DEVICE == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     import datetime
@@ -177,11 +166,11 @@ def run_worlds(specs: list, *, parallel: int = 3, bound: float = 240, busy: int 
     """Run every ``(name, worker, world, args)`` of ``specs`` (``worker(rank, world, report, *args)``
     on ``world`` ranks), at most ``parallel`` worlds at once, with ``busy`` busy processes
     alongside; every world is killed at ``bound`` seconds. Their reports, exit codes, durations."""
-    _forkserver_ready()
+    processes, env = _processes(), _rank_env()
     results: list = [None] * len(specs)
     pending = list(enumerate(specs))
     running = []
-    hogs = [_MP.Process(target=_busy, args=(bound,), daemon=True) for _ in range(busy)]
+    hogs = [processes.Process(target=_busy, args=(bound,), daemon=True) for _ in range(busy)]
     for hog in hogs:
         hog.start()
     try:
@@ -191,8 +180,8 @@ def run_worlds(specs: list, *, parallel: int = 3, bound: float = 240, busy: int 
                     index, (name, worker, world, args) = pending.pop(0)
                     directory = os.path.join(root, str(index))
                     os.mkdir(directory)
-                    procs = [_MP.Process(target=_rank_entry, args=(r, world, directory, worker, args), daemon=True)
-                             for r in range(world)]
+                    entry = (world, directory, worker, args, env, os.getpid())
+                    procs = [processes.Process(target=_rank_entry, args=(r, *entry), daemon=True) for r in range(world)]
                     for p in procs:
                         p.start()
                     running.append((index, name, world, directory, procs, time.monotonic()))
