@@ -67,7 +67,7 @@ LAUNCH_SCRIPT = textwrap.dedent('''
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         print(f"PARENT {os.getpid()}", flush=True)
-        iris.spawn(work, 2, sys.argv[1], sys.argv[2] == "1", device="cpu")
+        iris.spawn(work, 2, sys.argv[1], sys.argv[2] == "1", device="cpu", start_method=sys.argv[3])
 ''')
 
 
@@ -118,7 +118,7 @@ def _assert_gone(pids: list[int]) -> None:
 class Launch:
     """``iris.spawn`` of LAUNCH_SCRIPT's ``work`` on 2 CPU ranks, in a parent process of its own."""
 
-    def __init__(self, tmp_path, operation: str, ignore_signals: bool = False):
+    def __init__(self, tmp_path, operation: str, ignore_signals: bool = False, start_method: str = "spawn"):
         script = tmp_path / "launch.py"
         script.write_text(LAUNCH_SCRIPT)
         env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_")}
@@ -127,8 +127,9 @@ class Launch:
         env.update(TRITON_INTERPRET="1", IRIS_TIMEOUT="30", TMPDIR=str(self.tmp))
         self.stderr_path = tmp_path / "stderr.txt"
         with open(self.stderr_path, "w") as stderr:
-            self.proc = subprocess.Popen([sys.executable, str(script), operation, str(int(ignore_signals))],
-                                         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True)
+            arguments = [operation, str(int(ignore_signals)), start_method]
+            self.proc = subprocess.Popen([sys.executable, str(script), *arguments], env=env, cwd=tmp_path,
+                                         stdout=subprocess.PIPE, stderr=stderr, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.stderr = ""
@@ -217,6 +218,45 @@ def test_sigterm_or_sigint_of_the_parent_ends_ranks_that_ignore_both(tmp_path, s
         assert "KeyboardInterrupt" in launch.stderr, launch.stderr[-3000:]
     _assert_gone(launch.ranks)
     _assert_nothing_new(before, launch.tmp)
+
+
+def test_ranks_forked_from_the_server_end_with_a_killed_launcher(tmp_path):
+    """Their parent is the server, which outlives the launcher while they run: they watch the
+    launcher itself. (The server's socket folder in TMPDIR may stay: the documented cost.)"""
+    launch = Launch(tmp_path, "sleep", start_method="forkserver")
+    assert all(_parent_of(pid) != launch.proc.pid for pid in launch.ranks), "ranks not forked from the server"
+    os.kill(launch.proc.pid, signal.SIGKILL)
+    assert launch.wait() == -signal.SIGKILL
+    _assert_gone(launch.ranks)
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _environment_and_parent(rank: int) -> tuple:
+    return os.environ.get("IRIS_LAUNCH_MARK"), os.environ.get("IRIS_DEBUG"), os.getppid()
+
+
+def test_forked_ranks_get_the_launchers_environment_and_other_import_settings_are_spawned(monkeypatch):
+    monkeypatch.delenv("IRIS_DEBUG", raising=False)
+    for mark in ("first", "second"):  # the second launch reuses the server started before it changed
+        monkeypatch.setenv("IRIS_LAUNCH_MARK", mark)
+        for value, debug, parent in iris.spawn(_environment_and_parent, 2, device="cpu", start_method="forkserver"):
+            assert (value, debug) == (mark, None) and parent != os.getpid(), "a rank forked from the server"
+    # IRIS_DEBUG is read when iris's device API is imported: a server without it cannot fork these.
+    monkeypatch.setenv("IRIS_DEBUG", "1")
+    for value, debug, parent in iris.spawn(_environment_and_parent, 2, device="cpu", start_method="forkserver"):
+        assert (value, debug, parent) == ("second", "1", os.getpid()), "a rank spawned by this process"
+
+
+def test_a_start_method_other_than_spawn_or_forkserver_for_cpu_ranks_is_refused():
+    with pytest.raises(ValueError, match=r"start_method must be 'spawn', or 'forkserver' for CPU ranks .* got "
+                                         r"'fork' for cpu ranks"):
+        iris.spawn(_environment_and_parent, 2, device="cpu", start_method="fork")
+    with pytest.raises(ValueError, match=r"cannot use CUDA\), got 'forkserver' for cuda ranks"):
+        iris.spawn(_environment_and_parent, 1, device="cuda", start_method="forkserver")
 
 
 # -- what the caller of iris.spawn sees ------------------------------------------------------------------

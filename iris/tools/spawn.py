@@ -96,18 +96,25 @@ def import_time_settings(env: dict[str, str]) -> dict[str, str]:
 
 
 def cpu_rank_context(env: dict[str, str]):
-    """The multiprocessing context for CPU ranks whose environment is ``env``: the forkserver,
-    started on first use under ``env`` with :data:`SERVER_PRELOAD` imported, while its
-    import-time settings match ``env``'s; else ``spawn``."""
+    """The multiprocessing context for CPU ranks whose environment is ``env``: the forkserver
+    (started on first use under ``env`` without ``IRIS_DEBUG``, with :data:`SERVER_PRELOAD`
+    imported) where ``env``'s import-time settings are the server's; else ``spawn`` (a launch
+    with ``IRIS_DEBUG`` set, for one)."""
     global _server_settings
-    settings = import_time_settings(env)
     if _server_settings is None:
+        server_env = {k: v for k, v in env.items() if k != "IRIS_DEBUG"}
         context = mp.get_context("forkserver")
         context.set_forkserver_preload(list(SERVER_PRELOAD))
-        with _environment(env):
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(server_env)
+        try:
             multiprocessing.forkserver.ensure_running()
-        _server_settings = settings
-    return mp.get_context("forkserver" if settings == _server_settings else "spawn")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _server_settings = import_time_settings(server_env)
+    return mp.get_context("forkserver" if import_time_settings(env) == _server_settings else "spawn")
 
 
 @contextmanager
