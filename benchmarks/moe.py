@@ -8,7 +8,8 @@ against each other (every expert's tokens exactly, in (source rank, token) order
 output, the identity expert, within bf16 rounding), then timed per call: ``--calls`` calls
 back to back, ``--repeats`` times, each rank's median and the slowest rank's as the figure. The
 reference exchanges its split sizes on the host (a synchronisation per call), so it is timed
-eagerly; iris is timed eagerly and, on GPUs, captured in a CUDA graph. Each row also gives the
+eagerly; iris is timed eagerly and, on GPUs, captured in a CUDA graph, and each of its kernels'
+GPU time per dispatch + combine is taken with torch.profiler. Each row also gives the
 bytes of token data that cross the link (rows sent to other ranks, the most any rank sends) and
 the fraction of ``--link-gbps`` (478 GB/s per direction between 2 x H200) that the time makes
 of them, and the HBM bound of the token data a rank's memory must move (dispatch: read its tokens,
@@ -123,6 +124,19 @@ def local_copy_gbps(ctx, calls: int, repeats: int) -> float:
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
+def kernel_us(ctx, step, calls: int) -> dict[str, float]:
+    """GPU time per ``step()`` of each kernel it launches (torch.profiler), by kernel name: which
+    of a call's kernels holds its time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for _ in range(calls):
+            step()
+        synchronize(ctx.device)
+    return {event.key: event.device_time_total / calls for event in profiler.key_averages()
+            if event.device_time_total > 0}
+
+
 def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, topk: int, calls: int,
              repeats: int, link_gbps: float, copy_gbps: float) -> dict:
     """One row: both implementations checked against each other, then timed."""
@@ -158,6 +172,12 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
             us = max(ctx.comm.all_gather_object(per_call_us(ctx, fn, calls, repeats, mode == "graph")))
             row[mode][name] = {"us": us, "link_fraction": row["link_bytes"] / (us * 1e-6) / (link_gbps * 1e9)
                                if row["link_bytes"] else None, "hbm_bound_multiple": us / bound_us}
+    if device.type == "cuda":
+        def dispatch_and_combine():
+            routed = ctx.ops.moe_dispatch(x, ids, weights, experts)
+            ctx.ops.moe_combine(routed.tokens, routed)
+
+        row["kernel_us"] = kernel_us(ctx, dispatch_and_combine, calls)
     return row
 
 
@@ -210,6 +230,9 @@ def report(args: argparse.Namespace, rows: list[dict]) -> bool:
         print(f"tokens {row['tokens']:>5} world {row['world']} link {row['link_bytes'] / 1e6:.1f} MB, HBM bound "
               f"{row['hbm_bound_us']:.1f} us at {row['copy_gbps']:.0f} GB/s: "
               + ", ".join(cells) + ("" if all(row["correct"].values()) else f"  INCORRECT: {row['correct']}"))
+        if "kernel_us" in row:
+            print("    GPU time per dispatch + combine: " + ", ".join(
+                f"{name[:40]} {us:.1f} us" for name, us in sorted(row["kernel_us"].items(), key=lambda kv: -kv[1])))
     path = write_results("moe" + ("-cpu" if args.device == "cpu" else ""),
                          {"unit": "us per call (slowest rank, median)", "reference": "torch all_to_all_single",
                           "link_gbps": args.link_gbps, "calls": args.calls, "repeats": args.repeats, "rows": rows},
