@@ -22,7 +22,7 @@ from triton.runtime.jit import constexpr_function
 from iris.config import debug_from_environment
 from iris.errors import IrisError
 from iris.heap.symmetric import MAP_GRANULE, MAP_HEADER
-from iris_triton.device.clock import INTERPRETING, now_ns
+from iris_triton.device.clock import INTERPRETING, now_ns, spin_pause
 
 #: The device functions, each with its parameter that takes the caller's own rank: the one list
 #: of the device API. Each is defined below as a ``@triton.jit`` function, exported as
@@ -463,6 +463,7 @@ def wait_until(ptr, value, cur_rank, rank, heap_bases, timeout_ns, CMP: tl.const
         start = now_ns()
         waited = start - start
         while (not _compare(flag, value, CMP)) and waited < timeout_ns:
+            spin_pause(waited)
             flag = tl.atomic_add(flag_ptr, 0, sem=_sem(sem, "acquire"), scope=_scope(scope))
             waited = now_ns() - start
     return _compare(flag, value, CMP)

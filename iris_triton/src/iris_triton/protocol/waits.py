@@ -34,7 +34,7 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from iris_triton.protocol.calls import announcements_of
-from iris_triton.device.clock import INTERPRETING, now_ns
+from iris_triton.device.clock import INTERPRETING, now_ns, spin_pause
 
 __all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
            "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
@@ -227,9 +227,10 @@ def other_call(dctx, headers, announced, SITE: tl.constexpr):
 def _give_up(dctx, start, headers, announced, SITE: tl.constexpr):
     """Whether a wait that began at ``start`` gives up now: a peer announced another call
     (:func:`other_call`), this rank recorded a failure (another program, say), or the context's
-    timeout passed."""
-    return other_call(dctx, headers, announced, SITE) | failed(dctx) | \
-        (now_ns() - start >= dctx.failstop.timeout_ns)
+    timeout passed. Pauses first on CPU ranks (:func:`iris_triton.device.clock.spin_pause`)."""
+    waited = now_ns() - start
+    spin_pause(waited)
+    return other_call(dctx, headers, announced, SITE) | failed(dctx) | (waited >= dctx.failstop.timeout_ns)
 
 
 @triton.jit
@@ -384,6 +385,7 @@ def peers_announced(dctx, headers, value, RANK: tl.constexpr, WORLD: tl.constexp
                 if (seen != value) & ((seen >> 16) != (value >> 16)) & (not failed(dctx)):
                     start = now_ns()
                     while ((seen >> 16) != (value >> 16)) & (now_ns() - start < dctx.failstop.timeout_ns):
+                        spin_pause(now_ns() - start)
                         seen = tl.load(headers + q, volatile=True)
             same = seen == value
             if ok & (not same):
