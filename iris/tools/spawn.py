@@ -18,6 +18,7 @@ killed the parent), and the parent ends its ranks when it is interrupted or one 
 from __future__ import annotations
 
 import ctypes
+import multiprocessing.forkserver
 import os
 import pickle
 import select
@@ -31,8 +32,6 @@ from contextlib import contextmanager
 from multiprocessing import connection
 from typing import Any, TypeVar
 
-import multiprocessing.forkserver
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -43,8 +42,7 @@ from iris.errors import RankFailedError
 from iris.registry import get_backend, is_backend_available
 
 __all__ = ["RankFailedError", "backend_environment", "cpu_rank_context", "die_with_launcher", "die_with_parent",
-           "end_processes",
-           "import_time_settings", "loopback_store", "rank_environment", "spawn"]
+           "end_processes", "import_time_settings", "loopback_store", "rank_environment", "spawn"]
 
 #: Seconds a rank gets to exit after SIGTERM before it is killed.
 TERMINATE_GRACE = 3.0
