@@ -384,9 +384,11 @@ def peers_announced(dctx, headers, value, RANK: tl.constexpr, WORLD: tl.constexp
             if WAIT:
                 if (seen != value) & ((seen >> 16) != (value >> 16)) & (not failed(dctx)):
                     start = now_ns()
-                    while ((seen >> 16) != (value >> 16)) & (now_ns() - start < dctx.failstop.timeout_ns):
-                        spin_pause(now_ns() - start)
+                    waited = start - start
+                    while ((seen >> 16) != (value >> 16)) & (waited < dctx.failstop.timeout_ns):
+                        spin_pause(waited)
                         seen = tl.load(headers + q, volatile=True)
+                        waited = now_ns() - start
             same = seen == value
             if ok & (not same):
                 if WAIT:
