@@ -57,6 +57,11 @@ def ensure_process_group(device_type: str, timeout: float) -> None:
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
     if all(v in os.environ for v in _TORCHRUN_VARS):
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
+        # gloo connects every pair of ranks inside init_process_group, and a rank can return from it
+        # before its peers have finished connecting: one that then leaves at once (a short job) closes
+        # a connection a peer is still completing, and that peer's init fails. Every rank waits here
+        # until all are connected (a one-element all_reduce on the gloo part of the group).
+        dist.all_reduce(torch.zeros(1))
     else:
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout)
