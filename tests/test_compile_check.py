@@ -20,6 +20,8 @@ import pytest
 
 import iris_triton
 from iris.context.bootstrap import Communicator
+from iris.tools.compile_check import compile_check
+from iris.tools.compile_check.cases import contexts_checked
 from iris.tools.compile_check.ptx import ptx_violations
 from iris.tools.compile_check.world import StandInCommunicator
 
@@ -63,7 +65,7 @@ def test_it_catches_the_fused_kernels_constexpr_reassigned_at_world_3(tmp_path):
     assert fixed in source, "the fused kernel's loop changed: update this test"
     fused.write_text(source.replace(fixed, "owner: tl.constexpr = (RANK + step) % WORLD", 1))
 
-    options = ("--worlds", "2,3", "--backends", "triton", "--only", "matmul_reduce_scatter_kernel")
+    options = ("--worlds", "2,3", "--backends", "triton", "--only", "matmul_reduce_scatter_kernel", "--focused")
     old = _check(*options, pythonpath=tmp_path)
     assert old.returncode == 1, old.stdout[-3000:] + old.stderr[-3000:]
     failures = [block for block in old.stdout.split("FAILED ")[1:] if block.startswith("matmul_reduce_scatter_kernel")]
@@ -145,12 +147,37 @@ def test_the_stand_in_communicator_overrides_every_exchange():
     assert public <= set(vars(StandInCommunicator)), public - set(vars(StandInCommunicator))
 
 
+def _contexts(*args) -> set[tuple]:
+    return {(c.backend, c.world_size, c.rank, c.full, c.tracing) for c in contexts_checked(*args)}
+
+
+def test_the_contexts_checked_are_every_rank_up_to_4_and_the_ends_above_or_the_ranks_asked_for():
+    by_default = _contexts(("triton", "gluon"), (1, 2, 3, 4, 5, 8))
+    triton = {(w, r) for b, w, r, full, tracing in by_default if b == "triton" and not tracing}
+    assert triton == {(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2), (4, 3), (5, 0), (5, 4),
+                      (8, 0), (8, 7)}
+    assert {c for c in by_default if c[3] or c[4]} == {("triton", 8, 0, True, False), ("triton", 8, 0, False, True)}
+    assert {c[1:3] for c in by_default if c[0] == "gluon"} == {(3, 0), (3, 2), (8, 0), (8, 7)}
+    # One rank: where the world has it, the full calls and tracing on it in the largest world.
+    assert _contexts(("triton", "gluon"), (1, 3), (1,)) == {
+        ("triton", 3, 1, True, False), ("triton", 3, 1, False, True), ("gluon", 3, 1, False, False)}
+    assert _contexts(("triton",), (3,), (1,), False) == {("triton", 3, 1, False, False), ("triton", 3, 1, False, True)}
+
+
+def test_ranks_outside_every_world_are_refused():
+    with pytest.raises(ValueError, match=r"ranks must be ranks \(0 and up\) of at least one of the worlds \(2, 3\), "
+                                         r"got \(3,\)"):
+        compile_check((2, 3), ranks=(3,))
+
+
 class _Launch:
     """What :func:`ptx_violations` reads of a launch."""
 
-    def __init__(self, name: str, aligned: bool):
-        self.kernel = SimpleNamespace(fn=SimpleNamespace(__name__=name), arg_names=["x", "m"])
+    def __init__(self, name: str, aligned: bool, world: int = 2):
+        segment = "H" if name in ("push_kernel", "return_kernel", "reduce_kernel") else "m"
+        self.kernel = SimpleNamespace(fn=SimpleNamespace(__name__=name), arg_names=["x", segment, "WORLD"])
         self.attrs = {(1,): [["tt.divisibility", 16]] if aligned else []}
+        self.constexprs = {(2,): world}
 
 
 @pytest.mark.parametrize("line, scoped", [
@@ -175,3 +202,6 @@ def test_the_collectives_copy_loops_must_move_16_byte_vectors():
     assert "16-byte" in " ".join(ptx_violations(_Launch("collective_kernel", True), scalar))
     assert ptx_violations(_Launch("collective_kernel", False), scalar) == []  # unaligned segments: no rule
     assert ptx_violations(_Launch("low_latency_kernel", True), scalar) == []  # not a copy loop
+    for moe in ("push_kernel", "return_kernel", "reduce_kernel"):  # the MoE kernels' row copies
+        assert "16-byte" in " ".join(ptx_violations(_Launch(moe, True), scalar)), moe
+    assert ptx_violations(_Launch("return_kernel", True, world=1), scalar) == []  # a rank's own rows stay

@@ -348,7 +348,7 @@ def _slow_peer_worker(rank: int) -> dict[tuple[str, str], list[bool]]:
 @pytest.fixture(scope="module")
 def slow_peer_results() -> list[dict[tuple[str, str], list[bool]]]:
     """Every rank's results of :func:`_slow_peer_worker`, from one spawn of 2 CPU ranks."""
-    return iris.spawn(_slow_peer_worker, 2, device=interpreted_device())
+    return iris.spawn(_slow_peer_worker, 2, device=interpreted_device(), start_method="forkserver")
 
 
 @pytest.mark.parametrize("method", SLOW_PEER_METHODS)

@@ -204,7 +204,7 @@ def short_timeout(monkeypatch):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_symmetric_heap_across_ranks(world_size, short_timeout):
     before = iris_shm_entries()
-    reports = iris.spawn(_heap_worker, world_size, device="cpu")
+    reports = iris.spawn(_heap_worker, world_size, device="cpu", start_method="forkserver")
     assert [r["rank"] for r in reports] == list(range(world_size))
 
     for r in reports:

@@ -149,9 +149,9 @@ def _check_result(report: RankReport, name: str, result, reference, capacity: in
     report.check(f"dispatch/{name}/scales", (result.scales is not None) == fp8)
 
 
-def _check_cases(ctx, report: RankReport) -> None:
+def _check_cases(ctx, report: RankReport, cases=CASES) -> None:
     rank, world = ctx.rank, ctx.world_size
-    for name, k, per_rank, dtype, fp8 in CASES:
+    for name, k, per_rank, dtype, fp8 in cases:
         experts = per_rank * world
         ids = _routing(name, rank, world, k, experts)
         x, w = _tokens(dtype, rank, name), _weights(k, rank, name)
@@ -354,6 +354,30 @@ def _worker(rank: int) -> bytes:
     with report.section("device_errors"):
         _check_device_errors(report, rank)
     return report.packed()
+
+
+#: The cases of the five-rank run (every routing kind of a larger world: remote and local pairs, a
+#: duplicate, fp8), a few to keep five interpreted ranks quick.
+FIVE_RANK_CASES = ("random", "one_expert_every_slot", "local_only", "fp8")
+
+
+def _five_rank_worker(rank: int) -> bytes:
+    report = RankReport(rank)
+    ctx = iris.create("triton", heap_size="16MiB", device="cpu")
+    with report.section("cases"):
+        _check_cases(ctx, report, [case for case in CASES if case[0] in FIVE_RANK_CASES])
+    with report.section("back_to_back"):
+        _check_back_to_back(ctx, report)
+    ctx.barrier()
+    ctx.destroy()
+    return report.packed()
+
+
+def test_world5_dispatch_and_combine_match_the_references():
+    reports = spawn_reports(_five_rank_worker, 5, device=interpreted_device("triton"))
+    calls = list(FIVE_RANK_CASES) + [f"back_to_back/{i}" for i in range(BACK_TO_BACK)]
+    assert_rank_checks(reports, "dispatch/", _dispatch_names(calls))
+    assert_rank_checks(reports, "combine/", {f"combine/{name}" for name in calls} | {"combine/no_failure"})
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")

@@ -734,6 +734,6 @@ def test_iris_iris_constructors_return_once_every_rank_filled_its_twin():
     allocated and filled its tensor (each rank in turn arrives late)."""
     from iris.testing import interpreted_device
 
-    results = iris.spawn(_late_allocation_worker, 2, device=interpreted_device())
+    results = iris.spawn(_late_allocation_worker, 2, device=interpreted_device(), start_method="forkserver")
     for rank, seen in enumerate(results):
         assert seen == {0: True, 1: True, 2: True, "zero_d": True, "pin_memory_ignored": True}, (rank, seen)

@@ -29,7 +29,7 @@ from pathlib import Path
 import attrs
 
 from iris.config import DEFAULT_BACKEND
-from iris.tools.compile_check.cases import calls, contexts_checked
+from iris.tools.compile_check.cases import Checked, calls, contexts_checked
 from iris.tools.compile_check.coverage import uncovered_launch_sites
 from iris.tools.compile_check.ptx import ptx_violations
 from iris.tools.compile_check.recorder import Launch, compile_launch, parse_arch, recording
@@ -94,30 +94,35 @@ class Report:
 
 
 def compile_check(worlds: Iterable[int] = DEFAULT_WORLDS, *, arch: str = "sm_90", backends: Iterable[str] | None = None,
-                  only: Iterable[str] | None = None, jobs: int | None = None,
-                  progress: Callable[[str], None] | None = None) -> Report:
+                  only: Iterable[str] | None = None, ranks: Iterable[int] | None = None, focused: bool = False,
+                  jobs: int | None = None, progress: Callable[[str], None] | None = None) -> Report:
     """Compile every kernel the installed backends launch at each of ``worlds`` for ``arch``
     (see the module), with ``jobs`` compiler processes (default: the usable cores); ``only``:
     compile just these kernel families (names as the report prints them; the launch-site
-    coverage is checked all the same). Needs no GPU, and Triton's interpreter off
-    (``TRITON_INTERPRET`` unset when Triton was imported)."""
+    coverage is checked all the same); ``ranks``: only these ranks of each world (default:
+    every rank up to 4 ranks, the first and last above); ``focused``: only the focused calls
+    (each algorithm, method and root once, one dtype), not the full ones. Needs no GPU, and
+    Triton's interpreter off (``TRITON_INTERPRET`` unset when Triton was imported)."""
     from triton import knobs
 
     import iris
 
-    if knobs.runtime.interpret:
-        raise RuntimeError("iris compile-check compiles kernels: run it with TRITON_INTERPRET unset (the "
-                           "interpreter was on when Triton was imported)")
     start = time.perf_counter()
     worlds = tuple(sorted(set(worlds)))
     if not worlds or min(worlds) < 1:
         raise ValueError(f"worlds must be positive world sizes, got {worlds}")
+    ranks = None if ranks is None else tuple(ranks)
+    if ranks is not None and (not ranks or min(ranks) < 0 or min(ranks) >= max(worlds)):
+        raise ValueError(f"ranks must be ranks (0 and up) of at least one of the worlds {worlds}, got {ranks}")
+    if knobs.runtime.interpret:
+        raise RuntimeError("iris compile-check compiles kernels: run it with TRITON_INTERPRET unset (the "
+                           "interpreter was on when Triton was imported)")
     target = parse_arch(arch)
     names = tuple(backends) if backends is not None else tuple(sorted(
         (name for name in iris.available_backends() if _compiles_for_gpus(name)),
         key=lambda name: name != DEFAULT_BACKEND))  # the default backend first: every kernel of it is checked
     say = progress or (lambda message: None)
-    launches, failures = _record(names, worlds, target, say)
+    launches, failures = _record(contexts_checked(names, worlds, ranks, not focused), target, say)
     distinct = list({launch.identity: launch for launch in launches}.values())
     if only is not None:
         wanted = set(only)
@@ -137,12 +142,12 @@ def _compiles_for_gpus(backend: str) -> bool:
     return "cuda" in get_backend(backend).device_types
 
 
-def _record(backends: tuple[str, ...], worlds: tuple[int, ...], target, say) -> tuple[list[Launch], list[Failure]]:
-    """Every launch of every call of every checked context, and the calls that failed before launching."""
+def _record(contexts: list[Checked], target, say) -> tuple[list[Launch], list[Failure]]:
+    """Every launch of every call of the ``contexts``, and the calls that failed before launching."""
     where = [""]
     failures: list[Failure] = []
     with recording(target, where) as launches:
-        for checked in contexts_checked(backends, worlds):
+        for checked in contexts:
             label = (f"{checked.backend}, world {checked.world_size}, rank {checked.rank}"
                      + (", tracing" if checked.tracing else ""))
             say(f"recording {label}")

@@ -59,29 +59,31 @@ class Checked:
     tracing: bool
 
 
-def contexts_checked(backends: tuple[str, ...], worlds: tuple[int, ...]) -> list[Checked]:
+def contexts_checked(backends: tuple[str, ...], worlds: tuple[int, ...], ranks: tuple[int, ...] | None = None,
+                     full: bool = True) -> list[Checked]:
     """The contexts the check makes calls on. The first backend's (every kernel of iris): in each
-    world the ranks of :func:`ranks_checked`; its first rank makes the full calls in the largest
-    world, and the focused calls again with device-side tracing on. The other backends compile
-    the same kernel sources with another front end: their first and last rank in the smallest
-    world of 3 ranks or more (the first with a rank that is neither first nor last) and in the
-    largest."""
+    world the ranks of :func:`ranks_checked` (or those of ``ranks`` the world has); its first
+    such rank makes the full calls in the largest world (unless not ``full``), and the focused
+    calls again with device-side tracing on. The other backends compile the same kernel sources
+    with another front end: their first and last rank in the smallest world of 3 ranks or more
+    (the first with a rank that is neither first nor last) and in the largest, of those checked."""
     larger = [w for w in worlds if w >= 3] or [max(worlds)]
     largest, others_at = max(worlds), {min(larger), max(larger)}
     checked = []
     for world in worlds:
-        for rank in ranks_checked(world):
-            checked.append(Checked(backends[0], world, rank, world == largest and rank == 0, False))
-            if world in others_at and rank in (0, world - 1):
+        chosen = ranks_checked(world) if ranks is None else [r for r in sorted(set(ranks)) if r < world]
+        for rank in chosen:
+            checked.append(Checked(backends[0], world, rank, full and world == largest and rank == chosen[0], False))
+            if world in others_at and rank in (chosen[0], chosen[-1]):
                 checked += [Checked(backend, world, rank, False, False) for backend in backends[1:]]
-        if world == largest:
-            checked.append(Checked(backends[0], world, 0, False, True))
+        if world == largest and chosen:
+            checked.append(Checked(backends[0], world, chosen[0], False, True))
     return checked
 
 
 def ranks_checked(world_size: int) -> list[int]:
-    """The ranks of a world that are checked: every rank up to :data:`EVERY_RANK_UP_TO` ranks,
-    else the first and the last (which differ from it in every rank-dependent branch)."""
+    """The ranks of a world that are checked by default: every rank up to :data:`EVERY_RANK_UP_TO`
+    ranks, else the first and the last (which differ from it in every rank-dependent branch)."""
     return list(range(world_size)) if world_size <= EVERY_RANK_UP_TO else [0, world_size - 1]
 
 
@@ -274,7 +276,7 @@ def _rmsnorm(ctx, dtype: torch.dtype, method: str, residual_out: bool) -> Callab
 
 
 def _moe(ctx, fp8: bool) -> Callable[[], object]:
-    tokens, hidden, experts, top_k = 16, 256, 4 * ctx.world_size, 2
+    tokens, hidden, experts, top_k = 16, 7168, 4 * ctx.world_size, 2  # a hidden size of large MoE models
 
     def call():
         x = ctx.zeros(tokens, hidden, dtype=FOCUS_DTYPE)

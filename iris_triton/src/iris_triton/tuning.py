@@ -33,7 +33,7 @@ __all__ = [
     "LOW_LATENCY_SHAPES",
     "PUSH_BLOCK_K",
     "PUSH_PROGRAMS",
-    "MOE_ROW_BLOCKS",
+    "MOE_SHAPES",
     "RMSNORM_SHAPES",
     "SENTINEL_SHAPES",
     "collective_shape",
@@ -95,9 +95,14 @@ ALL_REDUCE_RMSNORM_ONE_SHOT_UP_TO = dict(ALL_REDUCE_CHOSEN_UP_TO["one_shot"])
 #: The CPU chunk is small so that tests reach rows of several chunks.
 RMSNORM_SHAPES = {"cuda": dict(MAX_BLOCK=8192, MAX_WARPS=16, ELEMENTS_PER_WARP=256), "cpu": dict(MAX_BLOCK=64)}
 
-#: The most elements of a token's row the MoE kernels move per step (:mod:`iris_triton.operations.moe_kernels`):
-#: a starting point, not a measurement. The CPU block is small so that tests reach rows of several steps.
-MOE_ROW_BLOCKS = {"cuda": 1024, "cpu": 64}
+#: Launch shape of the MoE kernels (:mod:`iris_triton.operations.moe_kernels`): the most elements of a
+#: token's row one step moves (``MAX_BLOCK``; a whole row of the common hidden sizes), programs per
+#: multiprocessor (``PER_UNIT``) and warps. A row copy is bound by the bytes each program has in
+#: flight (one step's loads, issued together, before its stores): with a whole 16-bit row of 7168 per
+#: step and two programs per multiprocessor, 132 multiprocessors keep about 3.7 MB in flight, what
+#: HBM's rate times its latency asks for. A starting point from that estimate, not a measurement.
+#: The CPU block is small so that tests reach rows of several steps.
+MOE_SHAPES = {"cuda": dict(MAX_BLOCK=8192, PER_UNIT=2, num_warps=8), "cpu": dict(MAX_BLOCK=64, PER_UNIT=1)}
 
 
 def collective_shape(device_type: str, nbytes: int, name: str | None = None) -> dict:

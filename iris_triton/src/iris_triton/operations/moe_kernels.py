@@ -30,9 +30,9 @@ from iris_triton.device.context import DeviceContext
 from iris_triton.operations.moe import FP8_MAX
 from iris_triton.operations.moe_routing import route_pairs
 from iris_triton.protocol.calls import announce, header_value
-from iris_triton.tuning import MOE_ROW_BLOCKS
+from iris_triton.tuning import MOE_SHAPES
 from iris_triton.protocol.waits import EXPERT_CAPACITY, EXPERT_IDS, STALE_DISPATCH, failed, peers_announced, \
-    poison_blocks, record_failure, site_code, wait_for_peer_call, wait_or_record
+    poison_blocks, record_failure, site_code, wait_all_or_record, wait_for_peer_call
 
 __all__ = ["announce_route_kernel", "finish_kernel", "push_kernel"]
 
@@ -116,6 +116,21 @@ def _table_verdict(dctx, table, capacity, E, L, E_BLOCK: tl.constexpr, WORLD: tl
 
 
 @triton.jit
+def _pair_slot(table, ids, positions, t, j, E, L, capacity, K: tl.constexpr, RANK: tl.constexpr,
+               WORLD: tl.constexpr):
+    """``(slot, owner)`` of this rank's pair ``(t, j)``: its row's index in its expert's rank's
+    ``[L, capacity]`` slots (local expert ``l``, then the rows of that expert from lower ranks, then
+    the pair's position) and that rank; slot -1 for a pair sent nowhere."""
+    position = tl.load(positions + t * K + j)
+    e = tl.maximum(tl.load(ids + t * K + j).to(tl.int32), 0)
+    offset = position
+    for q in tl.static_range(WORLD):
+        if q < RANK:
+            offset += tl.load(table + q * (E + 1) + e)
+    return tl.where(position >= 0, (e % L) * capacity + offset, -1), e // L
+
+
+@triton.jit
 def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, table, table_flags, done_flags, data,
                 scales, source_rank, source_index, source_slot, signature, T, H, E, L, capacity, K: tl.constexpr,
                 E_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, QUANTIZED: tl.constexpr,
@@ -140,32 +155,31 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
     if ok:
         columns = tl.arange(0, BLOCK_H)
         for t in range(tl.program_id(0), T, tl.num_programs(0)):
+            token = tokens + tl.cast(t, tl.int64) * H
             scale = 1.0
             if QUANTIZED:
                 scale = tl.load(token_scales + t)
             elif FP8:
                 amax = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for h in range(0, H, BLOCK_H):
-                    values = tl.load(tokens + tl.cast(t, tl.int64) * H + h + columns, mask=h + columns < H, other=0.0)
+                    values = tl.load(token + h + columns, mask=h + columns < H, other=0.0)
                     amax = tl.maximum(amax, tl.abs(values.to(tl.float32)))
                 largest = tl.max(amax, axis=0)
                 scale = tl.where(largest > 0, largest / FP8_LARGEST, 1.0)
-            for j in tl.static_range(K):
-                position = tl.load(positions + t * K + j)
-                if position >= 0:
-                    e = tl.load(ids + t * K + j).to(tl.int32)
-                    owner = e // L
-                    offset = position
-                    for q in tl.static_range(WORLD):
-                        if q < RANK:
-                            offset += tl.load(table + q * (E + 1) + e)
-                    slot = (e % L) * capacity + offset  # its row, at slot * H: past 2**31 in large buffers
-                    for h in range(0, H, BLOCK_H):
-                        mask = h + columns < H
-                        values = tl.load(tokens + tl.cast(t, tl.int64) * H + h + columns, mask=mask)
-                        if FP8 and not QUANTIZED:
-                            values = (values.to(tl.float32) / scale).to(data.dtype.element_ty)
+            # Each step of the row is read once and stored to every pair's slot: the loads of a
+            # step are in flight together, the stores do not wait.
+            for h in range(0, H, BLOCK_H):
+                mask = h + columns < H
+                values = tl.load(token + h + columns, mask=mask)
+                if FP8 and not QUANTIZED:
+                    values = (values.to(tl.float32) / scale).to(data.dtype.element_ty)
+                for j in tl.static_range(K):
+                    slot, owner = _pair_slot(table, ids, positions, t, j, E, L, capacity, K, RANK, WORLD)
+                    if slot >= 0:  # its row, at slot * H: past 2**31 in large buffers
                         dctx.store(data + tl.cast(slot, tl.int64) * H + h + columns, values, owner, mask=mask)
+            for j in tl.static_range(K):
+                slot, owner = _pair_slot(table, ids, positions, t, j, E, L, capacity, K, RANK, WORLD)
+                if slot >= 0:
                     if FP8:
                         dctx.store(scales + slot, scale, owner)
                     source = tl.full((), RANK, tl.int32)
@@ -180,7 +194,7 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
 @triton.jit
 def finish_kernel(context, calls, table, done_flags, programs, counts, data, scales, source_rank, source_index,
                   source_slot, data_numel, E, L, capacity, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                  RANK: tl.constexpr, WORLD: tl.constexpr):
+                  PROGRAMS_BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Step 3: once every rank's ``programs`` pushing programs are done, ``counts`` (int32
     ``[L]``) := this rank's experts' rows, the sources of the slots past them := -1 (their
     ``scales`` 0); on any failure (a wait, or the table's verdict) every output := all-ones bits."""
@@ -188,9 +202,8 @@ def finish_kernel(context, calls, table, done_flags, programs, counts, data, sca
     call = tl.load(calls) - 1
     ok = not failed(dctx)
     for q in range(WORLD):  # every program waits for every flag: each reaches the same verdict
-        for p in range(0, programs):
-            if ok:
-                ok = wait_or_record(dctx, done_flags + q * programs + p, call + 1, q, SITE)
+        if ok:
+            ok = wait_all_or_record(dctx, done_flags + q * programs, programs, call + 1, q, SITE, PROGRAMS_BLOCK)
     ok = ok & _table_verdict(dctx, table, capacity, E, L, E_BLOCK, WORLD, False)
     slots = tl.arange(0, BLOCK)
     for expert in range(0, L):
@@ -220,9 +233,19 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGNMENT) * _ALIGNMENT
 
 
-def _row_block(ctx, hidden: int) -> int:
-    """Elements of a row the kernels move per step (:data:`iris_triton.tuning.MOE_ROW_BLOCKS`)."""
-    return min(triton.next_power_of_2(hidden), MOE_ROW_BLOCKS[ctx.kernel_device_type])
+def _launch(ctx, hidden: int) -> tuple[int, int, dict]:
+    """``(programs, BLOCK_H, warps)`` of the kernels that move rows (:data:`iris_triton.tuning.MOE_SHAPES`):
+    their programs, the elements of a row one step moves, and their launch option ``num_warps`` on
+    GPUs (none on CPU ranks)."""
+    shape = MOE_SHAPES[ctx.kernel_device_type]
+    warps = {"num_warps": shape["num_warps"]} if "num_warps" in shape else {}
+    return _programs(ctx), min(triton.next_power_of_2(hidden), shape["MAX_BLOCK"]), warps
+
+
+def _programs(ctx) -> int:
+    """Programs of the kernels that move rows: :data:`iris_triton.tuning.MOE_SHAPES`' per
+    multiprocessor (per CPU rank's program)."""
+    return ctx.programs * MOE_SHAPES[ctx.kernel_device_type]["PER_UNIT"]
 
 
 def slot_sizes(world: int, experts: int, capacity: int, hidden: int, element: int) -> dict:
@@ -273,7 +296,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     from iris_triton.operations.moe_routing import ROUTE_BLOCK
 
     ctx = ops._context
-    world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
+    world, rank = ctx.world_size, ctx.rank
     (T, H), k = tokens.shape, topk_ids.shape[1]
     E, L = num_experts, num_experts // world
     control = _control(ctx)
@@ -300,7 +323,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         token_scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
     e_block = triton.next_power_of_2(E)
-    block_h = _row_block(ctx, H)
+    programs, block_h, warps = _launch(ctx, H)
     context = ctx.get_device_context()
     outputs = (data, scales, counts, source_rank, source_index, source_slot)
     with ctx._call("ops.moe_dispatch", outputs), _announced_call(ctx, "moe_dispatch", (tokens, topk_ids,
@@ -309,11 +332,13 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                                     E, K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
         push_kernel[(programs,)](context, x, token_scales if quantized else scales, ids, positions, calls, headers,
                                  table, table_flags, done_flags, data, scales, source_rank, source_index,
-                                 source_slot, sig, T, H, E, L, capacity, K=k, E_BLOCK=e_block, BLOCK_H=block_h,
-                                 FP8=fp8, QUANTIZED=quantized, RANK=rank, WORLD=world)
+                                 source_slot, sig, T, H, E, L, capacity, K=k, E_BLOCK=e_block,
+                                 BLOCK_H=block_h, FP8=fp8, QUANTIZED=quantized, RANK=rank, WORLD=world,
+                                 **warps)
         finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, scales, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
-                                   BLOCK=block_h, RANK=rank, WORLD=world)
+                                   BLOCK=block_h, PROGRAMS_BLOCK=triton.next_power_of_2(programs), RANK=rank,
+                                   WORLD=world, **warps)
     return slot, counts, positions, call, sequence
 
 
@@ -324,7 +349,7 @@ def _control(ctx) -> dict:
     dispatch's parity)."""
     import torch
 
-    world, programs = ctx.world_size, ctx.programs
+    world, programs = ctx.world_size, _programs(ctx)
     sizes = {"calls": 1, "headers": 3 * world, "table": world, "done": world * programs,
              "back": 2 * world * programs, "combine_headers": 2 * world}
     words = ctx.workspaces.get("moe_control", 4 * sum(sizes.values()), fill=0).view(torch.int32)
@@ -346,7 +371,7 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
     from iris_triton.operations.fused_ops import _announced_call
 
     ctx = ops._context
-    world, rank, programs = ctx.world_size, ctx.rank, ctx.programs
+    world, rank = ctx.world_size, ctx.rank
     (T, k), (L, _, H) = topk_ids.shape, expert_out.shape
     element = expert_out.element_size()
     back_stride = _aligned(T * k * H * element) // element
@@ -354,7 +379,7 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
     control = _control(ctx)
     buffers = carve_slot(slot, world, num_experts, capacity, 0, torch.uint8)  # the sources lie before the data
     out = torch.empty(T, H, dtype=expert_out.dtype, device=ctx.device)
-    block_h = _row_block(ctx, H)
+    programs, block_h, warps = _launch(ctx, H)
     context = ctx.get_device_context()
     sources = (buffers["source_rank"], buffers["source_index"], buffers["source_slot"])
     x, ids, weights = expert_out.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
@@ -362,10 +387,11 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
                                                                                    topk_weights), "direct") as sig:
         return_kernel[(programs,)](context, x, counts, *sources, call, control["calls"], back, control["back"],
                                    back_stride, control["combine_headers"], sig, H, L, capacity, K=k,
-                                   BLOCK_H=block_h, RANK=rank, WORLD=world)
-        reduce_kernel[(programs,)](context, out, back, control["back"], back_stride, programs, ids, positions,
-                                   weights, call, control["calls"], T, H, K=k, BLOCK_H=block_h, RANK=rank,
-                                   WORLD=world)
+                                   BLOCK_H=block_h, RANK=rank, WORLD=world, **warps)
+        reduce_kernel[(programs,)](context, out, x, back, control["back"], back_stride, programs, buffers["table"],
+                                   ids, positions, weights, call, control["calls"], T, H, num_experts, L, capacity,
+                                   K=k, BLOCK_H=block_h, PROGRAMS_BLOCK=triton.next_power_of_2(programs), RANK=rank,
+                                   WORLD=world, **warps)
     return out
 
 
@@ -393,11 +419,12 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
     """Combine's first step: the call announced in every peer's combine header (program 0; its
     dispatch's parity's row of ``headers``), and once every peer announced the same call (bounded
     waits; another call is recorded as a mismatch: a peer's rows of another size or type would land
-    outside the rows this rank's buffers hold), every received row's expert output
-    (``expert_out[l, i]``, ``i < counts[l]``) into row ``[t, j]`` of ``back`` (``[T, K, H]``, the
-    dispatch's parity) on its source rank (``source_*[l, i]``: rank, token ``t``, slot ``j``);
-    then this program's flag ``back_flags[RANK, p]`` := the dispatch's number + 1 on every rank. A
-    stale dispatch (:func:`_combined_dispatch`) sends nothing."""
+    outside the rows this rank's buffers hold), every row received from a peer sends its expert
+    output (``expert_out[l, i]``, ``i < counts[l]``) into row ``[t, j]`` of ``back`` (``[T, K, H]``,
+    the dispatch's parity) on its source rank (``source_*[l, i]``: rank, token ``t``, slot ``j``);
+    rows from this rank stay where they are (:func:`reduce_kernel` reads them there). Then this
+    program's flag ``back_flags[RANK, p]`` := the dispatch's number + 1 on every rank. A stale
+    dispatch (:func:`_combined_dispatch`) sends nothing."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call, back, back_flags, fresh = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
                                                        WORLD * tl.num_programs(0))
@@ -411,7 +438,8 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
             for i in range(tl.program_id(0), tl.load(counts + expert), tl.num_programs(0)):
                 slot = expert * capacity + i
                 source = tl.load(source_rank + slot)
-                if (source >= 0) & (source < WORLD):  # never a write to (or a base of) a rank that is none
+                # Never a write to (or a base of) a rank that is none; this rank's rows stay.
+                if (source >= 0) & (source < WORLD) & (source != RANK):
                     # 64-bit row offsets: a buffer of [L, capacity, H] or [T, K, H] can pass 2**31 elements.
                     target = back + (tl.load(source_index + slot) * K + tl.load(source_slot + slot)).to(tl.int64) * H
                     returned = expert_out + tl.cast(slot, tl.int64) * H
@@ -423,33 +451,46 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
 
 
 @triton.jit
-def reduce_kernel(context, out, back, back_flags, back_stride, programs, ids, positions, weights, call_in, calls, T,
-                  H, K: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+def _pair_weight(ids, weights, positions, t, j, K: tl.constexpr):
+    """The weight of pair ``(t, j)`` in token ``t``'s sum: its router weight plus those of the later
+    pairs naming the same expert (a repeat was sent once, at the first); 0 for a pair sent nowhere."""
+    e = tl.load(ids + t * K + j)
+    weight = tl.load(weights + t * K + j)
+    for later in tl.static_range(j + 1, K):
+        weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
+    return tl.where(tl.load(positions + t * K + j) >= 0, weight, 0.0)
+
+
+@triton.jit
+def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, programs, table, ids, positions, weights,
+                  call_in, calls, T, H, E, L, capacity, K: tl.constexpr, BLOCK_H: tl.constexpr,
+                  PROGRAMS_BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Combine's second step: once every rank's ``programs`` returning programs are done, ``out[t]``
-    := ``sum_j w[t, j] * back[t, j']`` in float32, ``j'`` the first slot of the token naming the
-    same expert as ``j`` (a repeat was sent once; its weight adds to the first's); a pair sent
-    nowhere adds nothing. On a failure (a stale dispatch too) ``out`` := all-ones bits."""
+    := ``sum_j w[t, j] * row(t, j)`` in float32 (:func:`_pair_weight`), ``row(t, j)`` the
+    returned ``back[t, j]``, or for a pair whose expert is this rank's, its expert output where
+    dispatch put it (``expert_out[slot]``, :func:`_pair_slot` by the dispatch's ``table``). On a
+    failure (a stale dispatch too) ``out`` := all-ones bits."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call, back, back_flags, ok = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
                                                     WORLD * programs)
     ok = ok & (not failed(dctx))
     for q in range(WORLD):
-        for p in range(0, programs):
-            if ok:
-                ok = wait_or_record(dctx, back_flags + q * programs + p, call + 1, q, COMBINE_SITE)
+        if ok:
+            ok = wait_all_or_record(dctx, back_flags + q * programs, programs, call + 1, q, COMBINE_SITE,
+                                    PROGRAMS_BLOCK)
     columns = tl.arange(0, BLOCK_H)
     for t in range(tl.program_id(0), T, tl.num_programs(0)):
         for h in range(0, H, BLOCK_H):
             mask = h + columns < H
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            # Masked loads rather than branches: every pair's row of the step is in flight at once.
             for j in tl.static_range(K):
-                if tl.load(positions + t * K + j) >= 0:
-                    e = tl.load(ids + t * K + j)
-                    weight = tl.load(weights + t * K + j)
-                    for later in tl.static_range(j + 1, K):
-                        weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
-                    row = tl.load(back + tl.cast(t * K + j, tl.int64) * H + h + columns, mask=mask, other=0.0)
-                    acc = _fma(row.to(tl.float32), weight, acc)
+                slot, owner = _pair_slot(table, ids, positions, t, j, E, L, capacity, K, RANK, WORLD)
+                returned = back + tl.cast(t * K + j, tl.int64) * H
+                if owner == RANK:
+                    returned = expert_out + tl.cast(slot, tl.int64) * H
+                row = tl.load(returned + h + columns, mask=mask & (slot >= 0), other=0.0)
+                acc = _fma(row.to(tl.float32), _pair_weight(ids, weights, positions, t, j, K), acc)
             tl.store(out + tl.cast(t, tl.int64) * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
     if not ok:
         poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)

@@ -39,7 +39,7 @@ from iris_triton.device.clock import INTERPRETING, now_ns, spin_pause
 __all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
            "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
            "read_published", "read_when_arrived", "record_failure", "record_mismatch", "site_code", "wait_for_call",
-           "wait_for_peer_call", "wait_or_record"]
+           "wait_all_or_record", "wait_for_peer_call", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -189,6 +189,36 @@ def wait_or_record(dctx, flag, value, peer, SITE: tl.constexpr, ON_PEER: tl.cons
     if not ok:
         if not failed(dctx):  # else give up at once: the context failed, and said why already
             ok = dctx.wait_until(flag, value, holder, dctx.failstop.timeout_ns)
+            if not ok:
+                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
+    return ok
+
+
+@triton.jit
+def _least_flag(flags, count, BLOCK: tl.constexpr):
+    """The smallest of this rank's ``count`` (at most ``BLOCK``) flags at ``flags``, each read with
+    acquire semantics at system scope."""
+    lanes = tl.arange(0, BLOCK)
+    live = lanes < count
+    seen = tl.atomic_add(flags + lanes, tl.zeros([BLOCK], flags.dtype.element_ty), mask=live, sem="acquire",
+                         scope="sys")
+    return tl.min(tl.where(live, seen, 2147483647), axis=0)
+
+
+@triton.jit
+def wait_all_or_record(dctx, flags, count, value, peer, SITE: tl.constexpr, BLOCK: tl.constexpr):
+    """:func:`wait_or_record` for ``count`` flags of this rank at once (``flags[0:count]``, ``count
+    <= BLOCK``; the flags one peer's programs set): until every one is >= ``value``, all read in
+    each poll, so that waiting for a peer's programs costs one wait rather than one per program."""
+    ok = _least_flag(flags, count, BLOCK) >= value
+    if not ok:
+        if not failed(dctx):  # else give up at once: the context failed, and said why already
+            start = now_ns()
+            waited = start - start
+            while (not ok) & (waited < dctx.failstop.timeout_ns):
+                spin_pause(waited)
+                ok = _least_flag(flags, count, BLOCK) >= value
+                waited = now_ns() - start
             if not ok:
                 record_failure(dctx, peer, TIMEOUT * 256 + SITE)
     return ok
