@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import time
 
 import torch
@@ -32,7 +33,9 @@ import triton
 import triton.language as tl
 
 from benchmarks.common import write_results
-from iris_triton.operations.gemm import tile_coordinates, tile_product
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from iris_triton.operations.gemm import tile_coordinates, tile_product, tile_product_tma
 from iris_triton.tuning import GEMM_TILES
 
 #: (name, K, N) of each per-rank product; M is the number of rows (tokens).
@@ -58,6 +61,31 @@ def tile_loop_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_b
                  mask=mask)
 
 
+@triton.jit
+def tma_tile_loop_kernel(a_desc, b_desc, c, M, N, K, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """:func:`tile_loop_kernel` with the blocks of A and B copied by tensor descriptors."""
+    row_tiles = tl.cdiv(M, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    for t in range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0)):
+        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, K, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                 mask=mask)
+
+
+def tma_tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int) -> torch.Tensor:
+    """Launch :func:`tma_tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs."""
+    M, K = a.shape
+    N = b.shape[1]
+    tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
+    a_desc = TensorDescriptor.from_tensor(a, [tile["BLOCK_M"], tile["BLOCK_K"]])
+    b_desc = TensorDescriptor.from_tensor(b, [tile["BLOCK_K"], tile["BLOCK_N"]])
+    tma_tile_loop_kernel[(min(programs, tiles),)](a_desc, b_desc, c, M, N, K, c.stride(0), c.stride(1), **tile)
+    return c
+
+
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs."""
     M, K = a.shape
@@ -66,6 +94,15 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
     tile_loop_kernel[(min(programs, tiles),)](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                               c.stride(0), c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0, **tile)
     return c
+
+
+#: The tile loops compared with cuBLAS: plain loads (the fused kernels' today) and tensor descriptors.
+LOOPS = {"": tile_loop, "tma ": tma_tile_loop}
+
+
+def _loops(device: torch.device) -> list[str]:
+    """The names of the timed loops: each tile, plainly loaded and by tensor descriptors."""
+    return [loop + tile for loop in LOOPS for tile in GEMM_TILES[device.type]]
 
 
 def _median_ms(fn, device: torch.device) -> float:
@@ -90,12 +127,14 @@ def measure(device: torch.device, rows: list[int]) -> list[dict]:
             flops = 2 * M * N * K
             row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
                    "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
-            for tile_name, tile in GEMM_TILES[device.type].items():
-                out = tile_loop(a, b, torch.empty_like(reference), tile, programs)
+            for (loop_name, loop), (tile_name, tile) in itertools.product(LOOPS.items(),
+                                                                           GEMM_TILES[device.type].items()):
+                out = loop(a, b, torch.empty_like(reference), tile, programs)
                 error = (out.float() - reference.float()).abs().max().item()
                 scale = reference.float().abs().max().item()
-                timed = functools.partial(tile_loop, a, b, c, tile, programs)
-                row[tile_name] = {"ms": _median_ms(timed, device), "max_error": error, "correct": error <= 1e-2 * scale}
+                timed = functools.partial(loop, a, b, c, tile, programs)
+                row[loop_name + tile_name] = {"ms": _median_ms(timed, device), "max_error": error,
+                                              "correct": error <= 1e-2 * scale}
             for entry in row.values():
                 if isinstance(entry, dict):
                     entry["tflops"] = flops / (entry["ms"] * 1e-3) / 1e12
@@ -103,7 +142,7 @@ def measure(device: torch.device, rows: list[int]) -> list[dict]:
             results.append(row)
             print(f"{name:9s} M {M:6d}: cuBLAS {row['cublas']['tflops']:6.1f} TFLOP/s; "
                   + ", ".join(f"{t} {row[t]['tflops']:6.1f} ({row[t]['cublas_share']:.0%}"
-                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in GEMM_TILES[device.type]))
+                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(device)))
     return results
 
 
@@ -119,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     results = measure(device, rows)
     path = write_results("gemm", {"tiles": GEMM_TILES[device.type], "results": results}, args.out, device.type)
     print(f"wrote {path}")
-    if not all(row[t]["correct"] for row in results for t in GEMM_TILES[device.type]):
+    if not all(row[t]["correct"] for row in results for t in _loops(device)):
         raise SystemExit("a tile loop's product differs from torch.matmul (INCORRECT above)")
 
 

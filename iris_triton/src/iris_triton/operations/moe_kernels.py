@@ -489,7 +489,9 @@ def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, progr
                 returned = back + tl.cast(t * K + j, tl.int64) * H
                 if owner == RANK:
                     returned = expert_out + tl.cast(slot, tl.int64) * H
-                row = tl.load(returned + h + columns, mask=mask & (slot >= 0), other=0.0)
+                # Nothing past a row's end, none of a pair sent nowhere (a bound rather than an and
+                # with a scalar: the newest Triton's interpreter refuses a mask broadcast from one).
+                row = tl.load(returned + h + columns, mask=h + columns < tl.where(slot >= 0, H, 0), other=0.0)
                 acc = _fma(row.to(tl.float32), _pair_weight(ids, weights, positions, t, j, K), acc)
             tl.store(out + tl.cast(t, tl.int64) * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
     if not ok:
