@@ -65,16 +65,18 @@ def contexts_checked(backends: tuple[str, ...], worlds: tuple[int, ...], ranks: 
     world the ranks of :func:`ranks_checked` (or those of ``ranks`` the world has); its first
     such rank makes the full calls in the largest world (unless not ``full``), and the focused
     calls again with device-side tracing on. The other backends compile the same kernel sources
-    with another front end: their first and last rank in the smallest world of 3 ranks or more
-    (the first with a rank that is neither first nor last) and in the largest, of those checked."""
+    with another front end, whose rank-dependent branches the first backend's contexts cover: their
+    first and last rank in the smallest world of 3 ranks or more (the first with a rank that is
+    neither first nor last), and their first in the largest, of those checked."""
     larger = [w for w in worlds if w >= 3] or [max(worlds)]
-    largest, others_at = max(worlds), {min(larger), max(larger)}
+    largest, smallest_larger = max(worlds), min(larger)
     checked = []
     for world in worlds:
         chosen = ranks_checked(world) if ranks is None else [r for r in sorted(set(ranks)) if r < world]
         for rank in chosen:
             checked.append(Checked(backends[0], world, rank, full and world == largest and rank == chosen[0], False))
-            if world in others_at and rank in (chosen[0], chosen[-1]):
+            ends = (chosen[0], chosen[-1]) if world == smallest_larger else (chosen[0],) if world == largest else ()
+            if rank in ends:
                 checked += [Checked(backend, world, rank, False, False) for backend in backends[1:]]
         if world == largest and chosen:
             checked.append(Checked(backends[0], world, chosen[0], False, True))
