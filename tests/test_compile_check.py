@@ -139,6 +139,11 @@ def test_every_launch_site_is_found_and_an_unreached_one_fails(tmp_path):
     assert found["missing"] and all(site.endswith(" collective_kernel") for site in found["missing"]), found
 
 
+def test_a_world_of_one_alone_needs_no_launch_of_the_kernels_that_announce_calls_to_peers():
+    proc = _check("--worlds", "1", "--only", "announce_kernel")
+    assert proc.returncode == 0 and "0 failure(s)" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def test_the_stand_in_communicator_overrides_every_exchange():
     """A compile-only context never reaches torch.distributed: each public method of the
     communicator is overridden by the stand-in (a new exchange must be added to it)."""

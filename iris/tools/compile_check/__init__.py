@@ -129,8 +129,9 @@ def compile_check(worlds: Iterable[int] = DEFAULT_WORLDS, *, arch: str = "sm_90"
         distinct = [launch for launch in distinct if launch.family in wanted]
     say(f"compiling {len(distinct)} distinct kernels from {len(launches)} launches")
     failures += _compile_all(distinct, target, jobs or len(os.sched_getaffinity(0)))
-    failures += [Failure(family="coverage", where=site, arguments="", message="no call of the check launches it")
-                 for site in uncovered_launch_sites(names, {launch.kernel.fn.__name__ for launch in launches})]
+    if max(worlds) > 1:  # a world of one exchanges nothing: the kernels that announce calls to peers never run
+        failures += [Failure(family="coverage", where=site, arguments="", message="no call of the check launches it")
+                     for site in uncovered_launch_sites(names, {launch.kernel.fn.__name__ for launch in launches})]
     compiled = Counter(launch.family for launch in distinct)
     return Report(arch=arch, worlds=worlds, backends=names, compiled=dict(compiled), launches=len(launches),
                   failures=tuple(failures), seconds=time.perf_counter() - start)
