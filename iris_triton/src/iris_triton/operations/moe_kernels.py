@@ -167,7 +167,8 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
                 largest = tl.max(amax, axis=0)
                 scale = tl.where(largest > 0, largest / FP8_LARGEST, 1.0)
             # Each step of the row is read once and stored to every pair's slot: the loads of a
-            # step are in flight together, the stores do not wait.
+            # step are in flight together, the stores do not wait. The first step also stores
+            # each pair's source (and scale).
             for h in range(0, H, BLOCK_H):
                 mask = h + columns < H
                 values = tl.load(token + h + columns, mask=mask)
@@ -177,15 +178,13 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
                     slot, owner = _pair_slot(table, ids, positions, t, j, E, L, capacity, K, RANK, WORLD)
                     if slot >= 0:  # its row, at slot * H: past 2**31 in large buffers
                         dctx.store(data + tl.cast(slot, tl.int64) * H + h + columns, values, owner, mask=mask)
-            for j in tl.static_range(K):
-                slot, owner = _pair_slot(table, ids, positions, t, j, E, L, capacity, K, RANK, WORLD)
-                if slot >= 0:
-                    if FP8:
-                        dctx.store(scales + slot, scale, owner)
-                    source = tl.full((), RANK, tl.int32)
-                    dctx.store(source_rank + slot, source, owner)
-                    dctx.store(source_index + slot, source * 0 + t, owner)
-                    dctx.store(source_slot + slot, source * 0 + j, owner)
+                        if h == 0:
+                            if FP8:
+                                dctx.store(scales + slot, scale, owner)
+                            source = tl.full((), RANK, tl.int32)
+                            dctx.store(source_rank + slot, source, owner)
+                            dctx.store(source_index + slot, source * 0 + t, owner)
+                            dctx.store(source_slot + slot, source * 0 + j, owner)
     if not failed(dctx):  # a failed context signals nothing: its peers give up rather than take its rows
         for q in tl.static_range(WORLD):
             dctx.signal(done_flags + RANK * tl.num_programs(0) + tl.program_id(0), call + 1, q)
