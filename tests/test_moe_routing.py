@@ -9,22 +9,45 @@ import torch
 import triton
 import triton.language as tl
 
-from iris_triton.operations.moe_routing import ROUTE_BLOCK, route_pairs
+from iris_triton.operations.moe_routing import ROUTE_BLOCK, final_positions, route_chunk, scan_chunks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @triton.jit
-def _route_kernel(ids, positions, row, T, E, K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr):
-    route_pairs(ids, positions, row, T, E, K, E_BLOCK, BLOCK_T)
+def _route_kernel(ids, positions, chunk_counts, T, E, K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+                  BLOCK_T: tl.constexpr):
+    route_chunk(ids, positions, chunk_counts, tl.program_id(0), T, E, K, K_BLOCK, E_BLOCK, BLOCK_T)
 
 
-def route(topk_ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+@triton.jit
+def _scan_kernel(chunk_counts, row, chunks, E, E_BLOCK: tl.constexpr):
+    counts, outside = scan_chunks(chunk_counts, chunks, E, E_BLOCK)
+    experts = tl.arange(0, E_BLOCK)
+    tl.store(row + experts, counts, mask=experts < E)
+    tl.store(row + E, outside)
+
+
+@triton.jit
+def _final_kernel(ids, positions, chunk_offsets, T, E, K: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+                  TOKENS: tl.constexpr):
+    final_positions(ids, positions, chunk_offsets, T, E, K, K_BLOCK, BLOCK_T, TOKENS)
+
+
+def route(topk_ids: torch.Tensor, experts: int, programs: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """The three steps as a dispatch runs them: every chunk routed, the chunks scanned, then the
+    positions made final by ``programs`` programs (tokens strided over them, two a step)."""
     T, k = topk_ids.shape
+    chunks = triton.cdiv(T, ROUTE_BLOCK)
+    k_block, e_block = triton.next_power_of_2(k), triton.next_power_of_2(experts)
     positions = torch.empty(T, k, dtype=torch.int32, device=topk_ids.device)
+    chunk_counts = torch.empty(chunks, experts + 1, dtype=torch.int32, device=topk_ids.device)
     row = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
-    _route_kernel[(1,)](topk_ids, positions, row, T, experts, K=k, E_BLOCK=triton.next_power_of_2(experts),
-                        BLOCK_T=ROUTE_BLOCK)
+    _route_kernel[(chunks,)](topk_ids, positions, chunk_counts, T, experts, K=k, K_BLOCK=k_block, E_BLOCK=e_block,
+                             BLOCK_T=ROUTE_BLOCK)
+    _scan_kernel[(1,)](chunk_counts, row, chunks, experts, E_BLOCK=e_block)
+    _final_kernel[(programs,)](topk_ids, positions, chunk_counts, T, experts, K=k, K_BLOCK=k_block,
+                               BLOCK_T=ROUTE_BLOCK, TOKENS=2)
     return positions, row
 
 
@@ -55,7 +78,7 @@ def _routing(tokens: int, topk: int, experts: int, seed: int, dtype, outside: bo
 
 
 @pytest.mark.parametrize("tokens, topk, experts", [(1, 1, 1), (5, 2, 8), (ROUTE_BLOCK + 7, 8, 64), (70, 3, 6),
-                                                   (3 * ROUTE_BLOCK, 4, 12)])
+                                                   (3 * ROUTE_BLOCK, 4, 12), (70 * ROUTE_BLOCK + 5, 2, 5)])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_positions_and_counts_match_a_walk_of_the_pairs(tokens, topk, experts, dtype):
     ids = _routing(tokens, topk, experts, seed=tokens * topk + experts, dtype=dtype, outside=False)

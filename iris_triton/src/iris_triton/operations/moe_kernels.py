@@ -1,11 +1,12 @@
 """Dedicated MoE dispatch kernels: every token read once and written straight into the receive
 buffers of the ranks that own its experts, in the expert-major layout, in three launches.
 
-1. :func:`announce_route_kernel` (one program): the routing of this rank's pairs
-   (:func:`iris_triton.operations.moe_routing.route_pairs`' positions and row of counts), the
-   row published into every peer's routing table (``table[RANK]`` of the call's slot), the call
+1. :func:`announce_route_kernel` (a program per chunk of tokens): the routing of this rank's
+   pairs (:mod:`iris_triton.operations.moe_routing`: positions within each chunk, each chunk's
+   counts), then by the last program to finish: the chunks' offsets, the rank's row of counts
+   published into every peer's routing table (``table[RANK]`` of the call's slot), the call
    announced in every peer's header ``RANK``, and the table's flag set on every peer.
-2. :func:`push_kernel` (``P`` programs): once every peer's row landed (bounded waits that check
+2. :func:`push_kernel` (``P`` programs): its tokens' positions made the rank's; once every peer's row landed (bounded waits that check
    the peer's header), every rank holds the same table and reaches the same verdict (an id out of
    range on some rank, or an expert over ``capacity``: nothing is sent, the failure recorded for
    the rank it concerns). Otherwise program ``p`` pushes tokens ``p, p + P, ...``: each routed
@@ -28,7 +29,7 @@ import triton.language as tl
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 from iris_triton.operations.moe import FP8_MAX
-from iris_triton.operations.moe_routing import route_pairs
+from iris_triton.operations.moe_routing import final_positions, route_chunk, scan_chunks
 from iris_triton.protocol.calls import announce, header_value
 from iris_triton.tuning import MOE_SHAPES
 from iris_triton.protocol.waits import EXPERT_CAPACITY, EXPERT_IDS, STALE_DISPATCH, failed, peers_announced, \
@@ -40,6 +41,8 @@ SITE: tl.constexpr = tl.constexpr(site_code("moe_dispatch"))
 COMBINE_SITE: tl.constexpr = tl.constexpr(site_code("moe_combine"))
 INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
 FP8_LARGEST: tl.constexpr = tl.constexpr(FP8_MAX)
+#: Tokens a step of the push kernel's :func:`final_positions` takes.
+FINAL_TOKENS: tl.constexpr = tl.constexpr(16)
 
 
 @triton.jit
@@ -66,31 +69,38 @@ def _rounded(acc, dtype: tl.constexpr):
 
 
 @triton.jit
-def announce_route_kernel(context, ids, positions, row, calls, call_out, headers, table, table_flags, signature, T,
-                          E, K: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, RANK: tl.constexpr,
-                          WORLD: tl.constexpr):
-    """Step 1 (one program): ``row`` (int32 ``[E + 1]``, local) := the counts and out-of-range
-    flag of this rank's pairs, ``positions`` their positions; ``row`` into every rank's
-    ``table[RANK]`` (``table``: int32 ``[WORLD, E + 1]`` of the call's slot), the call announced
-    in ``headers`` (its parity's row), and ``table_flags[RANK]`` := call + 1 on every rank;
-    ``call_out`` := the call's number. A failed context sends nothing."""
+def announce_route_kernel(context, ids, positions, chunk_counts, routed, calls, call_out, headers, table, table_flags,
+                          signature, T, E, K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+                          BLOCK_T: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Step 1 (a program per chunk of ``BLOCK_T`` tokens): the chunk's pairs routed
+    (:func:`iris_triton.operations.moe_routing.route_chunk`: ``positions`` within the chunk, the
+    chunk's row of ``chunk_counts``); then the last program to finish (``routed``: the programs
+    finished, counted on the device and set back to 0 by the last) scans the chunks' counts into
+    their offsets, stores this rank's row into every rank's ``table[RANK]`` (``table``: int32
+    ``[WORLD, E + 1]`` of the call's slot), announces the call in ``headers`` (its parity's row)
+    and sets ``table_flags[RANK]`` := call + 1 on every rank; ``call_out`` := the call's number. A
+    failed context sends nothing."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
-    call = tl.load(calls)
-    tl.store(calls, call + 1)
-    tl.store(call_out, call)  # the call's number, for its combine
-    route_pairs(ids, positions, row, T, E, K, E_BLOCK, BLOCK_T)
-    tl.debug_barrier()  # the row as every thread of the program wrote it
-    if not failed(dctx):
-        lanes = tl.arange(0, E_BLOCK * 2)
-        counts = tl.load(row + lanes, mask=lanes <= E)
-        mine = table + RANK * (E + 1)
-        tl.store(mine + lanes, counts, mask=lanes <= E)
-        announced = header_value(call, signature)
-        announce(dctx, headers + (call & 1) * WORLD, announced, RANK, WORLD)
-        for q in tl.static_range(WORLD):
-            if q != RANK:
-                dctx.store(mine + lanes, counts, q, mask=lanes <= E)
-                dctx.signal(table_flags + RANK, call + 1, q)
+    route_chunk(ids, positions, chunk_counts, tl.program_id(0), T, E, K, K_BLOCK, E_BLOCK, BLOCK_T)
+    tl.debug_barrier()  # the chunk's counts as every thread of the program stored them, then counted
+    if tl.atomic_add(routed, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1:
+        tl.store(routed, 0)
+        call = tl.load(calls)
+        tl.store(calls, call + 1)
+        tl.store(call_out, call)  # the call's number, for its combine
+        counts, outside = scan_chunks(chunk_counts, tl.num_programs(0), E, E_BLOCK)
+        if not failed(dctx):
+            lanes = tl.arange(0, E_BLOCK)
+            mine = table + RANK * (E + 1)
+            tl.store(mine + lanes, counts, mask=lanes < E)
+            tl.store(mine + E, outside)
+            announced = header_value(call, signature)
+            announce(dctx, headers + (call & 1) * WORLD, announced, RANK, WORLD)
+            for q in tl.static_range(WORLD):
+                if q != RANK:
+                    dctx.store(mine + lanes, counts, q, mask=lanes < E)
+                    dctx.store(mine + E, outside, q)
+                    dctx.signal(table_flags + RANK, call + 1, q)
 
 
 @triton.jit
@@ -131,11 +141,14 @@ def _pair_slot(table, ids, positions, t, j, E, L, capacity, K: tl.constexpr, RAN
 
 
 @triton.jit
-def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, table, table_flags, done_flags, data,
-                scales, source_rank, source_index, source_slot, signature, T, H, E, L, capacity, K: tl.constexpr,
-                E_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, QUANTIZED: tl.constexpr,
-                RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Step 2: every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of
+def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, calls, headers, table, table_flags,
+                done_flags, data, scales, source_rank, source_index, source_slot, signature, T, H, E, L, capacity,
+                K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_H: tl.constexpr, FP8: tl.constexpr, QUANTIZED: tl.constexpr, RANK: tl.constexpr,
+                WORLD: tl.constexpr):
+    """Step 2: the positions of the program's tokens made the rank's
+    (:func:`iris_triton.operations.moe_routing.final_positions`, by the step 1's ``chunk_offsets``);
+    every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of
     ``data`` (``[L, capacity, H]``) on its expert's rank, its source into ``source_rank``,
     ``source_index``, ``source_slot`` there (``[L, capacity]`` int32); then this program's done
     flag on every rank. With ``FP8`` the row moves as float8_e4m3fn over its scale (its largest
@@ -143,6 +156,7 @@ def push_kernel(context, tokens, token_scales, ids, positions, calls, headers, t
     ``tokens`` are already float8 over ``token_scales`` (``[T]``): Triton's interpreter converts
     float32 to float8 wrongly next to powers of two, so on CPU ranks torch quantizes first."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
+    final_positions(ids, positions, chunk_offsets, T, E, K, K_BLOCK, BLOCK_T, FINAL_TOKENS)
     call = tl.load(calls) - 1
     announced = header_value(call, signature)
     row = headers + (call & 1) * WORLD
@@ -204,21 +218,27 @@ def finish_kernel(context, calls, table, done_flags, programs, counts, data, sca
         if ok:
             ok = wait_all_or_record(dctx, done_flags + q * programs, programs, call + 1, q, SITE, PROGRAMS_BLOCK)
     ok = ok & _table_verdict(dctx, table, capacity, E, L, E_BLOCK, WORLD, False)
-    slots = tl.arange(0, BLOCK)
-    for expert in range(0, L):
-        received = 0
+    received = table + RANK * L  # [source, E + 1] rows: this rank's experts' columns
+    if tl.program_id(0) == 0:
+        local = tl.arange(0, E_BLOCK)
+        total = tl.zeros([E_BLOCK], dtype=tl.int32)
         for source in tl.static_range(WORLD):
-            received += tl.load(table + source * (E + 1) + RANK * L + expert)
-        if tl.program_id(0) == 0:
-            tl.store(counts + expert, tl.where(ok, received, -1))
-        for start in range(tl.program_id(0) * BLOCK, capacity, tl.num_programs(0) * BLOCK):
-            i = start + slots
-            empty = (i < capacity) & ((i >= received) | (not ok))
-            where = expert * capacity + i
-            tl.store(source_rank + where, -1, mask=empty)
-            tl.store(source_index + where, -1, mask=empty)
-            tl.store(source_slot + where, -1, mask=empty)
-            tl.store(scales + where, 0.0, mask=empty)
+            total += tl.load(received + source * (E + 1) + local, mask=local < L, other=0)
+        tl.store(counts + local, tl.where(ok, total, -1), mask=local < L)
+    # Every slot of every local expert at once, a block a step: its expert's rows, gathered from the table.
+    slots = tl.arange(0, BLOCK)
+    for start in range(tl.program_id(0) * BLOCK, L * capacity, tl.num_programs(0) * BLOCK):
+        i = start + slots
+        inside = i < L * capacity
+        expert = i // capacity
+        rows = tl.zeros([BLOCK], dtype=tl.int32)
+        for source in tl.static_range(WORLD):
+            rows += tl.load(received + source * (E + 1) + expert, mask=inside, other=0)
+        empty = inside & ((i - expert * capacity >= rows) | (not ok))
+        tl.store(source_rank + i, -1, mask=empty)
+        tl.store(source_index + i, -1, mask=empty)
+        tl.store(source_slot + i, -1, mask=empty)
+        tl.store(scales + i, 0.0, mask=empty)
     if not ok:
         poison_blocks(dctx, data, data_numel, data_numel, tl.program_id(0), tl.num_programs(0), BLOCK)
 
@@ -313,7 +333,8 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     counts = torch.empty(L, dtype=torch.int32, device=ctx.device)
     call = torch.empty(1, dtype=torch.int32, device=ctx.device)
     positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
-    row = torch.empty(E + 1, dtype=torch.int32, device=ctx.device)
+    chunks = max(1, triton.cdiv(T, ROUTE_BLOCK))
+    chunk_counts = torch.empty(chunks, E + 1, dtype=torch.int32, device=ctx.device)
     ids = topk_ids.contiguous()
     x, token_scales = tokens.contiguous(), None
     quantized = fp8 and ctx.kernel_device_type == "cpu"  # the interpreter's float8 conversion is wrong
@@ -321,19 +342,20 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         amax = x.float().abs().amax(dim=1)
         token_scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
-    e_block = triton.next_power_of_2(E)
+    e_block, k_block = triton.next_power_of_2(E), triton.next_power_of_2(k)
     programs, block_h, warps = _launch(ctx, H)
     context = ctx.get_device_context()
     outputs = (data, scales, counts, source_rank, source_index, source_slot)
     with ctx._call("ops.moe_dispatch", outputs), _announced_call(ctx, "moe_dispatch", (tokens, topk_ids,
                                                                                        topk_weights), "direct") as sig:
-        announce_route_kernel[(1,)](context, ids, positions, row, calls, call, headers, table, table_flags, sig, T,
-                                    E, K=k, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
-        push_kernel[(programs,)](context, x, token_scales if quantized else scales, ids, positions, calls, headers,
-                                 table, table_flags, done_flags, data, scales, source_rank, source_index,
-                                 source_slot, sig, T, H, E, L, capacity, K=k, E_BLOCK=e_block,
-                                 BLOCK_H=block_h, FP8=fp8, QUANTIZED=quantized, RANK=rank, WORLD=world,
-                                 **warps)
+        announce_route_kernel[(chunks,)](context, ids, positions, chunk_counts, control["routed"], calls, call,
+                                         headers, table, table_flags, sig, T, E, K=k, K_BLOCK=k_block,
+                                         E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
+        push_kernel[(programs,)](context, x, token_scales if quantized else scales, ids, positions, chunk_counts,
+                                 calls, headers, table, table_flags, done_flags, data, scales, source_rank,
+                                 source_index, source_slot, sig, T, H, E, L, capacity, K=k, K_BLOCK=k_block,
+                                 E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, BLOCK_H=block_h, FP8=fp8,
+                                 QUANTIZED=quantized, RANK=rank, WORLD=world, **warps)
         finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, scales, source_rank,
                                    source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
                                    BLOCK=block_h, PROGRAMS_BLOCK=triton.next_power_of_2(programs), RANK=rank,
@@ -342,14 +364,15 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
 
 
 def _control(ctx) -> dict:
-    """The MoE protocol's int32 words on the heap: the dispatch count, the headers (two rows by call
+    """The MoE protocol's int32 words on the heap: the dispatch count, the routing programs
+    finished (:func:`announce_route_kernel`), the headers (two rows by call
     parity, then the announcements), the routing tables' flags, the pushing programs' flags, the
     returning programs' flags by the dispatch's parity, and combine's headers (two rows by the
     dispatch's parity)."""
     import torch
 
     world, programs = ctx.world_size, _programs(ctx)
-    sizes = {"calls": 1, "headers": 3 * world, "table": world, "done": world * programs,
+    sizes = {"calls": 1, "routed": 1, "headers": 3 * world, "table": world, "done": world * programs,
              "back": 2 * world * programs, "combine_headers": 2 * world}
     words = ctx.workspaces.get("moe_control", 4 * sum(sizes.values()), fill=0).view(torch.int32)
     out, start = {}, 0
