@@ -4,7 +4,8 @@
 # then the benchmarks. Logs and JSON results go to $OUT (default /tmp/iris-gpu-check).
 #   scripts/gpu_check.sh [--tests "pytest args"] [--step NAME ...] [--bench "module args" ...]
 # Named steps, each within one 10-minute call on one H200 (ranks share the GPU, time-sliced):
-#   shared-gpu-3-4, shared-gpu-8   every multi-rank path at worlds 3 and 4, and 8 (tests/test_shared_gpu.py)
+#   shared-gpu-3-4, shared-gpu-8   every multi-rank path at worlds 3 and 4, and 8 (tests/test_shared_gpu.py;
+#                                  $IRIS_SHARED_FAMILIES=moe,... re-runs some of its families)
 #   faults-a, faults-b, faults-c   the fault matrix (tests/test_failstop.py, worlds 2 and 3 on GPU ranks)
 #   upstream-a, upstream-b         upstream iris's own tests (x, ccl, ops; unittests) at world 1, from a
 #                                  checkout of upstream iris in .upstream/ (ignored; pass carry [".upstream"]),

@@ -135,7 +135,7 @@ def test_every_launch_site_is_found_and_an_unreached_one_fails(tmp_path):
         print(json.dumps({"names": names, "missing": missing}))
     ''', tmp_path)
     assert {"collective_kernel", "device_barrier_kernel", "all_gather_matmul_kernel", "tile_collective",
-            "finish_kernel", "wait_for_peers_kernel"} <= set(found["names"]), found["names"]
+            "push_kernel", "wait_for_peers_kernel"} <= set(found["names"]), found["names"]
     assert found["missing"] and all(site.endswith(" collective_kernel") for site in found["missing"]), found
 
 

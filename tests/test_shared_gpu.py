@@ -7,7 +7,8 @@ data that run at worlds 2 to 5 on CPU ranks there); one start of the ranks per w
 them all in turn, every rank on GPU 0 (:func:`iris.testing.reports_on_available_ranks`). The GPU time-slices the ranks'
 kernels, so nothing here is timed, and the sizes are those of each module's GPU checks. Runs only
 where exactly one GPU is visible (on more, each module's own tests spawn a GPU per rank); in
-``scripts/gpu_check.sh``'s named steps ``shared-gpu-3-4`` and ``shared-gpu-8``.
+``scripts/gpu_check.sh``'s named steps ``shared-gpu-3-4`` and ``shared-gpu-8`` (``$IRIS_SHARED_FAMILIES``
+picks some of the families).
 """
 
 from __future__ import annotations
@@ -281,6 +282,18 @@ FAMILIES = {
 }
 
 
+def _families() -> dict:
+    """:data:`FAMILIES`, or those named in ``$IRIS_SHARED_FAMILIES`` (comma-separated): a re-run of
+    what a change touched, within one call of the GPU machine."""
+    named = os.environ.get("IRIS_SHARED_FAMILIES")
+    if not named:
+        return FAMILIES
+    unknown = set(named.split(",")) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"IRIS_SHARED_FAMILIES names {sorted(unknown)}; the families are {sorted(FAMILIES)}")
+    return {family: FAMILIES[family] for family in named.split(",")}
+
+
 def _progress(world: int, rank: int, line: str) -> None:
     """A line of how far the ranks got, in ``$IRIS_PROGRESS`` (rank 0's): what a run cut off by
     its time limit still tells."""
@@ -294,7 +307,7 @@ def _every_family(rank: int, world: int) -> bytes:
     """Each family's worker in turn on this rank (one start of the ranks for all of them: eight
     processes sharing a GPU take tens of seconds to start), its checks prefixed with its name."""
     report = RankReport(rank)
-    for family, (worker, worlds, _) in FAMILIES.items():
+    for family, (worker, worlds, _) in _families().items():
         if world not in worlds:
             continue
         _progress(world, rank, f"{family} starts")
@@ -315,7 +328,7 @@ def _prefixed(prefix: str, names, world: int):
 def test_every_path_matches_torch_on_ranks_sharing_one_gpu(world):
     reports = reports_on_available_ranks(_every_family, world, world, timeout=120)
     problems = []
-    for family, (_, worlds, names) in FAMILIES.items():
+    for family, (_, worlds, names) in _families().items():
         if world in worlds:
             prefix = f"{family}/"
             mine = [{k: v for k, v in rep.items() if k.startswith(prefix)} for rep in reports]

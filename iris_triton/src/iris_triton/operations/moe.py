@@ -7,8 +7,8 @@ largest size, which sizes the workspaces).
 
 Both run on dedicated kernels (:mod:`iris_triton.operations.moe_kernels`): dispatch reads each
 token once and writes it straight into the receive buffers of the ranks that own its experts, in
-the expert-major layout ``[L, capacity, hidden]`` with device counts (three launches: routing,
-push, finish); combine sends each expert output received from a peer straight back to its
+the expert-major layout ``[L, capacity, hidden]`` with device counts (two launches: routing,
+push); combine sends each expert output received from a peer straight back to its
 token's rank and sums ``topk_weights[t, j] * out[(t, j)]`` there in float32, reading the outputs of
 a rank's own tokens where they are (two launches). A token that names one
 expert twice is sent there once (combine adds both weights); ``-1`` routes a slot nowhere.

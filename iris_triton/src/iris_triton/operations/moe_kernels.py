@@ -1,20 +1,21 @@
 """Dedicated MoE dispatch kernels: every token read once and written straight into the receive
-buffers of the ranks that own its experts, in the expert-major layout, in three launches.
+buffers of the ranks that own its experts, in the expert-major layout, in two launches.
 
 1. :func:`announce_route_kernel` (a program per chunk of tokens): the routing of this rank's
    pairs (:mod:`iris_triton.operations.moe_routing`: positions within each chunk, each chunk's
    counts), then by the last program to finish: the chunks' offsets, the rank's row of counts
    published into every peer's routing table (``table[RANK]`` of the call's slot), the call
    announced in every peer's header ``RANK``, and the table's flag set on every peer.
-2. :func:`push_kernel` (``P`` programs): its tokens' positions made the rank's; once every peer's row landed (bounded waits that check
-   the peer's header), every rank holds the same table and reaches the same verdict (an id out of
-   range on some rank, or an expert over ``capacity``: nothing is sent, the failure recorded for
-   the rank it concerns). Otherwise program ``p`` pushes tokens ``p, p + P, ...``: each routed
-   pair's row goes to slot ``[l, offset]`` of its expert's rank (local expert ``l``; ``offset``:
-   the rows of that expert from lower ranks, then the pair's position), with its source rank,
-   token index and slot; then the program sets its *done* flag on every rank.
-3. :func:`finish_kernel` (``P`` programs): once every rank's programs are done, the counts, the
-   sources of the slots past them (-1), and on a failure every output poisoned (all-ones bits).
+2. :func:`push_kernel` (``P`` programs): its tokens' positions made the rank's; once every peer's
+   row landed (bounded waits that check the peer's header), every rank holds the same table and
+   reaches the same verdict (an id out of range on some rank, or an expert over ``capacity``:
+   nothing is sent, the failure recorded for the rank it concerns). Otherwise program ``p`` pushes
+   tokens ``p, p + P, ...``: each routed pair's row goes to slot ``[l, offset]`` of its expert's
+   rank (local expert ``l``; ``offset``: the rows of that expert from lower ranks, then the
+   pair's position), with its source rank, token index and slot; it clears the sources of its
+   share of the slots past the rows its rank receives (-1) and sets its *done* flag on every
+   rank. The last program to finish waits for every rank's programs, then writes the counts, or
+   on a failure poisons every output (all-ones bits).
 
 Flags carry the call's number + 1, counted on the device (``calls``: advanced by the first
 kernel), so a captured call replays correctly; the slot's buffers alternate on the host by call
@@ -35,7 +36,7 @@ from iris_triton.tuning import MOE_SHAPES
 from iris_triton.protocol.waits import EXPERT_CAPACITY, EXPERT_IDS, STALE_DISPATCH, failed, peers_announced, \
     poison_blocks, record_failure, site_code, wait_all_or_record, wait_for_peer_call
 
-__all__ = ["announce_route_kernel", "finish_kernel", "push_kernel"]
+__all__ = ["announce_route_kernel", "push_kernel"]
 
 SITE: tl.constexpr = tl.constexpr(site_code("moe_dispatch"))
 COMBINE_SITE: tl.constexpr = tl.constexpr(site_code("moe_combine"))
@@ -142,16 +143,19 @@ def _pair_slot(table, ids, positions, t, j, E, L, capacity, K: tl.constexpr, RAN
 
 @triton.jit
 def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, calls, headers, table, table_flags,
-                done_flags, data, scales, source_rank, source_index, source_slot, signature, T, H, E, L, capacity,
-                K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_H: tl.constexpr, FP8: tl.constexpr, QUANTIZED: tl.constexpr, RANK: tl.constexpr,
-                WORLD: tl.constexpr):
+                done_flags, pushed, counts, data, scales, source_rank, source_index, source_slot, signature, T, H, E,
+                L, capacity, K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_H: tl.constexpr, PROGRAMS_BLOCK: tl.constexpr, FP8: tl.constexpr, QUANTIZED: tl.constexpr,
+                RANK: tl.constexpr, WORLD: tl.constexpr):
     """Step 2: the positions of the program's tokens made the rank's
     (:func:`iris_triton.operations.moe_routing.final_positions`, by the step 1's ``chunk_offsets``);
     every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of
     ``data`` (``[L, capacity, H]``) on its expert's rank, its source into ``source_rank``,
-    ``source_index``, ``source_slot`` there (``[L, capacity]`` int32); then this program's done
-    flag on every rank. With ``FP8`` the row moves as float8_e4m3fn over its scale (its largest
+    ``source_index``, ``source_slot`` there (``[L, capacity]`` int32), and the sources of this
+    rank's slots past its experts' rows := -1 (their ``scales`` 0); then this program's done flag
+    on every rank. The last program to finish (``pushed``, as step 1's ``routed``) waits for every
+    rank's programs, then ``counts`` (int32 ``[L]``) := this rank's experts' rows; on any failure (a
+    wait, or the table's verdict) every output := all-ones bits. With ``FP8`` the row moves as float8_e4m3fn over its scale (its largest
     magnitude / 448, into ``scales[l, offset]``; 1 for a row of zeros); with ``QUANTIZED`` too,
     ``tokens`` are already float8 over ``token_scales`` (``[T]``): Triton's interpreter converts
     float32 to float8 wrongly next to powers of two, so on CPU ranks torch quantizes first."""
@@ -199,35 +203,41 @@ def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, ca
                             dctx.store(source_rank + slot, source, owner)
                             dctx.store(source_index + slot, source * 0 + t, owner)
                             dctx.store(source_slot + slot, source * 0 + j, owner)
+    _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, capacity, ok, tl.program_id(0),
+                 tl.num_programs(0), BLOCK_H, RANK, WORLD)
+    programs = tl.num_programs(0)
     if not failed(dctx):  # a failed context signals nothing: its peers give up rather than take its rows
         for q in tl.static_range(WORLD):
-            dctx.signal(done_flags + RANK * tl.num_programs(0) + tl.program_id(0), call + 1, q)
-
-
-@triton.jit
-def finish_kernel(context, calls, table, done_flags, programs, counts, data, scales, source_rank, source_index,
-                  source_slot, data_numel, E, L, capacity, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                  PROGRAMS_BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Step 3: once every rank's ``programs`` pushing programs are done, ``counts`` (int32
-    ``[L]``) := this rank's experts' rows, the sources of the slots past them := -1 (their
-    ``scales`` 0); on any failure (a wait, or the table's verdict) every output := all-ones bits."""
-    dctx = DeviceContext.initialize(context, RANK, WORLD)
-    call = tl.load(calls) - 1
-    ok = not failed(dctx)
-    for q in range(WORLD):  # every program waits for every flag: each reaches the same verdict
-        if ok:
-            ok = wait_all_or_record(dctx, done_flags + q * programs, programs, call + 1, q, SITE, PROGRAMS_BLOCK)
-    ok = ok & _table_verdict(dctx, table, capacity, E, L, E_BLOCK, WORLD, False)
-    received = table + RANK * L  # [source, E + 1] rows: this rank's experts' columns
-    if tl.program_id(0) == 0:
+            dctx.signal(done_flags + RANK * programs + tl.program_id(0), call + 1, q)
+    tl.debug_barrier()  # every thread's writes, before the program counts as finished
+    if tl.atomic_add(pushed, 1, sem="acq_rel", scope="sys") == programs - 1:
+        tl.store(pushed, 0)
+        done = not failed(dctx)
+        for peer in range(WORLD):
+            if done:
+                done = wait_all_or_record(dctx, done_flags + peer * programs, programs, call + 1, peer, SITE,
+                                          PROGRAMS_BLOCK)
+        done = done & ok
         local = tl.arange(0, E_BLOCK)
         total = tl.zeros([E_BLOCK], dtype=tl.int32)
         for source in tl.static_range(WORLD):
-            total += tl.load(received + source * (E + 1) + local, mask=local < L, other=0)
-        tl.store(counts + local, tl.where(ok, total, -1), mask=local < L)
-    # Every slot of every local expert at once, a block a step: its expert's rows, gathered from the table.
+            total += tl.load(table + source * (E + 1) + RANK * L + local, mask=local < L, other=0)
+        tl.store(counts + local, tl.where(done, total, -1), mask=local < L)
+        if not done:
+            _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, capacity, False, 0, 1, BLOCK_H,
+                         RANK, WORLD)
+            poison_blocks(dctx, data, L * capacity * H, L * capacity * H, 0, 1, BLOCK_H)
+
+
+@triton.jit
+def _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, capacity, ok, first, step,
+                 BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """The sources of this rank's slots past its experts' rows (by ``table``; every slot unless
+    ``ok``) := -1, their ``scales`` 0: blocks ``first, first + step, ...`` of ``BLOCK`` slots of
+    the ``[L, capacity]`` buffers, each slot's expert's rows gathered from the table."""
     slots = tl.arange(0, BLOCK)
-    for start in range(tl.program_id(0) * BLOCK, L * capacity, tl.num_programs(0) * BLOCK):
+    received = table + RANK * L  # [source, E + 1] rows: this rank's experts' columns
+    for start in range(first * BLOCK, L * capacity, step * BLOCK):
         i = start + slots
         inside = i < L * capacity
         expert = i // capacity
@@ -239,8 +249,6 @@ def finish_kernel(context, calls, table, done_flags, programs, counts, data, sca
         tl.store(source_index + i, -1, mask=empty)
         tl.store(source_slot + i, -1, mask=empty)
         tl.store(scales + i, 0.0, mask=empty)
-    if not ok:
-        poison_blocks(dctx, data, data_numel, data_numel, tl.program_id(0), tl.num_programs(0), BLOCK)
 
 
 #: Byte alignment of each buffer of a slot.
@@ -303,7 +311,7 @@ def carve_slot(slot, world: int, experts: int, capacity: int, hidden: int, dtype
 
 
 def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int, fp8: bool):
-    """``ctx.ops.moe_dispatch`` by the three kernels above (arguments checked:
+    """``ctx.ops.moe_dispatch`` by the two kernels above (arguments checked:
     :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert: ``(slot, counts,
     positions, call, sequence)``: this call's slot of the receive buffers (uint8, valid until the
     dispatch after next; :func:`carve_slot` cuts it into the result's tensors), the rows each
@@ -352,27 +360,25 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                                          headers, table, table_flags, sig, T, E, K=k, K_BLOCK=k_block,
                                          E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
         push_kernel[(programs,)](context, x, token_scales if quantized else scales, ids, positions, chunk_counts,
-                                 calls, headers, table, table_flags, done_flags, data, scales, source_rank,
-                                 source_index, source_slot, sig, T, H, E, L, capacity, K=k, K_BLOCK=k_block,
-                                 E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, BLOCK_H=block_h, FP8=fp8,
-                                 QUANTIZED=quantized, RANK=rank, WORLD=world, **warps)
-        finish_kernel[(programs,)](context, calls, table, done_flags, programs, counts, data, scales, source_rank,
-                                   source_index, source_slot, data.numel(), E, L, capacity, E_BLOCK=e_block,
-                                   BLOCK=block_h, PROGRAMS_BLOCK=triton.next_power_of_2(programs), RANK=rank,
-                                   WORLD=world, **warps)
+                                 calls, headers, table, table_flags, done_flags, control["pushed"], counts, data,
+                                 scales, source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k,
+                                 K_BLOCK=k_block, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, BLOCK_H=block_h,
+                                 PROGRAMS_BLOCK=triton.next_power_of_2(programs), FP8=fp8, QUANTIZED=quantized,
+                                 RANK=rank, WORLD=world, **warps)
     return slot, counts, positions, call, sequence
 
 
 def _control(ctx) -> dict:
     """The MoE protocol's int32 words on the heap: the dispatch count, the routing programs
-    finished (:func:`announce_route_kernel`), the headers (two rows by call
+    finished (:func:`announce_route_kernel`) and the pushing programs finished (:func:`push_kernel`),
+    the headers (two rows by call
     parity, then the announcements), the routing tables' flags, the pushing programs' flags, the
     returning programs' flags by the dispatch's parity, and combine's headers (two rows by the
     dispatch's parity)."""
     import torch
 
     world, programs = ctx.world_size, _programs(ctx)
-    sizes = {"calls": 1, "routed": 1, "headers": 3 * world, "table": world, "done": world * programs,
+    sizes = {"calls": 1, "routed": 1, "pushed": 1, "headers": 3 * world, "table": world, "done": world * programs,
              "back": 2 * world * programs, "combine_headers": 2 * world}
     words = ctx.workspaces.get("moe_control", 4 * sum(sizes.values()), fill=0).view(torch.int32)
     out, start = {}, 0
