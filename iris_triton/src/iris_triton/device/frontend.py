@@ -17,9 +17,10 @@ import torch
 import triton
 from triton.runtime import driver
 
+from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 
-__all__ = ["Frontend", "SHARED_SOURCE_LANGUAGES", "TRITON"]
+__all__ = ["Frontend", "LaunchCache", "SHARED_SOURCE_LANGUAGES", "TRITON"]
 
 #: The kernel languages iris's shared kernel sources compile in (the Triton backend's and the
 #: Gluon backend's front ends): what the collective algorithms written that way declare.
@@ -70,3 +71,48 @@ class Frontend:
 
 
 TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)
+
+
+def _specialisation(value) -> tuple:
+    """What Triton compiles a runtime argument for: a tensor's dtype and whether its address is a
+    multiple of 16; an int's range (32 or 64 bits), whether it is 1 or a multiple of 16."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() % 16 == 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        return type(value), value if isinstance(value, bool) or value is None else None
+    return int, value == 1, value % 16 == 0, -2**31 <= value < 2**31, value < 2**63
+
+
+@attrs.define(eq=False)
+class LaunchCache:
+    """Launches of one kernel whose arguments change from call to call, without most of the JIT's
+    per-launch work (binding the arguments, specialising them, checking its globals, looking the
+    kernel up): the first launch of each specialisation of the runtime arguments
+    (:func:`_specialisation`) and each set of constexprs and launch options goes through the JIT,
+    which compiles the kernel; later ones call that compiled kernel directly, with tensors passed
+    as their addresses, on the current stream of the device. Under the Triton interpreter (or
+    while the compile check records launches) every launch goes through the JIT."""
+
+    jitted: Any
+    """The kernel (``triton.jit``)."""
+    _compiled: dict = attrs.field(factory=dict, init=False, repr=False)
+
+    def launch(self, grid: tuple, *args, **keywords) -> None:
+        """``jitted[grid](*args, **keywords)``: ``args`` the runtime arguments, in order;
+        ``keywords`` the constexprs (the parameters after them, by name) and launch options."""
+        if INTERPRETING:
+            self.jitted[grid](*args, **keywords)
+            return
+        device = driver.active.get_current_device()
+        key = (device, grid, *map(_specialisation, args), *keywords.items())
+        runner = self._compiled.get(key)
+        if runner is None:
+            compiled = self.jitted[grid](*args, **keywords)
+            if compiled is None or not hasattr(compiled, "run"):
+                return
+            constexprs = [keywords[name] for name in self.jitted.arg_names[len(args):]]
+            launch = compiled[(*grid, 1, 1)[:3]]
+            current_stream = driver.active.get_current_stream
+            self._compiled[key] = lambda values: launch(*values, *constexprs, stream=current_stream(device))
+            return
+        runner([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
