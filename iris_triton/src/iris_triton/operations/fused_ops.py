@@ -110,8 +110,8 @@ def _guarded(operation):
         outputs = (out,) if writes_first and isinstance(out, torch.Tensor) else ()
         ctx._refuse_across_nodes(f"ops.{operation.__name__}")
         with ctx._call(f"ops.{operation.__name__}", outputs):
-            description = _describe(operation.__name__, (out, *args), kwargs)
-            outer = ctx._describe_call(f"ops.{operation.__name__}", signature_of(description), description)
+            description, signature = _described(operation.__name__, (out, *args), kwargs)
+            outer = ctx._describe_call(f"ops.{operation.__name__}", signature, description)
             try:
                 return operation(self, out, *args, **kwargs)
             finally:
@@ -144,13 +144,34 @@ def _announced_call(ctx, name: str, args: tuple, method: str):
     or ``"copy_engine"``), described to the context (:meth:`iris.mixins.FailStopMixin._describe_call`)
     for its kernels to announce to their peers: yields the signature, which covers the operation,
     the tensors' shapes and dtypes, the method and the tile."""
-    description = _describe(name, args, {"method": method})
-    signature = signature_of(description)
+    description, signature = _described(name, args, {"method": method})
     outer = ctx._describe_call(f"ops.{name}", signature, description)
     try:
         yield signature
     finally:
         ctx._end_call(outer)
+
+
+#: :func:`_described`'s results, by the calls' shapes, dtypes and options.
+_DESCRIPTIONS: dict = {}
+
+
+def _described(name: str, args: tuple, kwargs: dict) -> tuple[str, int]:
+    """:func:`_describe` and its signature, kept per distinct call (a repeated eager call formats
+    no string)."""
+    def part(value):
+        if isinstance(value, torch.Tensor):
+            return value.shape, value.dtype
+        return value if value is None or isinstance(value, (bool, int, float, str)) else type(value)
+
+    key = (name, *map(part, args), *((k, part(v)) for k, v in kwargs.items()))
+    found = _DESCRIPTIONS.get(key)
+    if found is None:
+        if len(_DESCRIPTIONS) >= 1024:
+            _DESCRIPTIONS.clear()
+        description = _describe(name, args, kwargs)
+        found = _DESCRIPTIONS[key] = (description, signature_of(description))
+    return found
 
 
 def _describe(name: str, args: tuple, kwargs: dict) -> str:
@@ -181,6 +202,9 @@ class FusedOps:
         #: MoE dispatches made so far: which of the two receive buffers the next one fills, and
         #: whether a combine's buffers were reused since (iris_triton.operations.moe_kernels).
         self._moe_calls = 0
+        #: Views of the MoE workspaces as the kernels take them, by what they depend on, so that
+        #: an eager call does not cut them again (iris_triton.operations.moe_kernels.memo).
+        self._moe_views: dict = {}
         #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).
         self._iris_handle = register_operator_handle(self)
 

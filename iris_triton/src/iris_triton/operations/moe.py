@@ -173,10 +173,13 @@ def compiled_dispatch(ops, tokens, topk_ids, topk_weights, num_experts, *, capac
 
 def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
             sequence) -> MoeDispatch:
-    from iris_triton.operations.moe_kernels import carve_slot
+    from iris_triton.operations.moe_kernels import carve_slot, carved
 
-    buffers = carve_slot(slot, ops._world_size, num_experts, capacity, tokens.shape[1],
-                         torch.float8_e4m3fn if fp8 else tokens.dtype)
+    dtype = torch.float8_e4m3fn if fp8 else tokens.dtype
+    if sequence is None:  # compiled code: the slot is the operator's result, traced
+        buffers = carve_slot(slot, ops._world_size, num_experts, capacity, tokens.shape[1], dtype)
+    else:
+        buffers = carved(ops, slot, ops._world_size, num_experts, capacity, tokens.shape[1], dtype)
     handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids,
                        topk_weights=topk_weights, positions=positions, call=call, counts=counts, slot=slot,
                        sequence=sequence)

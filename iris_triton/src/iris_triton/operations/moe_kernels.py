@@ -253,6 +253,11 @@ def _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, ca
         tl.store(scales + i, 0.0, mask=empty)
 
 
+def _power_of_2(n: int) -> int:
+    """The least power of two of at least ``n`` (``triton.next_power_of_2`` without its call's cost)."""
+    return 1 << (n - 1).bit_length()
+
+
 #: Byte alignment of each buffer of a slot.
 _ALIGNMENT = 256
 
@@ -268,7 +273,7 @@ def _launch(ctx, hidden: int) -> tuple[int, int, dict]:
     GPUs (none on CPU ranks)."""
     shape = MOE_SHAPES[ctx.kernel_device_type]
     warps = {"num_warps": shape["num_warps"]} if "num_warps" in shape else {}
-    return _programs(ctx), min(triton.next_power_of_2(hidden), shape["MAX_BLOCK"]), warps
+    return _programs(ctx), min(_power_of_2(hidden), shape["MAX_BLOCK"]), warps
 
 
 def _programs(ctx) -> int:
@@ -312,6 +317,27 @@ def carve_slot(slot, world: int, experts: int, capacity: int, hidden: int, dtype
     return out
 
 
+#: Views an ``ops`` object keeps (:func:`memo`) before it drops them all: a few shapes' worth.
+_MAX_VIEWS = 64
+
+
+def memo(ops, key: tuple, make):
+    """``make()``, kept in ``ops._moe_views`` under ``key`` (which names every tensor it views by
+    its address): the views of the workspaces an eager call takes, cut once."""
+    views = ops._moe_views.get(key)
+    if views is None:
+        if len(ops._moe_views) >= _MAX_VIEWS:
+            ops._moe_views.clear()
+        views = ops._moe_views[key] = make()
+    return views
+
+
+def carved(ops, slot, world: int, experts: int, capacity: int, hidden: int, dtype) -> dict:
+    """:func:`carve_slot`, kept (:func:`memo`)."""
+    return memo(ops, ("slot", slot.data_ptr(), slot.numel(), world, experts, capacity, hidden, dtype),
+                lambda: carve_slot(slot, world, experts, capacity, hidden, dtype))
+
+
 def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int, fp8: bool):
     """``ctx.ops.moe_dispatch`` by the two kernels above (arguments checked:
     :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert: ``(slot, counts,
@@ -328,22 +354,23 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     world, rank = ctx.world_size, ctx.rank
     (T, H), k = tokens.shape, topk_ids.shape[1]
     E, L = num_experts, num_experts // world
-    control = _control(ctx)
+    control = _control(ops)
     calls, headers, table_flags, done_flags = (control[name] for name in ("calls", "headers", "table", "done"))
     dtype = torch.float8_e4m3fn if fp8 else tokens.dtype
     size = slot_bytes(world, E, capacity, H, dtype.itemsize)
     space = ctx.workspaces.get("moe_slots", 2 * size, fill=0)
     sequence = ops._moe_calls
     ops._moe_calls = sequence + 1
-    slot = space[(sequence & 1) * size:((sequence & 1) + 1) * size]
-    buffers = carve_slot(slot, world, E, capacity, H, dtype)
+    parity = sequence & 1
+    slot = memo(ops, ("space", space.data_ptr(), parity, size), lambda: space[parity * size:(parity + 1) * size])
+    buffers = carved(ops, slot, world, E, capacity, H, dtype)
     table, data, scales = buffers["table"], buffers["data"], buffers["scales"]
     source_rank, source_index, source_slot = (buffers[name] for name in ("source_rank", "source_index",
                                                                          "source_slot"))
     counts = torch.empty(L, dtype=torch.int32, device=ctx.device)
     call = torch.empty(1, dtype=torch.int32, device=ctx.device)
     positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
-    chunks = max(1, triton.cdiv(T, ROUTE_BLOCK))
+    chunks = max(1, -(-T // ROUTE_BLOCK))
     chunk_counts = torch.empty(chunks, E + 1, dtype=torch.int32, device=ctx.device)
     ids = topk_ids.contiguous()
     x, token_scales = tokens.contiguous(), None
@@ -352,7 +379,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         amax = x.float().abs().amax(dim=1)
         token_scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
-    e_block, k_block = triton.next_power_of_2(E), triton.next_power_of_2(k)
+    e_block, k_block = _power_of_2(E), _power_of_2(k)
     programs, block_h, warps = _launch(ctx, H)
     context = ctx.get_device_context()
     outputs = (data, scales, counts, source_rank, source_index, source_slot)
@@ -365,12 +392,12 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                      calls, headers, table, table_flags, done_flags, control["pushed"], counts, data, scales,
                      source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k, K_BLOCK=k_block,
                      E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, BLOCK_H=block_h,
-                     PROGRAMS_BLOCK=triton.next_power_of_2(programs), FP8=fp8, QUANTIZED=quantized, RANK=rank,
+                     PROGRAMS_BLOCK=_power_of_2(programs), FP8=fp8, QUANTIZED=quantized, RANK=rank,
                      WORLD=world, **warps)
     return slot, counts, positions, call, sequence
 
 
-def _control(ctx) -> dict:
+def _control(ops) -> dict:
     """The MoE protocol's int32 words on the heap: the dispatch count, the routing programs
     finished (:func:`announce_route_kernel`) and the pushing programs finished (:func:`push_kernel`),
     the headers (two rows by call
@@ -379,15 +406,21 @@ def _control(ctx) -> dict:
     dispatch's parity)."""
     import torch
 
+    ctx = ops._context
     world, programs = ctx.world_size, _programs(ctx)
     sizes = {"calls": 1, "routed": 1, "pushed": 1, "headers": 3 * world, "table": world, "done": world * programs,
              "back": 2 * world * programs, "combine_headers": 2 * world}
-    words = ctx.workspaces.get("moe_control", 4 * sum(sizes.values()), fill=0).view(torch.int32)
-    out, start = {}, 0
-    for name, size in sizes.items():
-        out[name] = words[start:start + size]
-        start += size
-    return out
+    space = ctx.workspaces.get("moe_control", 4 * sum(sizes.values()), fill=0)
+
+    def cut() -> dict:
+        words = space.view(torch.int32)
+        out, start = {}, 0
+        for name, size in sizes.items():
+            out[name] = words[start:start + size]
+            start += size
+        return out
+
+    return memo(ops, ("control", space.data_ptr()), cut)
 
 
 def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, slot, num_experts: int,
@@ -406,8 +439,8 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
     element = expert_out.element_size()
     back_stride = _aligned(T * k * H * element) // element
     back = ctx.workspaces.get("moe_back", 2 * back_stride * element).view(expert_out.dtype)
-    control = _control(ctx)
-    buffers = carve_slot(slot, world, num_experts, capacity, 0, torch.uint8)  # the sources lie before the data
+    control = _control(ops)
+    buffers = carved(ops, slot, world, num_experts, capacity, 0, torch.uint8)  # the sources lie before the data
     out = torch.empty(T, H, dtype=expert_out.dtype, device=ctx.device)
     programs, block_h, warps = _launch(ctx, H)
     context = ctx.get_device_context()
@@ -420,7 +453,7 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
                        WORLD=world, **warps)
         _REDUCE.launch((programs,), context, out, x, back, control["back"], back_stride, programs, buffers["table"],
                        ids, positions, weights, call, control["calls"], T, H, num_experts, L, capacity, K=k,
-                       BLOCK_H=block_h, PROGRAMS_BLOCK=triton.next_power_of_2(programs), RANK=rank, WORLD=world,
+                       BLOCK_H=block_h, PROGRAMS_BLOCK=_power_of_2(programs), RANK=rank, WORLD=world,
                        **warps)
     return out
 
