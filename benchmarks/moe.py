@@ -9,7 +9,8 @@ output, the identity expert, within bf16 rounding), then timed per call: ``--cal
 back to back, ``--repeats`` times, each rank's median and the slowest rank's as the figure. The
 reference exchanges its split sizes on the host (a synchronisation per call), so it is timed
 eagerly; iris is timed eagerly and, on GPUs, captured in a CUDA graph, and each of its kernels'
-GPU time per dispatch + combine is taken with torch.profiler. Each row also gives the
+GPU time per dispatch + combine is taken with torch.profiler, and each eager call's launches are
+counted and timed bare (the host time of its compiled kernels' launches alone). Each row also gives the
 bytes of token data that cross the link (rows sent to other ranks, the most any rank sends) and
 the fraction of ``--link-gbps`` (478 GB/s per direction between 2 x H200) that the time makes
 of them, and the HBM bound of the token data a rank's memory must move (dispatch: read its tokens,
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -137,6 +139,37 @@ def kernel_us(ctx, step, calls: int) -> dict[str, float]:
             if event.device_time_total > 0}
 
 
+def bare_launches(ctx, fn, calls: int) -> tuple[float, float]:
+    """``(launches, us)`` per call of ``fn``: how many kernels it launches, and the host time of
+    those launches alone (each compiled kernel called through Triton's launcher, as the MoE
+    kernels' :class:`iris_triton.device.frontend.LaunchCache` calls them once compiled)."""
+    from iris_triton.operations import moe_kernels
+
+    caches = (moe_kernels._ROUTE, moe_kernels._PUSH, moe_kernels._RETURN, moe_kernels._REDUCE)
+    spent, count = [0.0], [0]
+    saved = [dict(cache._compiled) for cache in caches]
+
+    def timed(runner):
+        def run(values):
+            start = time.perf_counter()
+            runner(values)
+            spent[0] += time.perf_counter() - start
+            count[0] += 1
+        return run
+
+    for cache in caches:
+        cache._compiled.update({key: timed(runner) for key, runner in cache._compiled.items()})
+    try:
+        for _ in range(calls):
+            fn()
+        synchronize(ctx.device)
+    finally:
+        for cache, entries in zip(caches, saved):
+            cache._compiled.clear()
+            cache._compiled.update(entries)
+    return count[0] / calls, spent[0] / calls * 1e6
+
+
 def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, topk: int, calls: int,
              repeats: int, link_gbps: float, copy_gbps: float) -> dict:
     """One row: both implementations checked against each other, then timed."""
@@ -172,6 +205,9 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
             us = max(ctx.comm.all_gather_object(per_call_us(ctx, fn, calls, repeats, mode == "graph")))
             row[mode][name] = {"us": us, "link_fraction": row["link_bytes"] / (us * 1e-6) / (link_gbps * 1e9)
                                if row["link_bytes"] else None, "hbm_bound_multiple": us / bound_us}
+            if mode == "eager" and name.startswith("iris") and device.type == "cuda":
+                launches, bare_us = bare_launches(ctx, fn, calls * repeats)
+                row[mode][name].update(launches=launches, bare_launch_us=max(ctx.comm.all_gather_object(bare_us)))
     if device.type == "cuda":
         def dispatch_and_combine():
             routed = ctx.ops.moe_dispatch(x, ids, weights, experts)
@@ -226,7 +262,10 @@ def report(args: argparse.Namespace, rows: list[dict]) -> bool:
         for mode in ("graph", "eager"):
             for name, figure in row.get(mode, {}).items():
                 share = f", {figure['link_fraction']:.0%} of link" if figure["link_fraction"] is not None else ""
-                cells.append(f"{name} {mode} {figure['us']:.1f} us ({figure['hbm_bound_multiple']:.1f}x HBM{share})")
+                launched = (f", {figure['launches']:g} launches taking {figure['bare_launch_us']:.1f} us bare"
+                            if "launches" in figure else "")
+                cells.append(f"{name} {mode} {figure['us']:.1f} us ({figure['hbm_bound_multiple']:.1f}x HBM{share}"
+                             f"{launched})")
         print(f"tokens {row['tokens']:>5} world {row['world']} link {row['link_bytes'] / 1e6:.1f} MB, HBM bound "
               f"{row['hbm_bound_us']:.1f} us at {row['copy_gbps']:.0f} GB/s: "
               + ", ".join(cells) + ("" if all(row["correct"].values()) else f"  INCORRECT: {row['correct']}"))
