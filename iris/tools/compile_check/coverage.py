@@ -1,8 +1,8 @@
 """Launch sites in the backends' sources that the check's calls never reached.
 
-A launch site is a kernel launched by name: ``kernel[grid](...)`` where ``kernel`` is a module's
-``triton.jit`` or ``gluon.jit`` kernel, or ``frontend.launch(source, ...)`` /
-``frontend.kernel(source)`` where ``source`` is a module's kernel source. Each is found in the
+A launch site is a kernel launched by name: ``kernel[grid](...)`` or ``LaunchCache(kernel)`` where
+``kernel`` is a module's ``triton.jit`` or ``gluon.jit`` kernel, or ``frontend.launch(source, ...)``
+/ ``frontend.kernel(source)`` where ``source`` is a module's kernel source. Each is found in the
 source of every module of each backend's distribution package; one whose kernel no recorded
 launch compiled is a site the check does not cover.
 """
@@ -52,6 +52,8 @@ def _launched(node: ast.AST) -> str | None:
     func = node.func
     if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name):  # kernel[grid](...)
         return func.value.id
+    if isinstance(func, ast.Name) and func.id == "LaunchCache" and node.args and isinstance(node.args[0], ast.Name):
+        return node.args[0].id  # LaunchCache(kernel): its launches
     if (isinstance(func, ast.Attribute) and func.attr in ("launch", "kernel") and node.args
             and isinstance(node.args[0], ast.Name)):  # frontend.launch(source, ...), frontend.kernel(source)
         return node.args[0].id

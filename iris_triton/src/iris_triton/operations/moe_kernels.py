@@ -561,5 +561,8 @@ def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, progr
         poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)
 
 
-#: The kernels' launches: an eager call pays the compiled kernel's launch, not the JIT's.
-_ROUTE, _PUSH, _RETURN, _REDUCE = map(LaunchCache, (announce_route_kernel, push_kernel, return_kernel, reduce_kernel))
+# The kernels' launches: an eager call pays the compiled kernel's launch, not the JIT's.
+_ROUTE = LaunchCache(announce_route_kernel)
+_PUSH = LaunchCache(push_kernel)
+_RETURN = LaunchCache(return_kernel)
+_REDUCE = LaunchCache(reduce_kernel)
