@@ -78,7 +78,7 @@ def _routing(tokens: int, topk: int, experts: int, seed: int, dtype, outside: bo
 
 
 @pytest.mark.parametrize("tokens, topk, experts", [(1, 1, 1), (5, 2, 8), (ROUTE_BLOCK + 7, 8, 64), (70, 3, 6),
-                                                   (3 * ROUTE_BLOCK, 4, 12), (70 * ROUTE_BLOCK + 5, 2, 5)])
+                                                   (3 * ROUTE_BLOCK, 4, 12)])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_positions_and_counts_match_a_walk_of_the_pairs(tokens, topk, experts, dtype):
     ids = _routing(tokens, topk, experts, seed=tokens * topk + experts, dtype=dtype, outside=False)
@@ -94,3 +94,12 @@ def test_an_id_out_of_range_sends_nothing_and_is_flagged():
     expected_positions, expected_row = _reference(ids, 16)
     assert expected_row[-1] == 1 and row.cpu().tolist() == expected_row
     assert positions.cpu().tolist() == expected_positions and positions[20, 3].item() == -1
+
+
+def test_more_chunks_than_one_step_of_the_scan_takes():
+    """70 chunks of tokens: the scan of their counts takes more than one step (SCAN_BLOCK)."""
+    ids = _routing(70 * ROUTE_BLOCK + 5, 2, 5, seed=7, dtype=torch.int64, outside=False)
+    positions, row = route(ids.to(DEVICE), 5)
+    expected_positions, expected_row = _reference(ids, 5)
+    assert positions.cpu().tolist() == expected_positions
+    assert row.cpu().tolist() == expected_row
