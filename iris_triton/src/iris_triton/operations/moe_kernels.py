@@ -398,12 +398,12 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
 
 
 def _control(ops) -> dict:
-    """The MoE protocol's int32 words on the heap: the dispatch count, the routing programs
-    finished (:func:`announce_route_kernel`) and the pushing programs finished (:func:`push_kernel`),
-    the headers (two rows by call
-    parity, then the announcements), the routing tables' flags, the pushing programs' flags, the
-    returning programs' flags by the dispatch's parity, and combine's headers (two rows by the
-    dispatch's parity)."""
+    """The MoE protocol's int32 words on the heap (views cut once per ``ops``: :func:`memo`): the
+    dispatch count, the routing programs finished (:func:`announce_route_kernel`) and the pushing
+    programs finished (:func:`push_kernel`), the headers (two rows by call parity, then the
+    announcements), the routing tables' flags, the pushing programs' flags, the returning
+    programs' flags by the dispatch's parity, and combine's headers (two rows by the dispatch's
+    parity)."""
     import torch
 
     ctx = ops._context
