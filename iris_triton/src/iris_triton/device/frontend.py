@@ -64,10 +64,19 @@ class Frontend:
             return None
         ordered = [arguments[name] for name in jitted.arg_names]
         values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in ordered]
-        runner = compiled[(*grid, 1, 1)[:3]]
-        device = driver.active.get_current_device()
-        current_stream = driver.active.get_current_stream
-        return lambda: runner(*values, stream=current_stream(device))
+        runner = _direct_launch(compiled, grid)
+        return lambda: runner(values)
+
+
+def _direct_launch(compiled, grid: tuple, trailing: list = ()) -> Callable[[list], None]:
+    """The compiled kernel's launch on ``grid``, as a callable of its arguments' values (tensors as
+    addresses; then ``trailing``, the constexprs after them), on the current stream of the device
+    current now, read straight from torch (a few microseconds less per launch than letting the
+    kernel look up the current device and stream)."""
+    launch = compiled[(*grid, 1, 1)[:3]]
+    device = driver.active.get_current_device()
+    current_stream = driver.active.get_current_stream
+    return lambda values: launch(*values, *trailing, stream=current_stream(device))
 
 
 TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)
@@ -111,8 +120,6 @@ class LaunchCache:
             if compiled is None or not hasattr(compiled, "run"):
                 return
             constexprs = [keywords[name] for name in self.jitted.arg_names[len(args):]]
-            launch = compiled[(*grid, 1, 1)[:3]]
-            current_stream = driver.active.get_current_stream
-            self._compiled[key] = lambda values: launch(*values, *constexprs, stream=current_stream(device))
+            self._compiled[key] = _direct_launch(compiled, grid, constexprs)
             return
         runner([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])

@@ -162,7 +162,8 @@ def _described(name: str, args: tuple, kwargs: dict) -> tuple[str, int]:
     def part(value):
         if isinstance(value, torch.Tensor):
             return value.shape, value.dtype
-        return value if value is None or isinstance(value, (bool, int, float, str)) else type(value)
+        simple = value is None or isinstance(value, (bool, int, float, str))
+        return (type(value), value) if simple else type(value)  # True, 1 and 1.0 are described apart
 
     key = (name, *map(part, args), *((k, part(v)) for k, v in kwargs.items()))
     found = _DESCRIPTIONS.get(key)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from iris.tuning import bucket  # a power of two of at least n, without triton.next_power_of_2's call cost
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 from iris_triton.device.frontend import LaunchCache
@@ -253,11 +254,6 @@ def _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, ca
         tl.store(scales + i, 0.0, mask=empty)
 
 
-def _power_of_2(n: int) -> int:
-    """The least power of two of at least ``n`` (``triton.next_power_of_2`` without its call's cost)."""
-    return 1 << (n - 1).bit_length()
-
-
 #: Byte alignment of each buffer of a slot.
 _ALIGNMENT = 256
 
@@ -273,7 +269,7 @@ def _launch(ctx, hidden: int) -> tuple[int, int, dict]:
     GPUs (none on CPU ranks)."""
     shape = MOE_SHAPES[ctx.kernel_device_type]
     warps = {"num_warps": shape["num_warps"]} if "num_warps" in shape else {}
-    return _programs(ctx), min(_power_of_2(hidden), shape["MAX_BLOCK"]), warps
+    return _programs(ctx), min(bucket(hidden), shape["MAX_BLOCK"]), warps
 
 
 def _programs(ctx) -> int:
@@ -379,7 +375,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         amax = x.float().abs().amax(dim=1)
         token_scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
-    e_block, k_block = _power_of_2(E), _power_of_2(k)
+    e_block, k_block = bucket(E), bucket(k)
     programs, block_h, warps = _launch(ctx, H)
     context = ctx.get_device_context()
     outputs = (data, scales, counts, source_rank, source_index, source_slot)
@@ -392,7 +388,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                      calls, headers, table, table_flags, done_flags, control["pushed"], counts, data, scales,
                      source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k, K_BLOCK=k_block,
                      E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, BLOCK_H=block_h,
-                     PROGRAMS_BLOCK=_power_of_2(programs), FP8=fp8, QUANTIZED=quantized, RANK=rank,
+                     PROGRAMS_BLOCK=bucket(programs), FP8=fp8, QUANTIZED=quantized, RANK=rank,
                      WORLD=world, **warps)
     return slot, counts, positions, call, sequence
 
@@ -453,7 +449,7 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
                        WORLD=world, **warps)
         _REDUCE.launch((programs,), context, out, x, back, control["back"], back_stride, programs, buffers["table"],
                        ids, positions, weights, call, control["calls"], T, H, num_experts, L, capacity, K=k,
-                       BLOCK_H=block_h, PROGRAMS_BLOCK=_power_of_2(programs), RANK=rank, WORLD=world,
+                       BLOCK_H=block_h, PROGRAMS_BLOCK=bucket(programs), RANK=rank, WORLD=world,
                        **warps)
     return out
 
