@@ -10,6 +10,7 @@ uses :data:`TRITON`, the Gluon backend its own. Nothing of a kernel is written t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import attrs
@@ -54,10 +55,9 @@ class Frontend:
         The repeat skips the JIT's per-launch work (binding and specializing the arguments,
         looking the kernel up): it calls the compiled kernel directly, with tensors passed as
         their addresses, so it holds no reference to them; callers must repeat it only while
-        those tensors are alive. It also hands the kernel the current stream of the device it
-        was first launched on, read straight from torch (a few microseconds less per launch than
-        letting the kernel look up the current device and stream). Under the Triton interpreter
-        there is no compiled kernel, and the result is None."""
+        those tensors are alive, on the current stream of the device it was first launched on
+        (:func:`_direct_launch`). Under the Triton interpreter there is no compiled kernel, and
+        the result is None."""
         jitted = self.kernel(fn)
         compiled = jitted[grid](**arguments)
         if compiled is None or not hasattr(compiled, "run"):
@@ -68,7 +68,7 @@ class Frontend:
         return lambda: runner(values)
 
 
-def _direct_launch(compiled, grid: tuple, trailing: list = ()) -> Callable[[list], None]:
+def _direct_launch(compiled, grid: tuple, trailing: Sequence = ()) -> Callable[[list], None]:
     """The compiled kernel's launch on ``grid``, as a callable of its arguments' values (tensors as
     addresses; then ``trailing``, the constexprs after them), on the current stream of the device
     current now, read straight from torch (a few microseconds less per launch than letting the
