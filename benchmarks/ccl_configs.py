@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import iris
 from benchmarks.common import per_call_us
+from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.config import parse_size
 from iris_triton import tuning
 
@@ -91,7 +92,7 @@ def _run(rank: int, sizes: list[int], shapes: list[tuple], calls: int, all_reduc
     for sweep in range(passes):
         for shape in shapes:
             _apply(shape, all_reduce)
-            ctx.ccl._repeats.clear()  # they hold kernels compiled for the previous shape
+            invalidate_repeats()  # they hold kernels compiled for the previous shape
             for size in sizes:
                 x = ctx.randn(size // 2, dtype=torch.bfloat16, generator=torch.Generator(ctx.device).manual_seed(rank))
                 row = {"pass": sweep, "shape": list(shape), "bytes": size, "correct": {}, "us": {}}

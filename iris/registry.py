@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.errors import BackendNotFoundError
 
 __all__ = [
@@ -198,6 +199,7 @@ class PluginRegistry:
             self._entries[name] = PluginEntry(name=name, target=plugin)
             self._loaded.pop(name, None)
             PluginRegistry.changes += 1
+            invalidate_repeats()  # an automatic choice they made may now be another
 
     def get(self, name: str) -> Any:
         """The plugin registered under ``name``, importing it on first use."""
@@ -269,6 +271,7 @@ class PluginRegistry:
             self._loaded.clear()
             self._loaded.update(snapshot.loaded)
             PluginRegistry.changes += 1
+            invalidate_repeats()
 
     @contextmanager
     def restored(self) -> Iterator[PluginRegistry]:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.heap.device_context import set_trailer
 
 __all__ = ["EVENT_FIELDS", "EVENT_IDS", "OPERATION_EVENTS", "TRACE_HEADER", "Tracing", "TracingHost", "chrome_trace"]
@@ -59,9 +60,6 @@ class Tracing:
         self._context = context
         self.enabled = False
         self.max_events = 0
-        #: Changes whenever kernels must be compiled anew (tracing turned on or off): launches
-        #: kept for repeating are dropped when it moves.
-        self.epoch = 0
         self._buffer: torch.Tensor | None = None
         self._device_contexts: weakref.WeakSet = weakref.WeakSet()
         self._host_events: list[tuple[str, int, int]] = []
@@ -109,7 +107,7 @@ class Tracing:
 
     def _switch(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.epoch += 1
+        invalidate_repeats()  # they launch kernels compiled with tracing as it was
         self._nvtx = (enabled or _nvtx_asked()) and self._context.device.type == "cuda"
         for tensor in list(self._device_contexts):
             self._write_trailer(tensor)
@@ -145,9 +143,14 @@ class Tracing:
     def host_range(self, name: str):
         """The range of one iris call named ``name``, or None when nothing records it (the
         common case: a call then pays one check)."""
-        if not (self.enabled or self._nvtx or torch.autograd.profiler._is_profiler_enabled):
+        if not self.records_host_ranges:
             return None
         return _HostRange(self, f"iris.{name}")
+
+    @property
+    def records_host_ranges(self) -> bool:
+        """Whether iris calls are recorded as host ranges now (tracing, NVTX or torch's profiler)."""
+        return self.enabled or self._nvtx or torch.autograd.profiler._is_profiler_enabled
 
     # -- reading and export ------------------------------------------------------------------------
 

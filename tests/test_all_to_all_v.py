@@ -327,7 +327,7 @@ def _check_device_errors(report: RankReport, rank: int) -> None:
     ctx = fresh()
     flat = torch.randn(sum(sends))
     ctx.ccl.all_to_all_single(torch.zeros(sum(receives)), flat, receives, sends)  # sizes the workspace: 1 per row
-    workspaces_module.capturing = lambda device: True  # as during a CUDA graph capture
+    workspaces_module.capturing = lambda device_type: True  # as during a CUDA graph capture
     try:
         report.check("device_errors/captured_split_sizes_seen_before", _raises(
             lambda: ctx.ccl.all_to_all_single(torch.zeros(sum(receives) + world), torch.randn(sum(sends) + world),
@@ -339,7 +339,7 @@ def _check_device_errors(report: RankReport, rank: int) -> None:
             ctx, lambda: ctx.ccl.all_to_all_single(out, wide, receives, sends), out, None,
             "more rows than the receive workspace holds", "before capturing"))
     finally:
-        workspaces_module.capturing = lambda device: False
+        workspaces_module.capturing = lambda device_type: False
     ctx.destroy()
 
 

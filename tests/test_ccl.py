@@ -631,7 +631,7 @@ def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_grap
         old.fill_(5)
         x = c.ones(4)
         c.ccl.all_reduce(x)  # the warm-up call before capturing
-        monkeypatch.setattr(workspaces_module, "capturing", lambda device: True)
+        monkeypatch.setattr(workspaces_module, "capturing", lambda device_type: True)
         if captured == "repeated_collective":
             c.ccl.all_reduce(x)
         else:
@@ -639,7 +639,7 @@ def test_a_workspace_outgrown_after_a_graph_capture_stays_allocated_for_the_grap
         with pytest.raises(IrisError, match="cannot happen inside a CUDA graph capture; before capturing, make one "
                                             "call of each size and dtype"):
             c.workspaces.get("graphed", 8192)
-        monkeypatch.setattr(workspaces_module, "capturing", lambda device: False)
+        monkeypatch.setattr(workspaces_module, "capturing", lambda device_type: False)
         new = c.workspaces.get("graphed", 8192)
         others = [c.full((4096,), 9, dtype=torch.uint8) for _ in range(3)]  # would take the freed memory
         assert new.numel() >= 8192 and bool((old == 5).all())
@@ -656,7 +656,7 @@ def _one_rank_captured_worker(rank: int, device: str) -> bytes:
     ctx.workspaces.get("graphed", 4096)
     if rank == 0:  # only rank 0 captured a call that used it
         capturing = workspaces_module.capturing
-        workspaces_module.capturing = lambda device: True
+        workspaces_module.capturing = lambda device_type: True
         try:
             ctx.workspaces.get("graphed", 16)
         finally:

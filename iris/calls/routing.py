@@ -2,17 +2,19 @@
 
 A declared method (its :class:`~iris.calls.declarations.Declaration` found by its name) also
 takes ``group=`` (the call runs on ``self._for_group(group)``: :mod:`iris.collectives.groups`)
-and ``async_op=`` (a :mod:`iris.calls.work` handle is returned), and under ``torch.compile`` it
+and ``async_op=`` (a :mod:`iris.calls.work` handle is returned), under ``torch.compile`` it
 calls its functional operator (:func:`iris.calls.operators.compiled_call`) instead of its own
-code, so the compiled graph has no break. The undecorated method is ``__wrapped__``: what the
-operators run. Its signature must be the declared one (checked when the class is defined), so
-the two cannot drift apart.
+code, so the compiled graph has no break; and a call identical to an earlier one runs that
+call's repeat, if it offered one, before anything else (:mod:`iris.calls.repeats`). The
+undecorated method is ``__wrapped__``: what the operators run. Its signature must be the
+declared one (checked when the class is defined), so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any, Callable
 
 import torch
 
@@ -45,23 +47,41 @@ def _group_target(target, group):
     return for_group(group)
 
 
+def _returned(declaration: Declaration) -> Callable[[tuple, dict], Any]:
+    """What the method returns, from a call's arguments: the declared parameter (or None)."""
+    if declaration.returns is None:
+        return lambda args, kwargs: None
+    name = declaration.returns
+    index = [p.name for p in declaration.params].index(name)
+    default = declaration.params[index].default
+    return lambda args, kwargs: args[index] if index < len(args) else kwargs.get(name, default)
+
+
 def declared(method):
     """Decorate the public method of a declared call (:data:`~iris.calls.declarations.DECLARATIONS`,
-    by the method's name): ``group=``, ``async_op=`` and ``torch.compile`` as this module says."""
+    by the method's name): ``group=``, ``async_op=``, ``torch.compile`` and repeated calls as this
+    module says."""
     declaration = DECLARATIONS[method.__name__]
     _check_signature(method, declaration)
     compiled = compiled_call(declaration)
+    name, returned = method.__name__, _returned(declaration)
 
     @functools.wraps(method)
     def call(self, *args, group=None, async_op: bool = False, **kwargs):
         if group is not None:
-            return getattr(_group_target(self, group), method.__name__)(*args, async_op=async_op, **kwargs)
+            return getattr(_group_target(self, group), name)(*args, async_op=async_op, **kwargs)
         if torch.compiler.is_compiling():
             result = compiled(self, args, kwargs)
             return CompletedWork(result) if async_op else result
+        repeats = self._repeats
         if async_op:
-            return run_async(self._context.device, lambda: method(self, *args, **kwargs), (*args, *kwargs.values()))
-        return method(self, *args, **kwargs)
+            def make():
+                return repeats.call(declaration, method, self, args, kwargs, returned)
+
+            return run_async(self._context.device, make, (*args, *kwargs.values()))
+        if repeats.run(name, args, kwargs):
+            return returned(args, kwargs)
+        return repeats.call(declaration, method, self, args, kwargs, returned)
 
     call.__iris_operator__ = declaration.name
     return call

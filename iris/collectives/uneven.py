@@ -126,7 +126,7 @@ class SplitTensors:
         both = self._kept.get(key)
         if both is None:
             ctx = self._context
-            if workspaces.capturing(ctx.device):
+            if workspaces.capturing(ctx.device.type):
                 raise IrisError(f"{collective}: input_split_sizes={list(input_sizes)} with "
                                 f"output_split_sizes={list(output_sizes)} were not used by an eager call before this "
                                 f"CUDA graph capture, and a capture cannot copy them to the device; make an eager call "

@@ -15,8 +15,8 @@ every rank alike, for the graphs that launch with its old address, until
 are kept alike (:meth:`Workspaces.keep_for_graphs`). Growing during a capture is an error: it
 needs a host barrier.
 
-Whoever caches launches with workspace addresses (``ctx.ccl``'s repeats) compares
-:attr:`Workspaces.generation`, which changes whenever a workspace is replaced.
+Repeats of earlier calls launch with workspace addresses: replacing a workspace forgets them
+(:func:`iris.calls.repeats.invalidate`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.errors import IrisError
 
 __all__ = ["REGION_ALIGNMENT", "Workspaces", "WorkspacesHost", "capturing"]
@@ -34,10 +35,11 @@ __all__ = ["REGION_ALIGNMENT", "Workspaces", "WorkspacesHost", "capturing"]
 REGION_ALIGNMENT = 256
 
 
-def capturing(device: torch.device) -> bool:
-    """Whether work enqueued now on ``device`` is being captured into a CUDA graph (read from the
-    current device's current stream: iris launches on the current device, the context's)."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+def capturing(device_type: str) -> bool:
+    """Whether work enqueued now on a device of ``device_type`` (``"cuda"``, ``"cpu"``) is being
+    captured into a CUDA graph (read from the current device's current stream: iris launches on
+    the current device, the context's)."""
+    return device_type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class Workspaces:
@@ -46,6 +48,7 @@ class Workspaces:
 
     def __init__(self, context):
         self._context = context
+        self._device_type = context.device.type  # read on every call (torch makes the string anew)
         self._buffers: dict[str, torch.Tensor] = {}
         #: Whether a call was captured into a CUDA graph: graphs may then hold workspace addresses.
         self._graph_captured = False
@@ -53,7 +56,6 @@ class Workspaces:
         #: (freed by :meth:`release_graph_buffers`) and local buffers (dropped then).
         self._kept_for_graphs: list[tuple[bool, torch.Tensor]] = []
         #: Changes whenever a workspace is replaced (launches made before hold old addresses).
-        self.generation = 0
 
     def existing(self, name: str) -> torch.Tensor | None:
         """The workspace ``name`` as it is, or None where none was allocated yet."""
@@ -80,7 +82,7 @@ class Workspaces:
         ctx.barrier()  # no peer is still writing into the old workspace
         if current is not None:
             del self._buffers[name]
-            self.generation += 1
+            invalidate_repeats()
             # Kept or freed alike on every rank, or the ranks' heaps would no longer match.
             self._graph_captured = any(ctx.comm.all_gather_object(self._graph_captured))
             if self._graph_captured:
@@ -110,7 +112,7 @@ class Workspaces:
     def note_capture(self) -> bool:
         """Whether a CUDA graph capture is in progress on the context's device, remembered: a
         caller that launches without asking for a workspace (a cached launch) calls it."""
-        now = capturing(self._context.device)
+        now = capturing(self._device_type)
         self._graph_captured |= now
         return now
 

@@ -30,6 +30,7 @@ import threading
 
 import torch
 
+from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.collectives import SAME_SIZE_INTEGER
 from iris.errors import CallMismatchError, IrisError, IrisTimeoutError
 
@@ -68,6 +69,8 @@ class FailStopMixin:
         self._call_descriptions: dict[int, str] = {}
         #: ``(name, signature, description)`` of the call in progress (:meth:`_describe_call`).
         self._current_call: tuple[str, int, str] | None = None
+        #: What each public call in progress offers to repeat, innermost last (:mod:`iris.calls.repeats`).
+        self._calls_offering: list = []
 
     @property
     def failed(self) -> bool:
@@ -81,6 +84,23 @@ class FailStopMixin:
         before or during the call; a failing error raised inside fails the context. When the
         call fails during it, ``outputs`` are filled with all-ones bits (:func:`poison`)."""
         return _Call(self, name, outputs)
+
+    def _run_repeat(self, repeat: Callable[[], None], name: str) -> bool:
+        """Enqueue ``repeat``, the launches of an earlier identical call (:mod:`iris.calls.repeats`),
+        as the call ``ctx.<name>`` inside the least of its guard; False, having done nothing, where
+        the call needs the whole guard (:meth:`_call`): a failure to raise, a host range to record,
+        another thread inside a call. Nothing is checked after the launch: its kernels have not
+        run yet (they poison what they cannot verify), and the next call raises what they record."""
+        if self._failure is not None or self._recorded_failure() is not None or self.tracing.records_host_ranges:
+            return False
+        in_use = self._in_use
+        if not in_use.acquire(False):
+            return False
+        try:
+            repeat()
+        finally:
+            in_use.release()
+        return True
 
     def _raise_if_failed(self, name: str) -> None:
         if self._failure is not None:
@@ -102,6 +122,7 @@ class FailStopMixin:
         descriptions = self._call_descriptions
         if signature not in descriptions and len(descriptions) >= MAX_DESCRIPTIONS:
             del descriptions[next(iter(descriptions))]
+            invalidate_repeats()  # a repeat of the call dropped would run with no description to name it
         descriptions[signature] = description
         outer, self._current_call = self._current_call, (name, signature, description)
         return outer

@@ -7,11 +7,10 @@ algorithms keep their buffers in the context's workspaces (:mod:`iris.collective
 after the first of a given size and dtype allocate nothing and never wait on the host, and can
 be captured in a CUDA graph.
 
-A call identical to an earlier one (the same tensors by address, size, dtype and layout, the
+A call identical to an earlier one (the same tensors by address, shape, layout and dtype, the
 same options) skips the checks and the algorithm's preparation: the algorithm's *repeat* of the
-earlier launch runs instead, which keeps the host's cost per call low when calls are not
-captured in a graph. Repeats are dropped whenever a workspace is replaced (they launch with its
-address) or a registry of plugins changes (the automatic choice may then be another algorithm).
+earlier launch, which the earlier call offered, runs instead (:mod:`iris.calls.repeats`), which
+keeps the host's cost per call low when calls are not captured in a graph.
 """
 
 from __future__ import annotations
@@ -26,10 +25,11 @@ from iris.collectives import (COLLECTIVES, MOVED_ONLY_DTYPES, POINT_TO_POINT, RE
                                reduce_op_name)
 from iris.calls.handles import forget as forget_operator_handles
 from iris.calls.handles import register as register_operator_handle
+from iris.calls.repeats import Repeats, offer
+from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.calls.routing import declared
 from iris.errors import IrisError
 from iris.collectives.groups import namespace_for
-from iris.registry import PluginRegistry
 from iris.tuning import load as load_tuning
 from iris.tuning import tune_collectives
 from iris.collectives.uneven import SplitTensors, check_apart, check_counts, check_rows, same_on_every_rank, split_sizes
@@ -45,17 +45,6 @@ HIERARCHICAL = {
     "broadcast": lambda h, output, input, op, src: h.broadcast(output, src),
     "all_to_all": lambda h, output, input, op, src: h.all_to_all(output, input),
 }
-
-#: Most repeats kept (the oldest is dropped first); each is a few addresses and a callable.
-MAX_REPEATS = 256
-
-
-def _identity(tensor) -> tuple | None:
-    """What the checks of a call read from ``tensor`` (None for anything but a tensor)."""
-    if not isinstance(tensor, torch.Tensor):
-        return None
-    return tensor.data_ptr(), tensor.numel(), tensor.dtype, tensor.device, tensor.is_contiguous()
-
 
 #: Keywords of upstream iris's collectives that torch.distributed's do not take.
 UPSTREAM_KEYWORDS = ("config", "workspace", "group", "async_op")
@@ -128,10 +117,8 @@ class Collectives:
 
     def __init__(self, context):
         self._context = context
-        #: Repeats of earlier launches, by everything the call's checks and launch depend on.
-        self._repeats: dict[tuple, Callable[[], None]] = {}
-        #: (workspaces' generation, registries' changes, tracing's epoch) when the repeats were made.
-        self._repeats_made_with = (0, PluginRegistry.changes, 0)
+        #: Repeats of earlier calls, by everything the calls' checks and launches depend on.
+        self._repeats = Repeats(context)
         #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).
         self._iris_handle = register_operator_handle(self)
 
@@ -263,9 +250,9 @@ class Collectives:
 
     def _run(self, collective: str, algorithm: str | None, output, input, validate: Callable[[], None], *,
              op: str = "sum", src: int = 0, splits: tuple = ()) -> None:
-        """Run one call: the repeat of an identical earlier call, or else ``validate()`` it and
-        hand it to its algorithm (keeping the launch's repeat). ``splits``: the uneven
-        collectives' (input_splits, output_splits) device tensors (:mod:`iris.collectives.uneven`)."""
+        """Run one call: ``validate()`` it and hand it to its algorithm, offering the launch's
+        repeat (:mod:`iris.calls.repeats`). ``splits``: the uneven collectives' (input_splits,
+        output_splits) device tensors (:mod:`iris.collectives.uneven`)."""
         if algorithm is not None and not isinstance(algorithm, str):
             raise TypeError(f"{collective}: algorithm must be a name (str) or None, got {type(algorithm).__name__}")
         ctx = self._context
@@ -279,17 +266,7 @@ class Collectives:
 
     def _dispatch(self, collective: str, algorithm: str | None, output, input, validate: Callable[[], None], op: str,
                   src: int, splits: tuple = ()) -> None:
-        output_identity = _identity(output)
-        key = (collective, algorithm, op, src, output_identity,
-               output_identity if input is output else _identity(input), *map(_identity, splits))
         debug = self._context.config.debug
-        workspaces = self._context.workspaces
-        workspaces.note_capture()  # a repeat asks for no workspace: a capture is noticed here
-        self._forget_outdated_repeats()
-        repeat = None if debug else self._repeats.get(key)
-        if repeat is not None:
-            repeat()
-            return
         if splits:
             same = same_on_every_rank(collective, output, input)
         else:
@@ -313,20 +290,7 @@ class Collectives:
                 repeat = chosen.run(call)
             finally:
                 self._context._end_call(outer)
-        if repeat is not None:
-            self._forget_outdated_repeats()  # the call may have grown a workspace
-            if len(self._repeats) >= MAX_REPEATS:
-                del self._repeats[next(iter(self._repeats))]
-            self._repeats[key] = repeat
-
-    def _forget_outdated_repeats(self) -> None:
-        """Drop the repeats if a workspace was replaced since they were launched (they hold its
-        address), a registry changed (the automatic choice may now be another algorithm) or
-        tracing was switched (the kernels are compiled otherwise)."""
-        now = (self._context.workspaces.generation, PluginRegistry.changes, self._context.tracing.epoch)
-        if self._repeats_made_with != now:
-            self._repeats.clear()
-            self._repeats_made_with = now
+        offer(self._context, repeat)
 
     def _check_same_call_on_every_rank(self, collective, algorithm, op, src, output, input) -> None:
         """Debug mode: every rank makes the same call (collective, options, shapes, dtypes), or
@@ -637,8 +601,7 @@ class CCLMixin:
     def _teardown(self) -> None:
         # Repeats launch with heap addresses that are about to be released; a call made through
         # a Collectives object kept from before then goes through the checks, which raise.
-        if "_torch_ccl" in self.__dict__:
-            self.__dict__["_torch_ccl"]._repeats.clear()
+        invalidate_repeats()
         forget_operator_handles(self)  # compiled code naming this context's objects raises from now on
         super()._teardown()
 

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import torch
 
+from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.errors import IrisError
 from iris.compat.timing import do_bench
 from iris.tuning.cache import _save
@@ -127,7 +128,7 @@ def _decide(ctx, cases: list[_Case], timer: Callable[[Trial], float]) -> dict[tu
 def _apply(ctx, decided: dict[tuple, Entry], save: bool) -> TuningTable:
     """Put ``decided`` in force on ``ctx`` (and in its cache file if ``save``); the table of them."""
     ctx.tuning = ctx.tuning.merged(decided)
-    ctx._torch_ccl._repeats.clear()  # an automatic call's repeat would keep its earlier algorithm
+    invalidate_repeats()  # an automatic call's repeat would keep its earlier choice
     if save and decided:
         _save(ctx, decided)
     return TuningTable(ctx.tuning.key, decided)

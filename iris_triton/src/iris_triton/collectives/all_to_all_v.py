@@ -299,7 +299,7 @@ def _all_to_all_single(call: CollectiveCall):
     during a capture uses the workspace as it is. Returns no repeat: every eager call makes
     that exchange, on every rank alike."""
     ctx = call.context
-    if workspaces.capturing(ctx.device):
+    if workspaces.capturing(ctx.device.type):
         need = None
     else:
         rows, row = _rows(call.output)

@@ -32,6 +32,7 @@ import triton
 
 from iris.collectives import signature_of
 from iris.calls.handles import register as register_operator_handle
+from iris.calls.repeats import Repeats
 from iris.calls.routing import declared
 from iris.errors import IrisError
 from iris.collectives.groups import namespace_for
@@ -206,6 +207,8 @@ class FusedOps:
         #: Views of the MoE workspaces as the kernels take them, by what they depend on, so that
         #: an eager call does not cut them again (iris_triton.operations.moe_kernels.memo).
         self._moe_views: dict = {}
+        #: Repeats of earlier calls, by everything the calls' checks and launches depend on.
+        self._repeats = Repeats(context)
         #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).
         self._iris_handle = register_operator_handle(self)
 

@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from iris.calls.repeats import offer
 from iris.errors import IrisError
 from iris_triton.protocol.calls import announce, header_value, headers_of
 from iris_triton.collectives.kernels import (MAX_WORKSPACE_ELEMENTS, _finish, _program_state, _signal_peers,
@@ -335,7 +336,7 @@ def _launch(ctx, out, x, residual, weight, eps, residual_out, two_shot: bool, sh
     front = ctx.frontend
     outputs = (out,) if residual_out is None else (out, residual_out)
     with ctx._call("ops.all_reduce_rmsnorm", outputs):  # on a failure, the host poisons every row of both
-        front.launch(
+        repeat = front.launch(
             all_reduce_rmsnorm_kernel, (max(1, min(ctx.programs, share)),), context=ctx.get_device_context(), x=x,
             residual=residual, weight=weight, out=out, residual_out=out if residual_out is None else residual_out,
             ws=space[:2 * world * region_bytes].view(x.dtype), sync=ctx.collective_sync(), programs=ctx.programs,
@@ -344,3 +345,4 @@ def _launch(ctx, out, x, residual, weight, eps, residual_out, two_shot: bool, sh
             TRACING=ctx.tracing.enabled, RANK=ctx.rank, WORLD=world,
             TWO_SHOT=two_shot, RESIDUAL_OUT=residual_out is not None, SITE=site_code(SITE), BLOCK=block,
             CHUNKS=triton.cdiv(hidden, block), **options)
+    offer(ctx, repeat)  # what an identical call runs (iris.calls.repeats)

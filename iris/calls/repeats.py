@@ -1,0 +1,149 @@
+"""Repeats: what a repeated eager call costs is its launches and a few checks.
+
+A call of ``ctx.ccl`` or ``ctx.ops`` identical to an earlier one (the same method, the same
+tensors by address, shape, strides, dtype and device, the same other arguments) would pass the
+same checks, make the same choices and prepare the same launch as the earlier one did. Where the
+earlier call's device work was one launch (or a fixed sequence of launches) that can be enqueued
+again with the same arguments, its *repeat* (:meth:`iris_triton.device.frontend.Frontend.launch`),
+the method *offers* it (:func:`offer`); the decorator of the public method
+(:func:`iris.calls.routing.declared`) keeps it in the method's object (:class:`Repeats`), under
+the call's key. An identical call later finds it before anything else runs and enqueues it
+inside the least of the fail-stop guard (``ctx._run_repeat``): refused from a second thread and
+on a failed context, as every call is.
+
+A repeat launches with the addresses of the earlier call's tensors and workspaces, and with its
+choices. Every repeat of every context is forgotten (:func:`invalidate`) whenever any may be
+stale: a workspace replaced, a registry of plugins changed (the automatic choice may differ),
+tracing switched (kernels are compiled otherwise), tuning applied, a context destroyed, a call's
+description dropped (a repeat would then run a call its errors could not name). Those are rare,
+so each call checks one number. Under the Triton interpreter kernels have no repeat: every call
+there runs in full.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["MAX_REPEATS", "Repeats", "invalidate", "offer"]
+
+#: Most repeats an object keeps (the oldest is dropped first); each is a key and a callable.
+MAX_REPEATS = 256
+
+#: Bumped by :func:`invalidate`: a repeat kept before it is not used.
+_generation = 0
+
+#: Marks a call that offered more than one repeat: none of them is all of its work.
+_SEVERAL = object()
+
+
+def invalidate() -> None:
+    """Forget every repeat kept so far, in every context (something they depend on changed)."""
+    global _generation
+    _generation += 1
+
+
+class _Offered:
+    """What one call in progress offered (a slot on its context's stack of calls)."""
+
+    __slots__ = ("repeat",)
+
+    def __init__(self):
+        self.repeat = None
+
+
+def offer(context, repeat: Callable[[], None] | None) -> None:
+    """Offer ``repeat`` as all of the device work of the public call now in progress on
+    ``context``: it enqueues that work again, on the then-current stream, for an identical call.
+    A call that offers twice is kept by neither offer (each is only part of its work); a call
+    made by another call offers to the inner one. None: nothing to offer."""
+    calls = context._calls_offering
+    if repeat is not None and calls:
+        slot = calls[-1]
+        slot.repeat = repeat if slot.repeat is None else _SEVERAL
+
+
+def _key(name: str, args: tuple, kwargs: dict) -> tuple:
+    """The key of a call: each tensor by its address, shape, strides and dtype (its device follows
+    from its address: devices' memory and the host's never share addresses in one process), other
+    values with their type (True, 1 and 1.0 make different calls)."""
+    key = [name]
+    for value in args:
+        if type(value) is torch.Tensor:
+            key += (value.data_ptr(), value.shape, value.stride(), value.dtype)
+        else:
+            key += (value.__class__, value)
+    for keyword, value in kwargs.items():
+        if type(value) is torch.Tensor:
+            key += (keyword, value.data_ptr(), value.shape, value.stride(), value.dtype)
+        else:
+            key += (keyword, value.__class__, value)
+    return tuple(key)
+
+
+class Repeats:
+    """The repeats of one ``ctx.ccl`` / ``ctx.ops`` object's calls, by their keys."""
+
+    __slots__ = ("_context", "_kept", "_generation")
+
+    def __init__(self, context):
+        self._context = context
+        self._kept: dict[tuple, tuple[Callable[[], None], str]] = {}
+        self._generation = _generation
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def kept(self, name: str, *args, **kwargs) -> Callable[[], None] | None:
+        """The repeat kept for the call ``name(*args, **kwargs)``, if any (what a benchmark
+        launches bare, beside the call)."""
+        found = self._kept.get(_key(name, args, kwargs)) if self._generation == _generation else None
+        return None if found is None else found[0]
+
+    def run(self, name: str, args: tuple, kwargs: dict) -> bool:
+        """Make the call ``name(*args, **kwargs)`` by its repeat, if one is kept and the guard lets
+        it run at once (``ctx._run_repeat``); False, having done nothing, otherwise."""
+        if self._generation != _generation:
+            self._kept.clear()
+            self._generation = _generation
+        if not self._kept:
+            return False
+        try:
+            found = self._kept.get(_key(name, args, kwargs))
+        except TypeError:  # an argument that cannot be part of a key (a list, say): never kept
+            return False
+        if found is None:
+            return False
+        context = self._context
+        context.workspaces.note_capture()  # no workspace is asked for: a capture is noticed here
+        return context._run_repeat(*found)
+
+    def call(self, declaration, method: Callable, target, args: tuple, kwargs: dict,
+             returned: Callable[[tuple, dict], Any]):
+        """``method(target, *args, **kwargs)``, the call of ``declaration`` in full, keeping the
+        repeat it offers (:func:`offer`) under the call's key where the method returned what
+        ``returned(args, kwargs)`` gives (what a call made by the repeat returns)."""
+        context = self._context
+        calls = context._calls_offering
+        slot = _Offered()
+        calls.append(slot)
+        try:
+            made = method(target, *args, **kwargs)
+        finally:
+            calls.remove(slot)
+        repeat = slot.repeat
+        if repeat is None or repeat is _SEVERAL or context.config.debug or made is not returned(args, kwargs):
+            return made  # debug mode: every call is checked in full
+        try:
+            key = _key(declaration.name, args, kwargs)
+            hash(key)
+        except TypeError:
+            return made
+        if self._generation != _generation:  # the call itself replaced a workspace, say
+            self._kept.clear()
+            self._generation = _generation
+        if len(self._kept) >= MAX_REPEATS:
+            del self._kept[next(iter(self._kept))]
+        self._kept[key] = (repeat, declaration.trace_name)
+        return made

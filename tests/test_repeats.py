@@ -1,0 +1,194 @@
+"""Repeated eager calls (iris.calls.repeats): an identical call runs the earlier call's repeat and
+nothing else, and only where that is safe: a call that differs in any way is checked again, a
+failed context raises, another thread is refused, recorded calls run in full.
+
+Kernels under the interpreter have no repeat, so these tests register collective algorithms whose
+repeats record that they ran (on GPUs the built-in kernels' repeats are timed by
+benchmarks/call_overhead.py and checked by its equality asserts)."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import iris
+from iris.calls.repeats import MAX_REPEATS
+from iris.collectives import Algorithm, algorithm_registry, register_algorithm
+from iris.errors import IrisError, IrisTimeoutError
+from iris_triton.device import frontend
+from iris_triton.protocol.waits import TIMEOUT, site_code
+
+
+@contextmanager
+def _recording(collective: str = "broadcast"):
+    """An algorithm ``test_recording`` of ``collective`` registered for the block: yields the list
+    of what ran, ``"run"`` for a call made in full and ``"repeat"`` for a repeat."""
+    ran: list[str] = []
+
+    def run(call):
+        ran.append("run")
+        return lambda: ran.append("repeat")
+
+    with algorithm_registry(collective).restored():
+        register_algorithm(Algorithm(name="test_recording", collective=collective, run=run, languages=()))
+        yield ran
+
+
+def test_an_identical_call_returns_what_the_call_returns_and_runs_only_the_repeat(ctx):
+    with _recording() as ran:
+        x = ctx.ones(8)
+        assert ctx.ccl.broadcast(x, 0, algorithm="test_recording") is x
+        y = x.view(8)  # another tensor object over the same memory, alike: the same call
+        assert ctx.ccl.broadcast(y, 0, algorithm="test_recording") is y
+        assert ran == ["run", "repeat"]
+
+
+@pytest.mark.parametrize("differs", ["shape", "strides", "dtype", "address", "type of an argument", "option"])
+def test_a_call_that_differs_in_anything_is_checked_again(ctx, differs):
+    with _recording() as ran:
+        x = ctx.zeros(4, 4)
+        ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        again = {"shape": lambda: ctx.ccl.broadcast(x.view(16), 0, algorithm="test_recording"),
+                 "strides": lambda: ctx.ccl.broadcast(x.t(), 0, algorithm="test_recording"),
+                 "dtype": lambda: ctx.ccl.broadcast(x.view(torch.int32), 0, algorithm="test_recording"),
+                 "address": lambda: ctx.ccl.broadcast(ctx.zeros(4, 4), 0, algorithm="test_recording"),
+                 "type of an argument": lambda: ctx.ccl.broadcast(x, False, algorithm="test_recording"),
+                 "option": lambda: ctx.ccl.broadcast(x, 0, algorithm=None)}[differs]
+        if differs in ("strides", "type of an argument"):
+            with pytest.raises(IrisError, match="not contiguous" if differs == "strides" else "src=False"):
+                again()
+        else:
+            again()
+        assert "repeat" not in ran
+
+
+def test_a_failed_context_raises_instead_of_repeating(ctx):
+    with _recording() as ran, iris.create(heap_size="1MiB", device=ctx.device.type) as c:
+        x = c.ones(8)
+        c.ccl.broadcast(x, 0, algorithm="test_recording")
+        c.faults[1] = TIMEOUT.value * 256 + site_code("device_barrier")  # what a give-up leaves
+        c.faults[0] = 1
+        with pytest.raises(IrisTimeoutError, match="gave up"):
+            c.ccl.broadcast(x, 0, algorithm="test_recording")
+        with pytest.raises(IrisTimeoutError, match="failed earlier"):
+            c.ccl.broadcast(x, 0, algorithm="test_recording")
+        assert ran == ["run"]
+        c.faults.zero_()  # destroy() releases without raising again
+
+
+def test_a_call_from_a_second_thread_is_refused_not_repeated(ctx):
+    with _recording() as ran:
+        x = ctx.ones(8)
+        ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        inside, leave = threading.Event(), threading.Event()
+
+        def hold():
+            with ctx._call("test.hold"):
+                inside.set()
+                leave.wait(30)
+
+        other = threading.Thread(target=hold)
+        other.start()
+        try:
+            assert inside.wait(30)
+            with pytest.raises(IrisError, match="another thread is inside a call"):
+                ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        finally:
+            leave.set()
+            other.join()
+        assert ran == ["run"]
+
+
+def test_a_call_recorded_by_the_profiler_runs_in_full(ctx):
+    with _recording() as ran:
+        x = ctx.ones(8)
+        ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        assert ran == ["run", "run"]
+        assert any(event.name == "iris.ccl.broadcast" for event in profile.events())
+
+
+def test_debug_mode_checks_every_call_in_full(ctx):
+    with _recording() as ran, iris.create(heap_size="1MiB", device=ctx.device.type, debug=True) as c:
+        x = c.ones(8)
+        for _ in range(3):
+            c.ccl.broadcast(x, 0, algorithm="test_recording")
+        assert ran == ["run"] * 3
+
+
+def test_a_call_made_inside_another_offers_its_repeat_to_itself(ctx):
+    # The outer call's algorithm makes an inner iris call: each keeps its own repeat, and the
+    # outer one's repeat is only its own launch.
+    ran = []
+    inner_tensor = ctx.ones(4)
+
+    def outer(call):
+        ran.append("outer run")
+        ctx.ccl.all_gather(torch.empty(4 * ctx.world_size, device=ctx.device), inner_tensor.clone(),
+                           algorithm="test_inner")
+        return lambda: ran.append("outer repeat")
+
+    def inner(call):
+        ran.append("inner run")
+        return lambda: ran.append("inner repeat")
+
+    with algorithm_registry("broadcast").restored(), algorithm_registry("all_gather").restored():
+        register_algorithm(Algorithm(name="test_outer", collective="broadcast", run=outer, languages=()))
+        register_algorithm(Algorithm(name="test_inner", collective="all_gather", run=inner, languages=()))
+        x = ctx.ones(8)
+        ctx.ccl.broadcast(x, 0, algorithm="test_outer")
+        ctx.ccl.broadcast(x, 0, algorithm="test_outer")
+    assert ran == ["outer run", "inner run", "outer repeat"]
+
+
+def test_an_asynchronous_call_keeps_its_repeat_for_later_calls(ctx):
+    with _recording() as ran:
+        x = ctx.ones(8)
+        ctx.ccl.broadcast(x, 0, algorithm="test_recording", async_op=True).wait()
+        ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        assert ran == ["run", "repeat"]
+
+
+def test_the_oldest_repeats_are_dropped_past_the_limit(ctx):
+    with _recording() as ran:
+        tensors = [ctx.ones(1) for _ in range(MAX_REPEATS + 1)]
+        for t in tensors:
+            ctx.ccl.broadcast(t, 0, algorithm="test_recording")
+        assert len(ctx.ccl._repeats) == MAX_REPEATS
+        ctx.ccl.broadcast(tensors[-1], 0, algorithm="test_recording")
+        ctx.ccl.broadcast(tensors[0], 0, algorithm="test_recording")
+        assert ran[-2:] == ["repeat", "run"]
+        for t in tensors:
+            ctx.free(t)
+
+
+def test_the_fused_all_reduce_rmsnorm_repeats_its_launch(ctx, monkeypatch):
+    # Under the interpreter the launch has no repeat; a recording one stands in for the compiled
+    # kernel's, so the operation's offer and the identical call's use of it are what is tested.
+    launches = []
+    real = frontend.Frontend.launch
+
+    def launch(self, fn, grid, **arguments):
+        launches.append("launch")
+        real(self, fn, grid, **arguments)
+        return lambda: launches.append("repeat")
+
+    monkeypatch.setattr(frontend.Frontend, "launch", launch)
+    generator = torch.Generator().manual_seed(7)
+    tokens, hidden = 4, 64
+    x = ctx.zeros(tokens, hidden)
+    x.copy_(torch.randn(tokens, hidden, generator=generator))
+    residual, weight = torch.randn(tokens, hidden, generator=generator), torch.rand(hidden, generator=generator)
+    residual, weight = residual.to(ctx.device), weight.to(ctx.device)
+    out = torch.empty_like(residual)
+    assert ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, method="one_shot") is out
+    expected = torch.nn.functional.rms_norm(x * ctx.world_size + residual, (hidden,), weight, 1e-6)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, method="one_shot") is out
+    ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, 1e-5, method="one_shot")  # another eps: in full
+    assert launches == ["launch", "repeat", "launch"]
+    ctx.free(x)
