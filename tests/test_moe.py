@@ -182,11 +182,19 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
         ids = _routing("random", rank, world, k, experts, "b2b", i)
         x, w = _tokens(torch.bfloat16, rank, "b2b", i), _weights(k, rank, "b2b", i)
         calls.append((x, ids, w, ctx.ops.moe_dispatch(x, ids, w, experts)))
+    combine_plans = []
     for i, (x, ids, w, result) in reversed(list(enumerate(calls))):
         _check_result(report, f"back_to_back/{i}", result, _reference_dispatch(x, ids, experts, world, rank, False),
                       world * TOKENS, False, torch.bfloat16)
         y = ctx.ops.moe_combine(_expert_function(result.tokens, None, rank * 2, torch.bfloat16), result.handle)
         report.check(f"combine/back_to_back/{i}", torch.equal(y, _reference_combine(x, ids, w, False, torch.bfloat16)))
+        combine_plans.append(dict(result.handle.plan.combines))
+    # The first call of a shape leaves a plan (iris_triton.operations.moe_plans); the later ones,
+    # of other tensors, run by it (their results checked above).
+    plan = calls[0][3].handle.plan
+    report.check("plans/dispatch", plan is not None and all(result.handle.plan is plan for *_, result in calls))
+    report.check("plans/combine", len(combine_plans[0]) == 1 and all(made == combine_plans[0]
+                                                                   for made in combine_plans))
 
 
 #: The cases compiled with torch.compile (fullgraph): a 16-bit one and fp8.
@@ -404,6 +412,10 @@ def test_dispatch_and_combine_compile_into_one_graph_with_the_eager_results(repo
 def test_combine_is_the_weighted_sum_of_the_expert_outputs(reports):
     assert_rank_checks(reports, "combine/", {f"combine/{name}" for name, *_ in CASES} | {
         f"combine/back_to_back/{i}" for i in range(BACK_TO_BACK)} | {"combine/no_failure"})
+
+
+def test_calls_of_a_shape_made_before_run_by_their_plans(reports):
+    assert_rank_checks(reports, "plans/", {"plans/dispatch", "plans/combine"})
 
 
 def test_bad_arguments_are_refused_on_the_host(reports):

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["MAX_REPEATS", "Repeats", "invalidate", "offer"]
+__all__ = ["MAX_REPEATS", "Repeats", "generation", "invalidate", "offer"]
 
 #: Most repeats an object keeps (the oldest is dropped first); each is a key and a callable.
 MAX_REPEATS = 256
@@ -36,6 +36,12 @@ _generation = 0
 
 #: Marks a call that offered more than one repeat: none of them is all of its work.
 _SEVERAL = object()
+
+
+def generation() -> int:
+    """A number that changes whenever every repeat is forgotten (:func:`invalidate`), for whoever
+    keeps launches of their own (MoE's plans)."""
+    return _generation
 
 
 def invalidate() -> None:
@@ -117,7 +123,7 @@ class Repeats:
             return False
         context = self._context
         context.workspaces.note_capture()  # no workspace is asked for: a capture is noticed here
-        return context._run_repeat(*found)
+        return context._run_repeat(*found) is not None
 
     def call(self, declaration, method: Callable, target, args: tuple, kwargs: dict,
              returned: Callable[[tuple, dict], Any]):

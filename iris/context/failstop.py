@@ -71,6 +71,8 @@ class FailStopMixin:
         self._current_call: tuple[str, int, str] | None = None
         #: What each public call in progress offers to repeat, innermost last (:mod:`iris.calls.repeats`).
         self._calls_offering: list = []
+        #: Whether kernels have finished when their launch returns (CPU ranks' interpreter).
+        self._kernels_finish_in_call = self.device.type != "cuda"
 
     @property
     def failed(self) -> bool:
@@ -85,22 +87,30 @@ class FailStopMixin:
         call fails during it, ``outputs`` are filled with all-ones bits (:func:`poison`)."""
         return _Call(self, name, outputs)
 
-    def _run_repeat(self, repeat: Callable[[], None], name: str) -> bool:
-        """Enqueue ``repeat``, the launches of an earlier identical call (:mod:`iris.calls.repeats`),
-        as the call ``ctx.<name>`` inside the least of its guard; False, having done nothing, where
-        the call needs the whole guard (:meth:`_call`): a failure to raise, a host range to record,
-        another thread inside a call. Nothing is checked after the launch: its kernels have not
-        run yet (they poison what they cannot verify), and the next call raises what they record."""
+    def _run_repeat(self, repeat: Callable[[], Any], name: str,
+                    outputs: Callable[[Any], tuple] = lambda result: ()) -> tuple | None:
+        """Run ``repeat``, which enqueues the launches of an earlier call made again
+        (:mod:`iris.calls.repeats`), as the call ``ctx.<name>`` inside the least of its guard:
+        ``(its result,)``, or None, having done nothing, where the call needs the whole guard
+        (:meth:`_call`): a failure to raise, a host range to record, another thread inside a
+        call. On GPUs nothing is checked after the launch: its kernels have not run yet (they
+        poison what they cannot verify), and the next call raises what they record. On CPU ranks
+        the kernels ran within the call: what they recorded raises now, as the whole guard's
+        check does, and ``outputs(result)`` are poisoned."""
         if self._failure is not None or self._recorded_failure() is not None or self.tracing.records_host_ranges:
-            return False
+            return None
         in_use = self._in_use
         if not in_use.acquire(False):
-            return False
+            return None
         try:
-            repeat()
+            result = repeat()
         finally:
             in_use.release()
-        return True
+        if self._kernels_finish_in_call and self._recorded_failure() is not None:
+            for tensor in outputs(result):
+                poison(tensor)
+            self._raise_if_failed(name)
+        return (result,)
 
     def _raise_if_failed(self, name: str) -> None:
         if self._failure is not None:

@@ -21,7 +21,7 @@ from triton.runtime import driver
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 
-__all__ = ["Frontend", "LaunchCache", "SHARED_SOURCE_LANGUAGES", "TRITON"]
+__all__ = ["Frontend", "LaunchCache", "SHARED_SOURCE_LANGUAGES", "TRITON", "passed"]
 
 #: The kernel languages iris's shared kernel sources compile in (the Triton backend's and the
 #: Gluon backend's front ends): what the collective algorithms written that way declare.
@@ -123,3 +123,22 @@ class LaunchCache:
             self._compiled[key] = _direct_launch(compiled, grid, constexprs)
             return
         runner([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
+
+    def bound(self, grid: tuple, *args, **keywords) -> tuple[Callable[[list], None], list] | None:
+        """The kernel as :meth:`launch` ran it with these arguments, for a caller that launches one
+        specialisation many times and changes only some arguments: ``(runner, values)``, where
+        ``values`` are the runtime arguments as the kernel takes them (:func:`passed`) and
+        ``runner(values)`` launches it on the current stream with ``values`` (a copy of them
+        with some replaced, each tensor by one of the same dtype and 16-byte alignment). None
+        where no compiled kernel was kept (the compile check)."""
+        if INTERPRETING:
+            return (lambda values: self.jitted[grid](*values, **keywords)), list(args)
+        key = (driver.active.get_current_device(), grid, *map(_specialisation, args), *keywords.items())
+        runner = self._compiled.get(key)
+        return None if runner is None else (runner, [passed(a) for a in args])
+
+
+def passed(value):
+    """``value`` as a launch's runtime argument (:meth:`LaunchCache.bound`): a tensor as its
+    address for a compiled kernel, as itself under the interpreter."""
+    return value.data_ptr() if not INTERPRETING and isinstance(value, torch.Tensor) else value

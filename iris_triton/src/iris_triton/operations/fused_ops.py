@@ -36,7 +36,7 @@ from iris.calls.repeats import Repeats
 from iris.calls.routing import declared
 from iris.errors import IrisError
 from iris.collectives.groups import namespace_for
-from iris_triton.operations import moe
+from iris_triton.operations import moe, moe_plans
 from iris_triton.operations.copy_engine import CopyEngineOps
 from iris_triton.operations.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
 from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_TILES, LINK_BYTES_PER_SECOND,
@@ -121,17 +121,20 @@ def _guarded(operation):
     return call
 
 
-def _compiled_as(compiled):
+def _compiled_as(compiled, again):
     """Decorate a public method whose results are not declared outputs (MoE's): under
     torch.compile it runs ``compiled(self, *args, **kwargs)``, which calls its custom operator,
-    instead of the method (whose guard Dynamo cannot trace)."""
+    instead of the method (whose guard Dynamo cannot trace); eagerly, ``again(self, *args,
+    **kwargs)`` first, which makes a call of a shape made before by its plan, or returns None
+    (:mod:`iris_triton.operations.moe_plans`)."""
 
     def decorate(method):
         @functools.wraps(method)
         def call(self, *args, **kwargs):
             if torch.compiler.is_compiling():
                 return compiled(self, *args, **kwargs)
-            return method(self, *args, **kwargs)
+            made = again(self, *args, **kwargs)
+            return method(self, *args, **kwargs) if made is None else made
 
         call.__iris_operator__ = method.__name__
         return call
@@ -207,6 +210,8 @@ class FusedOps:
         #: Views of the MoE workspaces as the kernels take them, by what they depend on, so that
         #: an eager call does not cut them again (iris_triton.operations.moe_kernels.memo).
         self._moe_views: dict = {}
+        #: Plans of MoE calls of the shapes made so far (iris_triton.operations.moe_plans).
+        self._moe_plans = moe_plans.Plans()
         #: Repeats of earlier calls, by everything the calls' checks and launches depend on.
         self._repeats = Repeats(context)
         #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).
@@ -409,7 +414,7 @@ class FusedOps:
         methods = tuple(m for m in self.method_names() if m != "fused")  # each tile of fused by its name
         return tune_matmul(self, operation, methods, n, k, rows, dtypes, repeats=repeats, save=save, timer=timer)
 
-    @_compiled_as(moe.compiled_dispatch)
+    @_compiled_as(moe.compiled_dispatch, moe_plans.dispatch_again)
     @_guarded
     def moe_dispatch(self, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                      num_experts: int, *, capacity: int | None = None, fp8: bool = False):
@@ -426,7 +431,7 @@ class FusedOps:
         torch.compile the call is the operator ``torch.ops.iris.moe_dispatch`` (docs/moe.md)."""
         return moe.dispatch(self, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
 
-    @_compiled_as(moe.compiled_combine)
+    @_compiled_as(moe.compiled_combine, moe_plans.combine_again)
     @_guarded
     def moe_combine(self, expert_out: torch.Tensor, handle) -> torch.Tensor:
         """The inverse of :meth:`moe_dispatch`: ``expert_out`` (``[local experts, capacity,

@@ -70,6 +70,9 @@ class MoeHandle:
     sequence: int | None
     """The dispatch's number on the host, to refuse a stale combine at once; None in compiled code,
     where the device refuses it."""
+    plan: object = None
+    """The dispatch's plan (:mod:`iris_triton.operations.moe_plans`), which plans its combines;
+    None where it has none (compiled code, the interpreter's quantized fp8)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -154,11 +157,13 @@ def dispatch(ops, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
 
     ctx = ops._context
     _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
-    capacity = ctx.world_size * tokens.shape[0] if capacity is None else capacity
-    slot, counts, positions, call, sequence = moe_kernels.dispatch(ops, tokens, topk_ids, topk_weights, num_experts,
-                                                                   capacity, fp8)
-    return _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
-                   sequence)
+    rows = ctx.world_size * tokens.shape[0] if capacity is None else capacity
+    slot, counts, positions, call, sequence, plan = moe_kernels.dispatch(ops, tokens, topk_ids, topk_weights,
+                                                                         num_experts, rows, fp8)
+    if plan is not None:
+        plan.keep_for(tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
+    return _result(ops, tokens, topk_ids, topk_weights, num_experts, rows, fp8, slot, counts, positions, call,
+                   sequence, plan)
 
 
 def compiled_dispatch(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity=None, fp8=False) -> MoeDispatch:
@@ -168,11 +173,11 @@ def compiled_dispatch(ops, tokens, topk_ids, topk_weights, num_experts, *, capac
     slot, counts, positions, call = torch.ops.iris.moe_dispatch(tokens, topk_ids, topk_weights, ops._iris_handle,
                                                                 num_experts, capacity, fp8)
     return _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
-                   None)
+                   None, None)
 
 
 def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
-            sequence) -> MoeDispatch:
+            sequence, plan) -> MoeDispatch:
     from iris_triton.operations.moe_kernels import carve_slot, carved
 
     dtype = torch.float8_e4m3fn if fp8 else tokens.dtype
@@ -182,7 +187,7 @@ def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slo
         buffers = carved(ops, slot, ops._world_size, num_experts, capacity, tokens.shape[1], dtype)
     handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids,
                        topk_weights=topk_weights, positions=positions, call=call, counts=counts, slot=slot,
-                       sequence=sequence)
+                       sequence=sequence, plan=plan)
     return MoeDispatch(tokens=buffers["data"], scales=buffers["scales"] if fp8 else None, counts=counts,
                        source_rank=buffers["source_rank"], source_index=buffers["source_index"], handle=handle)
 
@@ -219,8 +224,11 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
     if expert_out.shape[:2] != (L, handle.capacity):
         raise IrisError(f"moe_combine: expert_out has shape {tuple(expert_out.shape)}; it needs [local experts, "
                         f"capacity, hidden] = [{L}, {handle.capacity}, hidden], as the dispatch's tokens")
-    return moe_kernels.combine(ops, expert_out, handle.topk_ids, handle.topk_weights, handle.positions, handle.call,
-                               handle.counts, handle.slot, handle.num_experts, handle.capacity)
+    out, launches = moe_kernels.combine(ops, expert_out, handle.topk_ids, handle.topk_weights, handle.positions,
+                                        handle.call, handle.counts, handle.slot, handle.num_experts, handle.capacity)
+    if handle.plan is not None and all(t.is_contiguous() for t in (expert_out, handle.topk_weights)):
+        handle.plan.keep_combine(expert_out, launches, handle, out)
+    return out
 
 
 def compiled_combine(ops, expert_out, handle) -> torch.Tensor:

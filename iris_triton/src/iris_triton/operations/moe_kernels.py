@@ -24,6 +24,9 @@ parity and are passed to the kernels as addresses.
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import triton
 import triton.language as tl
 
@@ -337,60 +340,114 @@ def carved(ops, slot, world: int, experts: int, capacity: int, hidden: int, dtyp
 def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int, fp8: bool):
     """``ctx.ops.moe_dispatch`` by the two kernels above (arguments checked:
     :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert: ``(slot, counts,
-    positions, call, sequence)``: this call's slot of the receive buffers (uint8, valid until the
-    dispatch after next; :func:`carve_slot` cuts it into the result's tensors), the rows each
+    positions, call, sequence, plan)``: this call's slot of the receive buffers (uint8, valid until
+    the dispatch after next; :func:`carve_slot` cuts it into the result's tensors), the rows each
     local expert received (int32 ``[L]``), each pair's position among its expert's rows from this
-    rank (int32 ``[T, k]``), the call's number on the device (int32 ``[1]``) and on the host."""
+    rank (int32 ``[T, k]``), the call's number on the device (int32 ``[1]``) and on the host, and
+    the call's plan (:mod:`iris_triton.operations.moe_plans`; None where it has none)."""
     import torch
 
     from iris_triton.operations.fused_ops import _announced_call
-    from iris_triton.operations.moe_routing import ROUTE_BLOCK
+    from iris_triton.operations.moe_plans import DispatchPlan
 
     ctx = ops._context
-    world, rank = ctx.world_size, ctx.rank
     (T, H), k = tokens.shape, topk_ids.shape[1]
-    E, L = num_experts, num_experts // world
-    control = _control(ops)
-    calls, headers, table_flags, done_flags = (control[name] for name in ("calls", "headers", "table", "done"))
     dtype = torch.float8_e4m3fn if fp8 else tokens.dtype
-    size = slot_bytes(world, E, capacity, H, dtype.itemsize)
-    space = ctx.workspaces.get("moe_slots", 2 * size, fill=0)
     sequence = ops._moe_calls
     ops._moe_calls = sequence + 1
     parity = sequence & 1
-    slot = memo(ops, ("space", space.data_ptr(), parity, size), lambda: space[parity * size:(parity + 1) * size])
-    buffers = carved(ops, slot, world, E, capacity, H, dtype)
-    table, data, scales = buffers["table"], buffers["data"], buffers["scales"]
-    source_rank, source_index, source_slot = (buffers[name] for name in ("source_rank", "source_index",
-                                                                         "source_slot"))
-    counts = torch.empty(L, dtype=torch.int32, device=ctx.device)
+    counts = torch.empty(num_experts // ctx.world_size, dtype=torch.int32, device=ctx.device)
     call = torch.empty(1, dtype=torch.int32, device=ctx.device)
     positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
-    chunks = max(1, -(-T // ROUTE_BLOCK))
-    chunk_counts = torch.empty(chunks, E + 1, dtype=torch.int32, device=ctx.device)
-    ids = topk_ids.contiguous()
-    x, token_scales = tokens.contiguous(), None
+    x, token_scales, ids = tokens.contiguous(), None, topk_ids.contiguous()
     quantized = fp8 and ctx.kernel_device_type == "cpu"  # the interpreter's float8 conversion is wrong
     if quantized:
         amax = x.float().abs().amax(dim=1)
         token_scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
-    e_block, k_block = bucket(E), bucket(k)
-    programs, block_h, warps = _launch(ctx, H)
-    context = ctx.get_device_context()
-    outputs = (data, scales, counts, source_rank, source_index, source_slot)
-    with ctx._call("ops.moe_dispatch", outputs), _announced_call(ctx, "moe_dispatch", (tokens, topk_ids,
-                                                                                       topk_weights), "direct") as sig:
-        _ROUTE.launch((chunks,), context, ids, positions, chunk_counts, control["routed"], calls, call, headers,
-                      table, table_flags, sig, T, E, K=k, K_BLOCK=k_block, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK,
-                      RANK=rank, WORLD=world)
-        _PUSH.launch((programs,), context, x, token_scales if quantized else scales, ids, positions, chunk_counts,
-                     calls, headers, table, table_flags, done_flags, control["pushed"], counts, data, scales,
-                     source_rank, source_index, source_slot, sig, T, H, E, L, capacity, K=k, K_BLOCK=k_block,
-                     E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, BLOCK_H=block_h,
-                     PROGRAMS_BLOCK=bucket(programs), FP8=fp8, QUANTIZED=quantized, RANK=rank,
-                     WORLD=world, **warps)
-    return slot, counts, positions, call, sequence
+    with _announced_call(ctx, "moe_dispatch", (tokens, topk_ids, topk_weights), "direct") as signature:
+        launches = DispatchLaunches.of(ops, T, H, k, num_experts, capacity, dtype, signature, quantized)
+        buffers = launches.buffers[parity]
+        outputs = (buffers["data"], buffers["scales"], counts, buffers["source_rank"], buffers["source_index"],
+                   buffers["source_slot"])
+        with ctx._call("ops.moe_dispatch", outputs):
+            launches.launch(parity, x, token_scales, ids, positions, counts, call)
+    plannable = not quantized and x is tokens and ids is topk_ids and topk_weights.is_contiguous()
+    plan = DispatchPlan.of(ops, launches, parity, x, ids, positions, counts, call, num_experts, capacity, fp8) \
+        if plannable else None
+    return launches.slots[parity], counts, positions, call, sequence, plan
+
+
+@attrs.define(eq=False)
+class DispatchLaunches:
+    """The two launches of a dispatch of one shape on one ``ctx.ops``, prepared for both parities
+    of the receive buffers: what :func:`dispatch` launches, and its plans
+    (:mod:`iris_triton.operations.moe_plans`) again."""
+
+    slots: tuple
+    """The receive buffers' two slots (uint8 views of the workspace)."""
+    buffers: tuple
+    """Each slot carved (:func:`carve_slot`)."""
+    context: Any
+    control: dict
+    chunk_counts: Any
+    """Each chunk's counts (scratch between the two launches of a call)."""
+    signature: int
+    shape: tuple
+    """``(T, H, E, L, capacity)``."""
+    route_grid: tuple
+    route_constexprs: dict
+    push_grid: tuple
+    push_constexprs: dict
+    quantized: bool
+
+    @classmethod
+    def of(cls, ops, T: int, H: int, k: int, E: int, capacity: int, dtype, signature: int,
+           quantized: bool) -> "DispatchLaunches":
+        import torch
+
+        from iris_triton.operations.moe_routing import ROUTE_BLOCK
+
+        ctx = ops._context
+        world, rank = ctx.world_size, ctx.rank
+        size = slot_bytes(world, E, capacity, H, dtype.itemsize)
+        space = ctx.workspaces.get("moe_slots", 2 * size, fill=0)
+        slots = tuple(memo(ops, ("space", space.data_ptr(), p, size), lambda p=p: space[p * size:(p + 1) * size])
+                      for p in (0, 1))
+        chunks = max(1, -(-T // ROUTE_BLOCK))
+        e_block, k_block = bucket(E), bucket(k)
+        programs, block_h, warps = _launch(ctx, H)
+        common = dict(K=k, K_BLOCK=k_block, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
+        return cls(slots=slots, buffers=tuple(carved(ops, slot, world, E, capacity, H, dtype) for slot in slots),
+                   context=ctx.get_device_context(), control=_control(ops),
+                   chunk_counts=memo(ops, ("chunk_counts", chunks, E),
+                                     lambda: torch.empty(chunks, E + 1, dtype=torch.int32, device=ctx.device)),
+                   signature=signature, shape=(T, H, E, E // world, capacity), route_grid=(chunks,),
+                   route_constexprs=common, push_grid=(programs,),
+                   push_constexprs=dict(common, BLOCK_H=block_h, PROGRAMS_BLOCK=bucket(programs),
+                                        FP8=dtype == torch.float8_e4m3fn, QUANTIZED=quantized, **warps),
+                   quantized=quantized)
+
+    def route_arguments(self, parity: int, ids, positions, call) -> tuple:
+        """:func:`announce_route_kernel`'s runtime arguments for a call."""
+        control, T, E = self.control, self.shape[0], self.shape[2]
+        return (self.context, ids, positions, self.chunk_counts, control["routed"], control["calls"], call,
+                control["headers"], self.buffers[parity]["table"], control["table"], self.signature, T, E)
+
+    def push_arguments(self, parity: int, x, token_scales, ids, positions, counts) -> tuple:
+        """:func:`push_kernel`'s runtime arguments for a call (``token_scales``: the quantized
+        tokens' scales, or None)."""
+        control, b = self.control, self.buffers[parity]
+        return (self.context, x, b["scales"] if token_scales is None else token_scales, ids, positions,
+                self.chunk_counts, control["calls"], control["headers"], b["table"], control["table"],
+                control["done"], control["pushed"], counts, b["data"], b["scales"], b["source_rank"],
+                b["source_index"], b["source_slot"], self.signature, *self.shape)
+
+    def launch(self, parity: int, x, token_scales, ids, positions, counts, call) -> None:
+        """Launch both kernels for a call (through the JIT's cache: :class:`LaunchCache`)."""
+        _ROUTE.launch(self.route_grid, *self.route_arguments(parity, ids, positions, call), **self.route_constexprs)
+        _PUSH.launch(self.push_grid, *self.push_arguments(parity, x, token_scales, ids, positions, counts),
+                     **self.push_constexprs)
 
 
 def _control(ops) -> dict:
@@ -423,35 +480,80 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
             capacity: int):
     """``ctx.ops.moe_combine`` by :func:`return_kernel` and :func:`reduce_kernel` (arguments
     checked: :func:`iris_triton.operations.moe.combine`; the rest is the dispatch's, as
-    :func:`dispatch` returned it): ``[T, hidden]`` in ``expert_out``'s dtype. The dispatch's
-    parity (which half of the return buffers) is read on the device from its number."""
+    :func:`dispatch` returned it): ``([T, hidden]`` in ``expert_out``'s dtype``, launches)``, the
+    launches (:class:`CombineLaunches`) for the call's plan. The dispatch's parity (which half of
+    the return buffers) is read on the device from its number."""
     import torch
 
     from iris_triton.operations.fused_ops import _announced_call
 
     ctx = ops._context
-    world, rank = ctx.world_size, ctx.rank
-    (T, k), (L, _, H) = topk_ids.shape, expert_out.shape
-    element = expert_out.element_size()
-    back_stride = _aligned(T * k * H * element) // element
-    back = ctx.workspaces.get("moe_back", 2 * back_stride * element).view(expert_out.dtype)
-    control = _control(ops)
-    buffers = carved(ops, slot, world, num_experts, capacity, 0, torch.uint8)  # the sources lie before the data
+    T, H = topk_ids.shape[0], expert_out.shape[2]
     out = torch.empty(T, H, dtype=expert_out.dtype, device=ctx.device)
-    programs, block_h, warps = _launch(ctx, H)
-    context = ctx.get_device_context()
-    sources = (buffers["source_rank"], buffers["source_index"], buffers["source_slot"])
     x, ids, weights = expert_out.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
     with ctx._call("ops.moe_combine", (out,)), _announced_call(ctx, "moe_combine", (expert_out, topk_ids,
                                                                                    topk_weights), "direct") as sig:
-        _RETURN.launch((programs,), context, x, counts, *sources, call, control["calls"], back, control["back"],
-                       back_stride, control["combine_headers"], sig, H, L, capacity, K=k, BLOCK_H=block_h, RANK=rank,
-                       WORLD=world, **warps)
-        _REDUCE.launch((programs,), context, out, x, back, control["back"], back_stride, programs, buffers["table"],
-                       ids, positions, weights, call, control["calls"], T, H, num_experts, L, capacity, K=k,
-                       BLOCK_H=block_h, PROGRAMS_BLOCK=bucket(programs), RANK=rank, WORLD=world,
-                       **warps)
-    return out
+        launches = CombineLaunches.of(ops, expert_out, T, topk_ids.shape[1], num_experts, capacity, sig)
+        launches.launch(slot, out, x, ids, positions, weights, counts, call)
+    return out, launches
+
+
+@attrs.define(eq=False)
+class CombineLaunches:
+    """The two launches of a combine of one shape on one ``ctx.ops``: what :func:`combine`
+    launches, and its plans (:mod:`iris_triton.operations.moe_plans`) again."""
+
+    ops: Any
+    context: Any
+    control: dict
+    back: Any
+    back_stride: int
+    signature: int
+    shape: tuple
+    """``(T, H, E, L, capacity)``."""
+    grid: tuple
+    return_constexprs: dict
+    reduce_constexprs: dict
+
+    @classmethod
+    def of(cls, ops, expert_out, T: int, k: int, E: int, capacity: int, signature: int) -> "CombineLaunches":
+        ctx = ops._context
+        (L, _, H), element = expert_out.shape, expert_out.element_size()
+        back_stride = _aligned(T * k * H * element) // element
+        programs, block_h, warps = _launch(ctx, H)
+        common = dict(K=k, BLOCK_H=block_h, RANK=ctx.rank, WORLD=ctx.world_size, **warps)
+        return cls(ops=ops, context=ctx.get_device_context(), control=_control(ops),
+                   back=ctx.workspaces.get("moe_back", 2 * back_stride * element).view(expert_out.dtype),
+                   back_stride=back_stride, signature=signature, shape=(T, H, E, L, capacity), grid=(programs,),
+                   return_constexprs=common, reduce_constexprs=dict(common, PROGRAMS_BLOCK=bucket(programs)))
+
+    def sources(self, slot) -> dict:
+        """The dispatch's ``slot`` carved: its sources and its routing table."""
+        import torch
+
+        ctx = self.ops._context
+        T, H, E, L, capacity = self.shape
+        return carved(self.ops, slot, ctx.world_size, E, capacity, 0, torch.uint8)  # the sources lie before the data
+
+    def return_arguments(self, buffers: dict, x, counts, call) -> tuple:
+        """:func:`return_kernel`'s runtime arguments for a call (``buffers``: :meth:`sources`)."""
+        T, H, E, L, capacity = self.shape
+        return (self.context, x, counts, buffers["source_rank"], buffers["source_index"], buffers["source_slot"],
+                call, self.control["calls"], self.back, self.control["back"], self.back_stride,
+                self.control["combine_headers"], self.signature, H, L, capacity)
+
+    def reduce_arguments(self, buffers: dict, out, x, ids, positions, weights, call) -> tuple:
+        """:func:`reduce_kernel`'s runtime arguments for a call."""
+        T, H, E, L, capacity = self.shape
+        return (self.context, out, x, self.back, self.control["back"], self.back_stride, self.grid[0],
+                buffers["table"], ids, positions, weights, call, self.control["calls"], T, H, E, L, capacity)
+
+    def launch(self, slot, out, x, ids, positions, weights, counts, call) -> None:
+        """Launch both kernels for a call (through the JIT's cache: :class:`LaunchCache`)."""
+        buffers = self.sources(slot)
+        _RETURN.launch(self.grid, *self.return_arguments(buffers, x, counts, call), **self.return_constexprs)
+        _REDUCE.launch(self.grid, *self.reduce_arguments(buffers, out, x, ids, positions, weights, call),
+                       **self.reduce_constexprs)
 
 
 # -- combine -----------------------------------------------------------------------------------------

@@ -1,0 +1,246 @@
+"""Eager MoE calls by plan: a dispatch or combine of a shape made before costs its two launches
+and little else.
+
+A full ``ctx.ops.moe_dispatch`` checks its arguments, prepares its two launches for both parities
+of the receive buffers (:class:`~iris_triton.operations.moe_kernels.DispatchLaunches`) and leaves
+a :class:`DispatchPlan`, kept by the ``ctx.ops`` object under what the checks read of the
+arguments (:func:`dispatch_key`: the tensors' shapes, strides, dtypes, devices and alignment,
+the options; not their addresses, which change from call to call). A later dispatch of the same
+key allocates its own outputs, puts its tensors' addresses into the prepared arguments and
+launches the compiled kernels directly, inside the least of the fail-stop guard
+(``ctx._run_repeat``); its result is a handle as the full call makes. A combine of a planned
+dispatch's handle is planned likewise (:class:`CombinePlan`, by ``expert_out``'s layout).
+
+Plans are forgotten with the repeats of :mod:`iris.calls.repeats` (a workspace replaced, ...).
+Under the interpreter kernels are launched through it with the same arguments, so the plans are
+tested on CPU ranks as they run on GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from iris.calls import repeats
+from iris_triton.device.frontend import passed
+from iris_triton.operations.moe import MoeDispatch, MoeHandle
+
+__all__ = ["CombinePlan", "DispatchPlan", "Plans", "combine_again", "dispatch_again", "dispatch_key"]
+
+#: Plans a ``ctx.ops`` object keeps (the oldest is dropped first): a few shapes' worth.
+MAX_PLANS = 64
+
+
+def _layout(tensor: torch.Tensor) -> tuple:
+    """What a plan depends on of a tensor: what the checks read and what the kernels were
+    compiled for (16-byte alignment)."""
+    return tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor.data_ptr() % 16 == 0
+
+
+def dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8) -> tuple:
+    """A dispatch's key among the plans; TypeError or AttributeError for arguments that cannot
+    be planned (the full call then says what is wrong)."""
+    return (_layout(tokens), _layout(topk_ids), _layout(topk_weights), num_experts.__class__, num_experts,
+            capacity.__class__, capacity, fp8.__class__, fp8)
+
+
+@attrs.define
+class Plans:
+    """The plans of one ``ctx.ops`` object, by key, while the repeats they go with are valid."""
+
+    generation: int = attrs.field(factory=repeats.generation)
+    by_key: dict = attrs.field(factory=dict)
+
+    def get(self, key: tuple):
+        if self.generation != repeats.generation():
+            self.by_key.clear()
+            self.generation = repeats.generation()
+        return self.by_key.get(key)
+
+    def keep(self, key: tuple, plan) -> None:
+        self.get(key)  # forgets those of an earlier generation
+        if len(self.by_key) >= MAX_PLANS:
+            del self.by_key[next(iter(self.by_key))]
+        self.by_key[key] = plan
+
+
+def _bound(cache, grid: tuple, arguments: tuple, constexprs: dict, per_call: tuple[str, ...]):
+    """``(runner, values, indices)``: the launch of ``cache``'s kernel with ``arguments``
+    (:meth:`LaunchCache.bound`) and where the runtime arguments named ``per_call`` lie in
+    ``values``; None where no compiled kernel was kept."""
+    bound = cache.bound(grid, *arguments, **constexprs)
+    if bound is None:
+        return None
+    names = cache.jitted.arg_names
+    return (*bound, tuple(names.index(name) for name in per_call))
+
+
+def _launch(bound, values: tuple) -> None:
+    """Launch ``bound`` (:func:`_bound`) with ``values`` for its per-call arguments."""
+    runner, template, indices = bound
+    filled = template.copy()
+    for index, value in zip(indices, values):
+        filled[index] = passed(value)
+    runner(filled)
+
+
+@attrs.define(eq=False)
+class DispatchPlan:
+    """A dispatch of one key, prepared: both launches for each parity, with the per-call
+    arguments' places."""
+
+    ops: Any
+    launches: Any
+    """The :class:`~iris_triton.operations.moe_kernels.DispatchLaunches`."""
+    route: tuple
+    """Per parity, the routing launch (:func:`_bound`), per call ``ids, positions, call``."""
+    push: tuple
+    """Per parity, the pushing launch, per call ``tokens, ids, positions, counts``."""
+    num_experts: int
+    capacity: int
+    fp8: bool
+    generation: int = attrs.field(factory=repeats.generation)
+    combines: dict = attrs.field(factory=dict)
+    """Plans of combines of this plan's dispatches, by ``expert_out``'s layout."""
+
+    @classmethod
+    def of(cls, ops, launches, parity: int, x, ids, positions, counts, call, num_experts: int, capacity: int,
+           fp8: bool) -> "DispatchPlan | None":
+        """The plan of a dispatch just launched with these tensors (None where it has none)."""
+        from iris_triton.operations.moe_kernels import _PUSH, _ROUTE
+
+        route, push = [], []
+        for p in (parity, 1 - parity):
+            route.append(_bound(_ROUTE, launches.route_grid, launches.route_arguments(p, ids, positions, call),
+                                launches.route_constexprs, ("ids", "positions", "call_out")))
+            push.append(_bound(_PUSH, launches.push_grid, launches.push_arguments(p, x, None, ids, positions, counts),
+                               launches.push_constexprs, ("tokens", "ids", "positions", "counts")))
+        if None in route or None in push:
+            return None
+        order = slice(None) if parity == 0 else slice(None, None, -1)
+        return cls(ops=ops, launches=launches, route=tuple(route[order]), push=tuple(push[order]),
+                   num_experts=num_experts, capacity=capacity, fp8=fp8)
+
+    def keep_for(self, tokens, topk_ids, topk_weights, num_experts, capacity, fp8) -> None:
+        """Keep this plan for dispatches of these arguments' key (:func:`dispatch_key`)."""
+        self.ops._moe_plans.keep(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8), self)
+
+    def keep_combine(self, expert_out, launches, handle: MoeHandle, out) -> None:
+        """Keep the plan of a combine of one of this plan's dispatches, just launched with
+        ``expert_out`` (contiguous) into ``out`` (:class:`CombinePlan`)."""
+        plan = CombinePlan.of(self, launches, handle, out, expert_out)
+        if plan is not None:
+            if len(self.combines) >= MAX_PLANS:
+                self.combines.clear()
+            self.combines[_layout(expert_out)] = plan
+
+    def run(self, tokens, topk_ids, topk_weights) -> MoeDispatch:
+        """The dispatch of these arguments (of this plan's key), launched."""
+        ops = self.ops
+        T, _, _, L, _ = self.launches.shape
+        device = tokens.device
+        sequence = ops._moe_calls
+        ops._moe_calls = sequence + 1
+        parity = sequence & 1
+        counts = torch.empty(L, dtype=torch.int32, device=device)
+        call = torch.empty(1, dtype=torch.int32, device=device)
+        positions = torch.empty(T, topk_ids.shape[1], dtype=torch.int32, device=device)
+        _launch(self.route[parity], (topk_ids, positions, call))
+        _launch(self.push[parity], (tokens, topk_ids, positions, counts))
+        buffers = self.launches.buffers[parity]
+        handle = MoeHandle(ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
+                           topk_weights=topk_weights, positions=positions, call=call, counts=counts,
+                           slot=self.launches.slots[parity], sequence=sequence, plan=self)
+        return MoeDispatch(tokens=buffers["data"], scales=buffers["scales"] if self.fp8 else None, counts=counts,
+                           source_rank=buffers["source_rank"], source_index=buffers["source_index"], handle=handle)
+
+
+@attrs.define(eq=False)
+class CombinePlan:
+    """A combine of one planned dispatch's handles and one ``expert_out`` layout, prepared."""
+
+    launches: Any
+    """The :class:`~iris_triton.operations.moe_kernels.CombineLaunches`."""
+    returns: tuple
+    """Per parity of the dispatch, the returning launch (:func:`_bound`), per call
+    ``expert_out, counts, call_in``."""
+    reduces: tuple
+    """Per parity, the reducing launch, per call ``out, expert_out, ids, positions, weights, call_in``."""
+
+    @classmethod
+    def of(cls, dispatch: DispatchPlan, launches, handle: MoeHandle, out, x) -> "CombinePlan | None":
+        """The plan of a combine of ``handle`` (of ``dispatch``) just launched with these tensors."""
+        from iris_triton.operations.moe_kernels import _REDUCE, _RETURN
+
+        returns, reduces = [], []
+        for slot in dispatch.launches.slots:
+            buffers = launches.sources(slot)
+            returns.append(_bound(_RETURN, launches.grid, launches.return_arguments(buffers, x, handle.counts,
+                                                                                    handle.call),
+                                  launches.return_constexprs, ("expert_out", "counts", "call_in")))
+            reduces.append(_bound(_REDUCE, launches.grid,
+                                  launches.reduce_arguments(buffers, out, x, handle.topk_ids, handle.positions,
+                                                            handle.topk_weights, handle.call),
+                                  launches.reduce_constexprs,
+                                  ("out", "expert_out", "ids", "positions", "weights", "call_in")))
+        if None in returns or None in reduces:
+            return None
+        return cls(launches=launches, returns=tuple(returns), reduces=tuple(reduces))
+
+    def run(self, expert_out, handle: MoeHandle) -> torch.Tensor:
+        """The combine of ``expert_out`` for ``handle`` (of this plan's key), launched."""
+        T, H = self.launches.shape[:2]
+        out = torch.empty(T, H, dtype=expert_out.dtype, device=expert_out.device)
+        parity = handle.sequence & 1
+        _launch(self.returns[parity], (expert_out, handle.counts, handle.call))
+        _launch(self.reduces[parity], (out, expert_out, handle.topk_ids, handle.positions, handle.topk_weights,
+                                       handle.call))
+        return out
+
+
+def _dispatch_outputs(made: MoeDispatch) -> tuple:
+    """What a failed dispatch poisons: every tensor of its result (:func:`moe_kernels.dispatch`)."""
+    buffers = made.handle.plan.launches.buffers[made.handle.sequence & 1]
+    return tuple(buffers[name] for name in ("data", "scales", "source_rank", "source_index", "source_slot")) + \
+        (made.counts,)
+
+
+def dispatch_again(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity=None, fp8=False):
+    """``ops.moe_dispatch(...)`` by its plan, or None (having done nothing) where it has none or
+    the call needs the full guard."""
+    plans = ops._moe_plans
+    if not plans.by_key:
+        return None
+    try:
+        plan = plans.get(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8))
+    except (AttributeError, TypeError):
+        return None
+    if plan is None:
+        return None
+    ctx = ops._context
+    ctx.workspaces.note_capture()
+    ran = ctx._run_repeat(lambda: plan.run(tokens, topk_ids, topk_weights), "ops.moe_dispatch", _dispatch_outputs)
+    return None if ran is None else ran[0]
+
+
+def combine_again(ops, expert_out, handle):
+    """``ops.moe_combine(expert_out, handle)`` by its plan, or None (having done nothing) where
+    it has none, the handle is stale or the call needs the full guard."""
+    if type(handle) is MoeDispatch:
+        handle = handle.handle
+    dispatch = getattr(handle, "plan", None)
+    if dispatch is None or dispatch.ops is not ops or dispatch.generation != repeats.generation() or \
+            ops._moe_calls - handle.sequence > 2:
+        return None  # the full call refuses a stale handle, saying so
+    try:
+        plan = dispatch.combines.get(_layout(expert_out))
+    except (AttributeError, TypeError):
+        return None
+    if plan is None:
+        return None
+    ctx = ops._context
+    ctx.workspaces.note_capture()
+    ran = ctx._run_repeat(lambda: plan.run(expert_out, handle), "ops.moe_combine", lambda out: (out,))
+    return None if ran is None else ran[0]
