@@ -372,7 +372,9 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
                    buffers["source_slot"])
         with ctx._call("ops.moe_dispatch", outputs):
             launches.launch(parity, x, token_scales, ids, positions, counts, call)
-    plannable = not quantized and x is tokens and ids is topk_ids and topk_weights.is_contiguous()
+    # Debug mode checks every call's ids on the host: no plan skips that.
+    plannable = not (quantized or ctx.config.debug) and x is tokens and ids is topk_ids and \
+        topk_weights.is_contiguous()
     plan = DispatchPlan.of(ops, launches, parity, x, ids, positions, counts, call, num_experts, capacity, fp8) \
         if plannable else None
     return launches.slots[parity], counts, positions, call, sequence, plan
