@@ -192,3 +192,15 @@ def test_the_fused_all_reduce_rmsnorm_repeats_its_launch(ctx, monkeypatch):
     ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, 1e-5, method="one_shot")  # another eps: in full
     assert launches == ["launch", "repeat", "launch"]
     ctx.free(x)
+
+
+def test_a_parameter_is_known_by_its_memory_not_its_identity(ctx):
+    # An nn.Parameter (a tensor subclass) whose data is replaced is another call's tensor.
+    with _recording() as ran:
+        a, b = ctx.ones(8), ctx.ones(8)
+        weight = torch.nn.Parameter(a, requires_grad=False)
+        ctx.ccl.broadcast(weight, 0, algorithm="test_recording")
+        ctx.ccl.broadcast(weight, 0, algorithm="test_recording")
+        weight.data = b
+        ctx.ccl.broadcast(weight, 0, algorithm="test_recording")
+        assert ran == ["run", "repeat", "run"]

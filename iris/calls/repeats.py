@@ -76,12 +76,12 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple:
     values with their type (True, 1 and 1.0 make different calls)."""
     key = [name]
     for value in args:
-        if type(value) is torch.Tensor:
+        if isinstance(value, torch.Tensor):  # a subclass too (nn.Parameter): by its address, never its identity
             key += (value.data_ptr(), value.shape, value.stride(), value.dtype)
         else:
             key += (value.__class__, value)
     for keyword, value in kwargs.items():
-        if type(value) is torch.Tensor:
+        if isinstance(value, torch.Tensor):
             key += (keyword, value.data_ptr(), value.shape, value.stride(), value.dtype)
         else:
             key += (keyword, value.__class__, value)
