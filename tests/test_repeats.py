@@ -69,14 +69,17 @@ def test_a_failed_context_raises_instead_of_repeating(ctx):
     with _recording() as ran, iris.create(heap_size="1MiB", device=ctx.device.type) as c:
         x = c.ones(8)
         c.ccl.broadcast(x, 0, algorithm="test_recording")
-        c.faults[1] = TIMEOUT.value * 256 + site_code("device_barrier")  # what a give-up leaves
-        c.faults[0] = 1
+        words = c.host_faults  # what the host reads (on GPUs a mapped copy of the kernels' words)
+        words[1] = TIMEOUT.value * 256 + site_code("device_barrier")  # what a give-up leaves
+        words[0] = 1
+        if c.device.type == "cuda":
+            torch.cuda.synchronize()
         with pytest.raises(IrisTimeoutError, match="gave up"):
             c.ccl.broadcast(x, 0, algorithm="test_recording")
         with pytest.raises(IrisTimeoutError, match="failed earlier"):
             c.ccl.broadcast(x, 0, algorithm="test_recording")
         assert ran == ["run"]
-        c.faults.zero_()  # destroy() releases without raising again
+        words.zero_()  # destroy() releases without raising again
 
 
 def test_a_call_from_a_second_thread_is_refused_not_repeated(ctx):
