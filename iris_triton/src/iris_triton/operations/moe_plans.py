@@ -207,40 +207,48 @@ def _dispatch_outputs(made: MoeDispatch) -> tuple:
         (made.counts,)
 
 
-def dispatch_again(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity=None, fp8=False):
-    """``ops.moe_dispatch(...)`` by its plan, or None (having done nothing) where it has none or
-    the call needs the full guard."""
-    plans = ops._moe_plans
-    if not plans.by_key:
-        return None
+def _by_plan(ops, find, name: str, outputs):
+    """The call ``ctx.<name>`` made by ``find()`` (a no-argument callable that makes it from its
+    plan; None: no plan), inside the least of the guard (``ctx._run_repeat``; ``outputs`` as
+    there); None, having done nothing, where there is no plan, an argument is not what a plan
+    takes (the full call then says what is wrong) or the call needs the full guard."""
     try:
-        plan = plans.get(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8))
+        made_by_plan = find()
     except (AttributeError, TypeError):
         return None
-    if plan is None:
+    if made_by_plan is None:
         return None
     ctx = ops._context
-    ctx.workspaces.note_capture()
-    ran = ctx._run_repeat(lambda: plan.run(tokens, topk_ids, topk_weights), "ops.moe_dispatch", _dispatch_outputs)
+    ctx.workspaces.note_capture()  # no workspace is asked for: a capture is noticed here
+    ran = ctx._run_repeat(made_by_plan, name, outputs)
     return None if ran is None else ran[0]
 
 
+def dispatch_again(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity=None, fp8=False):
+    """``ops.moe_dispatch(...)`` by its plan, or None (having done nothing: :func:`_by_plan`)."""
+    plans = ops._moe_plans
+    if not plans.by_key:
+        return None
+
+    def find():
+        plan = plans.get(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8))
+        return None if plan is None else lambda: plan.run(tokens, topk_ids, topk_weights)
+
+    return _by_plan(ops, find, "ops.moe_dispatch", _dispatch_outputs)
+
+
 def combine_again(ops, expert_out, handle):
-    """``ops.moe_combine(expert_out, handle)`` by its plan, or None (having done nothing) where
-    it has none, the handle is stale or the call needs the full guard."""
+    """``ops.moe_combine(expert_out, handle)`` by its plan, or None (having done nothing:
+    :func:`_by_plan`; also for a stale handle, which the full call refuses, saying so)."""
     if type(handle) is MoeDispatch:
         handle = handle.handle
     dispatch = getattr(handle, "plan", None)
     if dispatch is None or dispatch.ops is not ops or dispatch.generation != repeats.generation() or \
             ops._moe_calls - handle.sequence > 2:
-        return None  # the full call refuses a stale handle, saying so
-    try:
+        return None
+
+    def find():
         plan = dispatch.combines.get(_layout(expert_out))
-    except (AttributeError, TypeError):
-        return None
-    if plan is None:
-        return None
-    ctx = ops._context
-    ctx.workspaces.note_capture()
-    ran = ctx._run_repeat(lambda: plan.run(expert_out, handle), "ops.moe_combine", lambda out: (out,))
-    return None if ran is None else ran[0]
+        return None if plan is None else lambda: plan.run(expert_out, handle)
+
+    return _by_plan(ops, find, "ops.moe_combine", lambda out: (out,))
