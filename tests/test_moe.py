@@ -339,6 +339,7 @@ def _check_device_errors(report: RankReport, rank: int) -> None:
     ctx.destroy()
 
     ctx = iris.create("triton", heap_size="8MiB", device="cpu", timeout=30, debug=True)
+    ctx.ops.moe_dispatch(x, ids, w, 2 * world)  # a call of the same shapes first: no plan skips the host check
     report.check("device_errors/ids_out_of_range_debug_mode_host_check", _raises(
         lambda: ctx.ops.moe_dispatch(x, bad, w, 2 * world), f"on world rank(s) [{world - 1}]",
         f"outside [-1, {2 * world})"))

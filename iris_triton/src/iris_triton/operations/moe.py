@@ -226,7 +226,7 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
                         f"capacity, hidden] = [{L}, {handle.capacity}, hidden], as the dispatch's tokens")
     out, launches = moe_kernels.combine(ops, expert_out, handle.topk_ids, handle.topk_weights, handle.positions,
                                         handle.call, handle.counts, handle.slot, handle.num_experts, handle.capacity)
-    if handle.plan is not None and all(t.is_contiguous() for t in (expert_out, handle.topk_weights)):
+    if handle.plan is not None and expert_out.is_contiguous():  # its plan launches expert_out as it is
         handle.plan.keep_combine(expert_out, launches, handle, out)
     return out
 
