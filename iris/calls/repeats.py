@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["MAX_REPEATS", "Repeats", "generation", "invalidate", "offer"]
+__all__ = ["MAX_REPEATS", "Kept", "Repeats", "generation", "invalidate", "offer"]
 
 #: Most repeats an object keeps (the oldest is dropped first); each is a key and a callable.
 MAX_REPEATS = 256
@@ -88,35 +88,58 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple:
     return tuple(key)
 
 
+class Kept:
+    """Values kept by key, at most ``limit`` (the oldest is dropped first), while the repeats are
+    valid: all are forgotten at the next call after :func:`invalidate` (repeats, MoE's plans)."""
+
+    __slots__ = ("_limit", "_by_key", "_generation")
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._by_key: dict = {}
+        self._generation = _generation
+
+    def current(self) -> dict:
+        """What is kept, by key (emptied first if the repeats were forgotten since)."""
+        if self._generation != _generation:
+            self._by_key.clear()
+            self._generation = _generation
+        return self._by_key
+
+    def keep(self, key, value) -> None:
+        by_key = self.current()
+        if len(by_key) >= self._limit:
+            del by_key[next(iter(by_key))]
+        by_key[key] = value
+
+
 class Repeats:
     """The repeats of one ``ctx.ccl`` / ``ctx.ops`` object's calls, by their keys."""
 
-    __slots__ = ("_context", "_kept", "_generation")
+    __slots__ = ("_context", "_kept")
 
     def __init__(self, context):
         self._context = context
-        self._kept: dict[tuple, tuple[Callable[[], None], str]] = {}
-        self._generation = _generation
+        #: ``(repeat, trace name)`` by the call's key (:func:`_key`).
+        self._kept = Kept(MAX_REPEATS)
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self._kept.current())
 
     def kept(self, name: str, *args, **kwargs) -> Callable[[], None] | None:
         """The repeat kept for the call ``name(*args, **kwargs)``, if any (what a benchmark
         launches bare, beside the call)."""
-        found = self._kept.get(_key(name, args, kwargs)) if self._generation == _generation else None
+        found = self._kept.current().get(_key(name, args, kwargs))
         return None if found is None else found[0]
 
     def run(self, name: str, args: tuple, kwargs: dict) -> bool:
         """Make the call ``name(*args, **kwargs)`` by its repeat, if one is kept and the guard lets
         it run at once (``ctx._run_repeat``); False, having done nothing, otherwise."""
-        if self._generation != _generation:
-            self._kept.clear()
-            self._generation = _generation
-        if not self._kept:
+        kept = self._kept.current()
+        if not kept:
             return False
         try:
-            found = self._kept.get(_key(name, args, kwargs))
+            found = kept.get(_key(name, args, kwargs))
         except TypeError:  # an argument that cannot be part of a key (a list, say): never kept
             return False
         if found is None:
@@ -146,10 +169,5 @@ class Repeats:
             hash(key)
         except TypeError:
             return made
-        if self._generation != _generation:  # the call itself replaced a workspace, say
-            self._kept.clear()
-            self._generation = _generation
-        if len(self._kept) >= MAX_REPEATS:
-            del self._kept[next(iter(self._kept))]
-        self._kept[key] = (repeat, declaration.trace_name)
+        self._kept.keep(key, (repeat, declaration.trace_name))  # after the call, which may have replaced a workspace
         return made

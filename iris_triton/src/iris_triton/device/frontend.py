@@ -63,7 +63,7 @@ class Frontend:
         if compiled is None or not hasattr(compiled, "run"):
             return None
         ordered = [arguments[name] for name in jitted.arg_names]
-        values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in ordered]
+        values = [passed(a) for a in ordered]
         runner = _direct_launch(compiled, grid)
         return lambda: runner(values)
 
@@ -112,8 +112,7 @@ class LaunchCache:
         if INTERPRETING:
             self.jitted[grid](*args, **keywords)
             return
-        device = driver.active.get_current_device()
-        key = (device, grid, *map(_specialisation, args), *keywords.items())
+        key = self._key(grid, args, keywords)
         runner = self._compiled.get(key)
         if runner is None:
             compiled = self.jitted[grid](*args, **keywords)
@@ -122,7 +121,13 @@ class LaunchCache:
             constexprs = [keywords[name] for name in self.jitted.arg_names[len(args):]]
             self._compiled[key] = _direct_launch(compiled, grid, constexprs)
             return
-        runner([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
+        runner([passed(a) for a in args])
+
+    @staticmethod
+    def _key(grid: tuple, args: tuple, keywords: dict) -> tuple:
+        """What the compiled kernel of a launch depends on: the device, the grid, the runtime
+        arguments' specialisations, the constexprs and launch options."""
+        return (driver.active.get_current_device(), grid, *map(_specialisation, args), *keywords.items())
 
     def bound(self, grid: tuple, *args, **keywords) -> tuple[Callable[[list], None], list] | None:
         """The kernel as :meth:`launch` ran it with these arguments, for a caller that launches one
@@ -133,8 +138,7 @@ class LaunchCache:
         where no compiled kernel was kept (the compile check)."""
         if INTERPRETING:
             return (lambda values: self.jitted[grid](*values, **keywords)), list(args)
-        key = (driver.active.get_current_device(), grid, *map(_specialisation, args), *keywords.items())
-        runner = self._compiled.get(key)
+        runner = self._compiled.get(self._key(grid, args, keywords))
         return None if runner is None else (runner, [passed(a) for a in args])
 
 

@@ -32,7 +32,7 @@ import triton
 
 from iris.collectives import signature_of
 from iris.calls.handles import register as register_operator_handle
-from iris.calls.repeats import Repeats
+from iris.calls.repeats import Kept, Repeats
 from iris.calls.routing import declared
 from iris.errors import IrisError
 from iris.collectives.groups import namespace_for
@@ -211,7 +211,7 @@ class FusedOps:
         #: an eager call does not cut them again (iris_triton.operations.moe_kernels.memo).
         self._moe_views: dict = {}
         #: Plans of MoE calls of the shapes made so far (iris_triton.operations.moe_plans).
-        self._moe_plans = moe_plans.Plans()
+        self._moe_plans = Kept(moe_plans.MAX_PLANS)
         #: Repeats of earlier calls, by everything the calls' checks and launches depend on.
         self._repeats = Repeats(context)
         #: This object's handle for the custom operators (torch.ops.iris.*, iris.calls.handles).

@@ -367,10 +367,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
         x = (x.float() / token_scales[:, None]).to(torch.float8_e4m3fn)
     with _announced_call(ctx, "moe_dispatch", (tokens, topk_ids, topk_weights), "direct") as signature:
         launches = DispatchLaunches.of(ops, T, H, k, num_experts, capacity, dtype, signature, quantized)
-        buffers = launches.buffers[parity]
-        outputs = (buffers["data"], buffers["scales"], counts, buffers["source_rank"], buffers["source_index"],
-                   buffers["source_slot"])
-        with ctx._call("ops.moe_dispatch", outputs):
+        with ctx._call("ops.moe_dispatch", launches.outputs(parity, counts)):
             launches.launch(parity, x, token_scales, ids, positions, counts, call)
     # Debug mode checks every call's ids on the host: no plan skips that.
     plannable = not (quantized or ctx.config.debug) and x is tokens and ids is topk_ids and \
@@ -429,6 +426,11 @@ class DispatchLaunches:
                    push_constexprs=dict(common, BLOCK_H=block_h, PROGRAMS_BLOCK=bucket(programs),
                                         FP8=dtype == torch.float8_e4m3fn, QUANTIZED=quantized, **warps),
                    quantized=quantized)
+
+    def outputs(self, parity: int, counts) -> tuple:
+        """What a call of ``parity`` writes, which a failure poisons: its slot's buffers and ``counts``."""
+        b = self.buffers[parity]
+        return b["data"], b["scales"], counts, b["source_rank"], b["source_index"], b["source_slot"]
 
     def route_arguments(self, parity: int, ids, positions, call) -> tuple:
         """:func:`announce_route_kernel`'s runtime arguments for a call."""

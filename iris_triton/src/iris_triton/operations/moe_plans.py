@@ -27,7 +27,7 @@ from iris.calls import repeats
 from iris_triton.device.frontend import passed
 from iris_triton.operations.moe import MoeDispatch, MoeHandle
 
-__all__ = ["CombinePlan", "DispatchPlan", "Plans", "combine_again", "dispatch_again", "dispatch_key"]
+__all__ = ["CombinePlan", "DispatchPlan", "combine_again", "dispatch_again", "dispatch_key"]
 
 #: Plans a ``ctx.ops`` object keeps (the oldest is dropped first): a few shapes' worth.
 MAX_PLANS = 64
@@ -44,26 +44,6 @@ def dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8) -> 
     be planned (the full call then says what is wrong)."""
     return (_layout(tokens), _layout(topk_ids), _layout(topk_weights), num_experts.__class__, num_experts,
             capacity.__class__, capacity, fp8.__class__, fp8)
-
-
-@attrs.define
-class Plans:
-    """The plans of one ``ctx.ops`` object, by key, while the repeats they go with are valid."""
-
-    generation: int = attrs.field(factory=repeats.generation)
-    by_key: dict = attrs.field(factory=dict)
-
-    def get(self, key: tuple):
-        if self.generation != repeats.generation():
-            self.by_key.clear()
-            self.generation = repeats.generation()
-        return self.by_key.get(key)
-
-    def keep(self, key: tuple, plan) -> None:
-        self.get(key)  # forgets those of an earlier generation
-        if len(self.by_key) >= MAX_PLANS:
-            del self.by_key[next(iter(self.by_key))]
-        self.by_key[key] = plan
 
 
 def _bound(cache, grid: tuple, arguments: tuple, constexprs: dict, per_call: tuple[str, ...]):
@@ -202,9 +182,7 @@ class CombinePlan:
 
 def _dispatch_outputs(made: MoeDispatch) -> tuple:
     """What a failed dispatch poisons: every tensor of its result (:func:`moe_kernels.dispatch`)."""
-    buffers = made.handle.plan.launches.buffers[made.handle.sequence & 1]
-    return tuple(buffers[name] for name in ("data", "scales", "source_rank", "source_index", "source_slot")) + \
-        (made.counts,)
+    return made.handle.plan.launches.outputs(made.handle.sequence & 1, made.counts)
 
 
 def _by_plan(ops, find, name: str, outputs):
@@ -226,8 +204,8 @@ def _by_plan(ops, find, name: str, outputs):
 
 def dispatch_again(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity=None, fp8=False):
     """``ops.moe_dispatch(...)`` by its plan, or None (having done nothing: :func:`_by_plan`)."""
-    plans = ops._moe_plans
-    if not plans.by_key:
+    plans = ops._moe_plans.current()
+    if not plans:
         return None
 
     def find():
