@@ -5,10 +5,11 @@ The fused GEMM + communication kernels (:mod:`iris_triton.operations.fused`) can
 the overlap bound if their product runs at cuBLAS's speed. This benchmark isolates that product:
 a persistent kernel with one program per multiprocessor walks the output tiles in the fused
 kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`) and computes each with
-their :func:`~iris_triton.operations.gemm.tile_product`, then stores it; nothing is sent. Each
-tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``) is checked against
-``torch.matmul`` and timed beside it with ``triton.testing.do_bench`` (median), on the per-rank
-products of Llama-3-70B at TP=2 (bf16):
+their :func:`~iris_triton.operations.gemm.row_block_tile`, then stores it; nothing is sent. Each
+tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``), by each of their loops (tensor
+descriptors with ``B`` row-major and column-major; plain loads, which they run where descriptors
+cannot address the operands) is checked against ``torch.matmul`` and timed beside it with
+``triton.testing.do_bench`` (median), on the per-rank products of Llama-3-70B at TP=2 (bf16):
 
 - QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
 - MLP up ``[M, 8192] x [8192, 28672]``, MLP down ``[M, 14336] x [14336, 8192]``,
@@ -33,9 +34,8 @@ import triton
 import triton.language as tl
 
 from benchmarks.common import write_results
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from iris_triton.operations.gemm import tile_coordinates, tile_product, tile_product_tma
+from iris_triton.operations.gemm import descriptors, row_block_tile, tile_coordinates
 from iris_triton.tuning import GEMM_TILES
 
 #: (name, K, N) of each per-rank product; M is the number of rows (tokens).
@@ -46,58 +46,45 @@ ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
 
 
 @triton.jit
-def tile_loop_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+def tile_loop_kernel(a, b, c, a_desc, b_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     EVEN_K: tl.constexpr):
-    """``c := a @ b`` by the fused kernels' tile loop: program ``p`` takes tiles ``p, p + P, ...``."""
+                     EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+    """``c := a @ b`` by the fused kernels' tile loop (:func:`row_block_tile`: by descriptors with
+    ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``."""
     row_tiles = tl.cdiv(M, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     for t in range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0)):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product(a, b, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_row,
-                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, 0, M, N, K, stride_am, stride_ak, stride_bk,
+                                             stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
+                                             B_COLUMN_MAJOR)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=mask)
 
 
-@triton.jit
-def tma_tile_loop_kernel(a_desc, b_desc, c, M, N, K, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """:func:`tile_loop_kernel` with the blocks of A and B copied by tensor descriptors."""
-    row_tiles = tl.cdiv(M, BLOCK_M)
-    col_tiles = tl.cdiv(N, BLOCK_N)
-    for t in range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0)):
-        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, K, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K)
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
-                 mask=mask)
-
-
-def tma_tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int) -> torch.Tensor:
-    """Launch :func:`tma_tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs."""
+def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int,
+              tma: bool) -> torch.Tensor:
+    """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
+    by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
-    a_desc = TensorDescriptor.from_tensor(a, [tile["BLOCK_M"], tile["BLOCK_K"]])
-    b_desc = TensorDescriptor.from_tensor(b, [tile["BLOCK_K"], tile["BLOCK_N"]])
-    tma_tile_loop_kernel[(min(programs, tiles),)](a_desc, b_desc, c, M, N, K, c.stride(0), c.stride(1), **tile)
+    loop = descriptors(a, (1, 1, M, K), (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b, tile)
+    if not tma:
+        loop = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
+    elif not loop["TMA"]:
+        raise ValueError("the operands' layouts do not allow tensor descriptors")
+    tile_loop_kernel[(min(programs, tiles),)](a, b, c, M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
+                                              stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0),
+                                              stride_cn=c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0, **loop, **tile)
     return c
 
 
-def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int) -> torch.Tensor:
-    """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs."""
-    M, K = a.shape
-    N = b.shape[1]
-    tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
-    tile_loop_kernel[(min(programs, tiles),)](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                              c.stride(0), c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0, **tile)
-    return c
-
-
-#: The tile loops compared with cuBLAS: plain loads (the fused kernels' today) and tensor descriptors.
-LOOPS = {"": tile_loop, "tma ": tma_tile_loop}
+#: The tile loops compared with cuBLAS, by name: ``(by descriptors, B column-major)``. Plain loads
+#: are what the fused kernels run where descriptors cannot address the operands; a column-major B
+#: is a linear layer's weight transposed.
+LOOPS = {"": (False, False), "tma ": (True, False), "tma b_t ": (True, True)}
 
 
 def _loops(device: torch.device) -> list[str]:
@@ -127,12 +114,14 @@ def measure(device: torch.device, rows: list[int]) -> list[dict]:
             flops = 2 * M * N * K
             row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
                    "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
-            for (loop_name, loop), (tile_name, tile) in itertools.product(LOOPS.items(),
-                                                                           GEMM_TILES[device.type].items()):
-                out = loop(a, b, torch.empty_like(reference), tile, programs)
+            b_t = b.t().contiguous().t()
+            for (loop_name, (tma, column_major)), (tile_name, tile) in itertools.product(
+                    LOOPS.items(), GEMM_TILES[device.type].items()):
+                b_loop = b_t if column_major else b
+                out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, tma)
                 error = (out.float() - reference.float()).abs().max().item()
                 scale = reference.float().abs().max().item()
-                timed = functools.partial(loop, a, b, c, tile, programs)
+                timed = functools.partial(tile_loop, a, b_loop, c, tile, programs, tma)
                 row[loop_name + tile_name] = {"ms": _median_ms(timed, device), "max_error": error,
                                               "correct": error <= 1e-2 * scale}
             for entry in row.values():

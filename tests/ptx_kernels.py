@@ -413,25 +413,31 @@ def _announcing_all_reduce_specs(frontend) -> dict:
 
 def _fused_specs() -> dict:
     """The fused GEMM + communication kernels, bf16, with the GPU tile shape; unit strides
-    (last dimensions) are constants, as Triton's launcher specializes them."""
+    (last dimensions) are constants, as Triton's launcher specializes them. Each GEMM by plain
+    loads and (``_tma``) by tensor descriptors: ``A`` as its kernel describes it, ``B`` row-major
+    for the all-gather product and column-major (a linear layer's weight) for the other."""
     config = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k not in OPTIONS}
     types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
     types.update(flags="*i32", calls="*i32")
     divisible = ("context", "shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "m", "K", "N", "stride_sm",
                  "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
-    return {
-        "fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, TRACING=False, BLOCK_M=config["BLOCK_M"],
-                                                        BLOCK_K=128,
-                                                        stride_sk=1), types, divisible),
-        "fused_all_gather_matmul": _spec(all_gather_matmul_kernel,
-                                         dict(RANK=0, WORLD=2, TRACING=False, EVEN_K=True, **config, stride_bn=1,
-                                              stride_on=1),
-                                         types, divisible),
-        "fused_matmul_reduce_scatter": _spec(matmul_reduce_scatter_kernel,
-                                             dict(RANK=0, WORLD=2, TRACING=False, EVEN_K=True, **config, **unit), types,
-                                             divisible),
+    plain = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    a_desc = f"tensordesc<bf16[1,1,{bm},{bk}]>"
+    gemms = {
+        "fused_all_gather_matmul": (all_gather_matmul_kernel, dict(stride_bn=1, stride_on=1),
+                                    f"tensordesc<bf16[{bk},{bn}]>", False),
+        "fused_matmul_reduce_scatter": (matmul_reduce_scatter_kernel, unit, f"tensordesc<bf16[{bn},{bk}]>", True),
     }
+    specs = {"fused_push_rows": _spec(push_rows_kernel, dict(RANK=0, WORLD=2, TRACING=False, BLOCK_M=bm, BLOCK_K=128,
+                                                             stride_sk=1), types, divisible)}
+    for name, (kernel, strides, b_desc, column_major) in gemms.items():
+        common = dict(RANK=0, WORLD=2, TRACING=False, EVEN_K=True, **config, **strides)
+        specs[name] = _spec(kernel, dict(common, **plain), types, divisible)
+        specs[f"{name}_tma"] = _spec(kernel, dict(common, TMA=True, B_COLUMN_MAJOR=column_major),
+                                     dict(types, a_desc=a_desc, b_desc=b_desc), divisible)
+    return specs
 
 
 def _tile_collective_specs(frontend) -> dict:
@@ -539,9 +545,9 @@ def memory_instructions(ptx: str) -> list[str]:
 
 
 #: Other PTX a test looks for: the special registers a kernel reads (``%globaltimer``: the clock of
-#: a wait bounded in wall-clock time), the ``trap`` instruction and floating-point max/min (with
-#: ``.NaN`` where a NaN operand gives NaN).
-_MARKERS = re.compile(r"%globaltimer\w*|%clock\w*|\btrap\b"
+#: a wait bounded in wall-clock time), the ``trap`` instruction, floating-point max/min (with
+#: ``.NaN`` where a NaN operand gives NaN) and tensor copies (``cp.async.bulk.tensor``).
+_MARKERS = re.compile(r"%globaltimer\w*|%clock\w*|\btrap\b|\bcp\.async\.bulk\.tensor\b"
                       r"|\b(?:max|min)(?:\.ftz)?(?:\.NaN)?\.(?:f16|bf16|f32)(?:x2)?\b")
 
 

@@ -117,6 +117,46 @@ def _check_matrix(ctx, report: RankReport) -> None:
                     report.check(f"matrix/{kind}/{method}/{dtype}/{m}x{K}x{N}", _close(out, expected))
 
 
+#: Layouts of the fused kernels' operands, by name: how ``a`` and ``b`` are laid out (same values).
+#: Descriptors read row-major operands, a column-major ``b`` (a linear layer's weight, transposed)
+#: and rows padded to whole 16-byte units; a column stride of 2 takes the plain loop.
+LAYOUTS = {
+    "row_major": (lambda a: a, lambda b: b),
+    "b_column_major": (lambda a: a, lambda b: b.t().contiguous().t()),
+    "padded_rows": (lambda a: _padded(a, 8), lambda b: _padded(b, 8)),
+    "strided_columns": (lambda a: _every_other_column(a), lambda b: _every_other_column(b)),
+}
+
+
+def _padded(x: torch.Tensor, extra: int) -> torch.Tensor:
+    """``x`` in rows of ``extra`` more elements than its columns."""
+    wider = torch.zeros(x.shape[0], x.shape[1] + extra, dtype=x.dtype, device=x.device)
+    wider[:, :x.shape[1]] = x
+    return wider[:, :x.shape[1]]
+
+
+def _every_other_column(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with a column stride of 2."""
+    wider = torch.zeros(x.shape[0], 2 * x.shape[1], dtype=x.dtype, device=x.device)
+    wider[:, ::2] = x
+    return wider[:, ::2]
+
+
+def _check_layouts(ctx, report: RankReport) -> None:
+    """Each fused product of operands of each of :data:`LAYOUTS`, against torch (extents whose rows
+    are whole 16-byte units)."""
+    world, rank, device = ctx.world_size, ctx.rank, ctx.device
+    m, K, N = SHAPES[device.type][0]
+    assert K % 8 == 0 and N % 8 == 0, (K, N)
+    for kind in KINDS:
+        a, b = _inputs(kind, torch.bfloat16, m, K, N, world, "layouts")
+        expected = _reference(kind, a, b, rank, m)
+        for layout, (lay_a, lay_b) in LAYOUTS.items():
+            out = torch.empty(expected.shape, dtype=torch.bfloat16, device=device)
+            getattr(ctx.ops, kind)(out, lay_a(a[rank].to(device)), lay_b(b[rank].to(device)), method="fused")
+            report.check(f"layouts/{kind}/{layout}", _close(out, expected))
+
+
 def _check_back_to_back(ctx, report: RankReport) -> None:
     """Calls in a row without host synchronisation, alternating shapes and the overlapping methods,
     each with new data."""
@@ -244,6 +284,8 @@ def _world5_worker(rank: int, device: str) -> bytes:
         ctx.ops.matmul_all_reduce(out, a[rank].to(ctx.device), b[rank].to(ctx.device))
         report.check("world5/matmul_all_reduce/uneven_rows",
                      _close(out, sum(x.float() @ y.float() for x, y in zip(a, b))))
+    with report.section("layouts"):
+        _check_layouts(ctx, report)
     ctx.barrier()  # raises if the context failed (a device-side wait gave up)
     report.check("world5/no_wait_gave_up", not ctx.failed)
     ctx.destroy()
@@ -372,6 +414,39 @@ def test_every_method_matches_torch(reports):
     assert_rank_checks(reports, "matrix/", {
         f"matrix/{kind}/{method}/{dtype}/{m}x{K}x{N}" for m, K, N in SHAPES[_device_type(reports)] for dtype in DTYPES
         for kind in KINDS for method in METHODS} | {"matrix/completed"})
+
+
+def test_fused_products_of_every_layout_match_torch(world5_reports):
+    assert_rank_checks(world5_reports, "layouts/", _layouts_names())
+
+
+def _layouts_names() -> set[str]:
+    return {f"layouts/{kind}/{layout}" for kind in KINDS for layout in LAYOUTS} | {"layouts/completed"}
+
+
+def test_fused_kernels_read_by_descriptors_where_the_layouts_allow():
+    # Tensor descriptors need a 16-byte aligned base, unit last strides and the other strides in
+    # whole 16-byte units; anything else takes the plain loop (TMA=False).
+    from iris_triton.operations.gemm import descriptors
+
+    tile = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    a = torch.zeros(2, 8, 32, dtype=torch.bfloat16)
+    a_form = ((1, 2, 8, 32), (512, 256, 32, 1))
+    b = torch.zeros(32, 24, dtype=torch.bfloat16)
+    row_major = descriptors(a, *a_form, b, tile)
+    assert row_major["TMA"] and not row_major["B_COLUMN_MAJOR"]
+    assert row_major["b_desc"].block_shape == [16, 16] and row_major["a_desc"].shape == [1, 2, 8, 32]
+    weight = torch.zeros(24, 32, dtype=torch.bfloat16)  # N x K: its transpose is a column-major B
+    column_major = descriptors(a, *a_form, weight.t(), tile)
+    assert column_major["TMA"] and column_major["B_COLUMN_MAJOR"]
+    assert column_major["b_desc"].shape == [24, 32]
+    odd = torch.zeros(32, 25, dtype=torch.bfloat16)[:, :25]  # rows of 50 bytes
+    misaligned = torch.zeros(32 * 24 + 1, dtype=torch.bfloat16)[1:].view(32, 24)
+    strided = torch.zeros(32, 48, dtype=torch.bfloat16)[:, ::2]
+    for plain_b in (odd, misaligned, strided):
+        assert descriptors(a, *a_form, plain_b, tile) == dict(a_desc=None, b_desc=None, TMA=False,
+                                                               B_COLUMN_MAJOR=False)
+    assert not descriptors(a, (1, 2, 8, 31), (496, 248, 31, 1), b, tile)["TMA"]  # rows of A of 62 bytes
 
 
 def test_back_to_back_calls_see_no_stale_data(reports):

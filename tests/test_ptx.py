@@ -228,8 +228,7 @@ FAIL_STOP_KERNELS = [
       for collective in CCL_KERNELS],
     *[f"{frontend}low_latency_{dtype}" for frontend in ("", "gluon:") for dtype in ("i8", "bf16", "fp32", "i64")],
     *[f"{frontend}sentinel_{dtype}" for frontend in ("", "gluon:") for dtype in ("bf16", "fp32")],
-    "fused_all_gather_matmul",
-    "fused_matmul_reduce_scatter",
+    *[f"fused_{product}{loop}" for product in ("all_gather_matmul", "matmul_reduce_scatter") for loop in ("", "_tma")],
 ]
 
 
@@ -357,7 +356,9 @@ def test_sentinel_all_reduce_pushes_plain_vectors_without_fences(ptx, frontend, 
 # -- fused matmul + communication ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel", ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"])
+@pytest.mark.parametrize("kernel", [f"fused_{product}{loop}" for product in ("all_gather_matmul",
+                                                                           "matmul_reduce_scatter")
+                                    for loop in ("", "_tma")])
 def test_fused_gemms_use_hopper_tensor_cores_and_wait_at_system_scope(ptx, kernel):
     # bf16 tiles go through wgmma (sm_90's asynchronous tensor-core product), results leave in
     # 16-byte vectors, and a tile waits on its flag with an acquire load at system scope.
@@ -365,6 +366,21 @@ def test_fused_gemms_use_hopper_tensor_cores_and_wait_at_system_scope(ptx, kerne
     assert any(op.startswith("wgmma.mma_async.") and op.endswith(".f32.bf16.bf16") for op in ops), ops
     assert "st.global.v4.b32" in ops, ops
     assert "ld.global.sys.acquire.b32" in ops, ops
+
+
+@pytest.mark.parametrize("kernel", ["fused_all_gather_matmul_tma", "fused_matmul_reduce_scatter_tma"])
+def test_fused_gemms_by_descriptors_copy_tiles_by_tma_after_a_proxy_fence(ptx, kernel):
+    # The descriptor loop's blocks arrive by the tensor memory accelerator; what a wait acquired
+    # is ordered before those copies by a proxy fence (an acquire orders the generic proxy only).
+    # The plain loop has neither.
+    def fenced(name: str) -> bool:
+        return any(op.startswith("fence.proxy.async.global") for op in ops_of(ptx, name))
+
+    assert "cp.async.bulk.tensor" in markers_of(ptx, kernel)
+    assert fenced(kernel)
+    plain = kernel.removesuffix("_tma")
+    assert "cp.async.bulk.tensor" not in markers_of(ptx, plain)
+    assert not fenced(plain)
 
 
 @pytest.mark.parametrize("kernel", ["fused_push_rows", "fused_matmul_reduce_scatter"])

@@ -214,15 +214,18 @@ def _point_to_point_calls(ctx, full: bool) -> Iterator[Call]:
 
 # -- operations -----------------------------------------------------------------------------------
 
-#: The products' extents: rows of A per rank, N, and an even and an uneven K.
-ROWS, N, EVEN_K, UNEVEN_K = 64, 128, 256, 200
+#: The products' extents: rows of A per rank, N, and an even and an uneven K. Rows of the even K
+#: are whole 16-byte units, which the fused kernels read by tensor descriptors; those of the uneven
+#: one are not (the plain loop).
+ROWS, N, EVEN_K, UNEVEN_K = 64, 128, 256, 196
 #: Products of these dtypes: the focused one, and the others in the full calls.
 PRODUCT_DTYPES = (FOCUS_DTYPE, torch.float16, torch.float32)
 
 
 def _operation_calls(ctx, full: bool) -> Iterator[Call]:
     """Each product by each method (the fused one with its built-in tile), all_reduce_rmsnorm by
-    each method, MoE; full: also every fused tile, an uneven K, the other dtypes, rmsnorm with
+    each method, MoE; full: also every fused tile, an uneven K, the other dtypes, a column-major
+    ``b`` of matmul_reduce_scatter (matmul_all_reduce's is row-major), rmsnorm with
     ``residual_out``, fp8 MoE."""
     ops = ctx.ops
     for dtype in PRODUCT_DTYPES if full else PRODUCT_DTYPES[:1]:
@@ -237,8 +240,10 @@ def _operation_calls(ctx, full: bool) -> Iterator[Call]:
                                 "matmul_all_gather"):
                     if product == "matmul_all_gather" and method != "sequential":
                         continue  # it runs sequentially only
-                    yield f"ops.{product}({_name(dtype)}, K={k}, method={method})", _product(ctx, product, dtype, k,
-                                                                                              method)
+                    column_major = full and product == "matmul_reduce_scatter"
+                    yield (f"ops.{product}({_name(dtype)}, K={k}, method={method}"
+                           f"{', b column-major' if column_major else ''})",
+                           _product(ctx, product, dtype, k, method, column_major))
         for method in ops.method_names("all_reduce_rmsnorm"):
             for residual_out in (False, True) if full and focused else (False,):
                 yield (f"ops.all_reduce_rmsnorm({_name(dtype)}, method={method}, residual_out={residual_out})",
@@ -247,11 +252,12 @@ def _operation_calls(ctx, full: bool) -> Iterator[Call]:
         yield f"ops.moe_dispatch / moe_combine(fp8={fp8})", _moe(ctx, fp8)
 
 
-def _product(ctx, product: str, dtype: torch.dtype, k: int, method: str) -> Callable[[], object]:
+def _product(ctx, product: str, dtype: torch.dtype, k: int, method: str,
+             column_major: bool = False) -> Callable[[], object]:
     world = ctx.world_size
 
     def call():
-        b = ctx.zeros(k, N, dtype=dtype)
+        b = ctx.zeros(N, k, dtype=dtype).t() if column_major else ctx.zeros(k, N, dtype=dtype)
         if product in ("all_gather_matmul", "matmul_all_gather"):
             return getattr(ctx.ops, product)(ctx.zeros(world * ROWS, N, dtype=dtype), ctx.zeros(ROWS, k, dtype=dtype),
                                              b, method=method)

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from iris_triton.protocol.calls import LANES, announce, call_number, count_call, header_value
 from iris_triton.device.context import DeviceContext
-from iris_triton.operations.gemm import tile_coordinates, tile_product
+from iris_triton.operations.gemm import row_block_tile, tile_coordinates
 from iris_triton.device.tracing import COMPUTE_EVENT, OPERATION_EVENT, PUSH_EVENT, WAIT_EVENT
 from iris_triton.protocol.waits import failed, poison, site_code, wait_for_peer_call
 
@@ -83,15 +83,18 @@ def push_rows_kernel(context, shard, gathered, flags, calls, headers, signature,
 
 
 @triton.jit
-def all_gather_matmul_kernel(context, gathered, b, out, flags, calls, headers, signature, capacity, m, N, K,
-                             stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride,
+def all_gather_matmul_kernel(context, gathered, b, out, a_desc, b_desc, flags, calls, headers, signature, capacity,
+                             m, N, K, stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride,
                              RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+                             B_COLUMN_MAJOR: tl.constexpr):
     """``out`` (``WORLD * m x N``) := the call's slot of ``gathered`` times ``b`` (``K x N``),
     source rank by source rank from this one on; a tile waits for the flag of its row tile, and
     for the header its source announced (:func:`push_rows_kernel`) to be this call's (``signature``).
-    A wait that gives up fills ``out`` (contiguous) with NaN (:mod:`iris_triton.protocol.waits`)."""
+    A wait that gives up fills ``out`` (contiguous) with NaN (:mod:`iris_triton.protocol.waits`).
+    ``TMA``: the tiles are read through ``a_desc`` (``gathered`` as ``[2, WORLD, m, K]``) and
+    ``b_desc`` (:func:`iris_triton.operations.gemm.row_block_tile`), else by plain loads."""
     dctx = DeviceContext.initialize(context, RANK, WORLD, TRACING)
     call = call_number(calls)
     row = headers + (call & 1) * WORLD  # the call's headers, one per source rank
@@ -110,8 +113,9 @@ def all_gather_matmul_kernel(context, gathered, b, out, flags, calls, headers, s
                                      ALL_GATHER_MATMUL_SITE)
         dctx.tracing.end(waiting)
         computing = dctx.tracing.begin(COMPUTE_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
-        acc, offs_m, offs_n = tile_product(slot + source * m * K, b, m, N, K, K, 1, stride_bk, stride_bn, tile_row,
-                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        acc, offs_m, offs_n = row_block_tile(slot, b, a_desc, b_desc, call & 1, source, m, N, K, K, 1, stride_bk,
+                                             stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
+                                             B_COLUMN_MAJOR)
         rows = source * m + offs_m
         tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
                  mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
@@ -123,19 +127,21 @@ def all_gather_matmul_kernel(context, gathered, b, out, flags, calls, headers, s
 
 
 @triton.jit
-def matmul_reduce_scatter_kernel(context, a, b, out, recv, flags, calls, headers, signature, capacity, m, N, K,
-                                 stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, flag_stride,
-                                 slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr,
+def matmul_reduce_scatter_kernel(context, a, b, out, recv, a_desc, b_desc, flags, calls, headers, signature,
+                                 capacity, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
+                                 flag_stride, slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr,
                                  TRACING: tl.constexpr, BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                                 EVEN_K: tl.constexpr):
+                                 EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
     """``out`` (``m x N``) := row block ``RANK`` (rows ``[RANK * m, (RANK + 1) * m)``) of
     ``a @ b`` summed over ranks. Row block q's tiles go to rank q's ``recv`` (heap; two slots
     ``slot_stride`` elements apart, each ``[WORLD, m, N]``), slot of the call, part ``RANK``, each
     followed by flag ``[RANK, tile]`` there; before its first signal a program announces the call
     (``signature``) in header ``RANK`` of the call's row of ``headers`` on every peer, and a wait
     checks the header of the peer whose flag it waited for. A wait that gives up fills ``out``
-    (contiguous) with NaN (:mod:`iris_triton.protocol.waits`)."""
+    (contiguous) with NaN (:mod:`iris_triton.protocol.waits`). ``TMA``: the tiles are read
+    through ``a_desc`` (``a`` as ``[1, WORLD, m, K]``) and ``b_desc``
+    (:func:`iris_triton.operations.gemm.row_block_tile`), else by plain loads."""
     dctx = DeviceContext.initialize(context, RANK, WORLD, TRACING)
     call = call_number(calls)
     span = dctx.tracing.begin(OPERATION_EVENT + MATMUL_REDUCE_SCATTER_SITE, op=call)
@@ -154,9 +160,9 @@ def matmul_reduce_scatter_kernel(context, a, b, out, recv, flags, calls, headers
         for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
             tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
             computing = dctx.tracing.begin(COMPUTE_EVENT, owner, tile=tile_row, tile_n=tile_col, op=call)
-            acc, offs_m, offs_n = tile_product(a + owner * m * stride_am, b, m, N, K, stride_am, stride_ak,
-                                               stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
-                                               EVEN_K)
+            acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, owner, m, N, K, stride_am, stride_ak,
+                                                  stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                  EVEN_K, TMA, B_COLUMN_MAJOR)
             mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
             part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
             if alive:
@@ -166,8 +172,9 @@ def matmul_reduce_scatter_kernel(context, a, b, out, recv, flags, calls, headers
     for t in range(tl.program_id(0), per_block, tl.num_programs(0)):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
         computing = dctx.tracing.begin(COMPUTE_EVENT, tile=tile_row, tile_n=tile_col, op=call)
-        acc, offs_m, offs_n = tile_product(a + RANK * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
-                                           stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, RANK, m, N, K, stride_am, stride_ak, stride_bk,
+                                              stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
+                                              B_COLUMN_MAJOR)
         mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
         for source in tl.static_range(WORLD):
             if source != RANK:

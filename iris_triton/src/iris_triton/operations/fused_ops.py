@@ -39,6 +39,7 @@ from iris.collectives.groups import namespace_for
 from iris_triton.operations import moe, moe_plans
 from iris_triton.operations.copy_engine import CopyEngineOps
 from iris_triton.operations.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
+from iris_triton.operations.gemm import descriptors
 from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_TILES, LINK_BYTES_PER_SECOND,
                                 PUSH_BLOCK_K, PUSH_PROGRAMS)
 
@@ -264,10 +265,12 @@ class FusedOps:
                     shard=a_shard, gathered=buffers.data, calls=buffers.push_calls, m=m, K=K,
                     stride_sm=a_shard.stride(0), stride_sk=a_shard.stride(1), BLOCK_M=block_m,
                     BLOCK_K=PUSH_BLOCK_K[ctx.kernel_device_type], **common)
+            tiles_of = descriptors(buffers.data, (2, ctx.world_size, m, K), (buffers.slot_stride, m * K, K, 1), b,
+                                   config)
             all_gather_matmul_kernel[(gemm_programs,)](
                 gathered=buffers.data, b=b, out=out, calls=buffers.gemm_calls, m=m, N=N, K=K,
                 stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
-                EVEN_K=K % config["BLOCK_K"] == 0, **common, **config)
+                EVEN_K=K % config["BLOCK_K"] == 0, **tiles_of, **common, **config)
             self._join()
         return out
 
@@ -308,11 +311,15 @@ class FusedOps:
         tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
         buffers = _Buffers.of(ctx, "matmul_reduce_scatter", ctx.world_size * m * N, out.dtype, tiles)
         with _announced_call(ctx, name, described, f"fused/{self._tile_name(method)}") as signature:
+            tiles_of = descriptors(a, (1, ctx.world_size, m, K), (a.stride(0) * a.shape[0], m * a.stride(0),
+                                                                  a.stride(0), a.stride(1)), b, config)
             matmul_reduce_scatter_kernel[(max(1, min(buffers.programs, tiles)),)](
-                ctx.get_device_context(), a, b, out, buffers.data, buffers.flags, buffers.gemm_calls, buffers.headers,
-                signature, buffers.programs, m, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                out.stride(0), out.stride(1), buffers.flag_stride, buffers.slot_stride, RANK=ctx.rank,
-                WORLD=ctx.world_size, TRACING=ctx.tracing.enabled, EVEN_K=K % config["BLOCK_K"] == 0, **config)
+                ctx.get_device_context(), a, b, out, buffers.data, flags=buffers.flags, calls=buffers.gemm_calls,
+                headers=buffers.headers, signature=signature, capacity=buffers.programs, m=m, N=N, K=K,
+                stride_am=a.stride(0), stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
+                stride_om=out.stride(0), stride_on=out.stride(1), flag_stride=buffers.flag_stride,
+                slot_stride=buffers.slot_stride, RANK=ctx.rank, WORLD=ctx.world_size, TRACING=ctx.tracing.enabled,
+                EVEN_K=K % config["BLOCK_K"] == 0, **tiles_of, **config)
         return out
 
     @declared
