@@ -48,7 +48,8 @@ ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
 @triton.jit
 def tile_loop_kernel(a, b, c, a_desc, b_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+                     EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
+                     WARP_SPECIALIZE: tl.constexpr):
     """``c := a @ b`` by the fused kernels' tile loop (:func:`row_block_tile`: by descriptors with
     ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``."""
     row_tiles = tl.cdiv(M, BLOCK_M)
@@ -57,14 +58,14 @@ def tile_loop_kernel(a, b, c, a_desc, b_desc, M, N, K, stride_am, stride_ak, str
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
         acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, 0, M, N, K, stride_am, stride_ak, stride_bk,
                                              stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
-                                             B_COLUMN_MAJOR)
+                                             B_COLUMN_MAJOR, WARP_SPECIALIZE)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=mask)
 
 
-def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int,
-              tma: bool) -> torch.Tensor:
+def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool,
+              warp_specialize: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads."""
     M, K = a.shape
@@ -77,14 +78,16 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         raise ValueError("the operands' layouts do not allow tensor descriptors")
     tile_loop_kernel[(min(programs, tiles),)](a, b, c, M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
                                               stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0),
-                                              stride_cn=c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0, **loop, **tile)
+                                              stride_cn=c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0,
+                                              WARP_SPECIALIZE=warp_specialize, **loop, **tile)
     return c
 
 
-#: The tile loops compared with cuBLAS, by name: ``(by descriptors, B column-major)``. Plain loads
-#: are what the fused kernels run where descriptors cannot address the operands; a column-major B
-#: is a linear layer's weight transposed.
-LOOPS = {"": (False, False), "tma ": (True, False), "tma b_t ": (True, True)}
+#: The tile loops compared with cuBLAS, by name: ``(by descriptors, B column-major, warp-specialized)``.
+#: Plain loads are what the fused kernels run where descriptors cannot address the operands; a
+#: column-major B is a linear layer's weight transposed.
+LOOPS = {"": (False, False, False), "tma ": (True, False, False), "tma b_t ": (True, True, False),
+         "tma ws ": (True, False, True)}
 
 
 def _loops(device: torch.device) -> list[str]:
@@ -115,13 +118,13 @@ def measure(device: torch.device, rows: list[int]) -> list[dict]:
             row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
                    "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
             b_t = b.t().contiguous().t()
-            for (loop_name, (tma, column_major)), (tile_name, tile) in itertools.product(
+            for (loop_name, (tma, column_major, specialized)), (tile_name, tile) in itertools.product(
                     LOOPS.items(), GEMM_TILES[device.type].items()):
                 b_loop = b_t if column_major else b
-                out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, tma)
+                out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, tma, specialized)
                 error = (out.float() - reference.float()).abs().max().item()
                 scale = reference.float().abs().max().item()
-                timed = functools.partial(tile_loop, a, b_loop, c, tile, programs, tma)
+                timed = functools.partial(tile_loop, a, b_loop, c, tile, programs, tma, specialized)
                 row[loop_name + tile_name] = {"ms": _median_ms(timed, device), "max_error": error,
                                               "correct": error <= 1e-2 * scale}
             for entry in row.values():
