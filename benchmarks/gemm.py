@@ -35,7 +35,9 @@ import triton.language as tl
 
 from benchmarks.common import write_results
 
-from iris_triton.operations.gemm import descriptors, row_block_tile, tile_coordinates
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from iris_triton.operations.gemm import descriptors, row_block_tile, tile_coordinates, tile_product_tma
 from iris_triton.tuning import GEMM_TILES
 
 #: (name, K, N) of each per-rank product; M is the number of rows (tokens).
@@ -46,26 +48,58 @@ ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
 
 
 @triton.jit
-def tile_loop_kernel(a, b, c, a_desc, b_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr):
+def tile_loop_kernel(a, b, c, a_desc, b_desc, b_half_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
+                     WARP_SPECIALIZE: tl.constexpr, TAIL_SPLIT: tl.constexpr):
     """``c := a @ b`` by the fused kernels' tile loop (:func:`row_block_tile`: by descriptors with
-    ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``."""
+    ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``. ``TAIL_SPLIT``
+    (descriptors, row-major B): where the last wave fills at most half the programs, its tiles are
+    computed in halves of ``BLOCK_N / 2`` columns (``b_half_desc``), twice as many programs each
+    doing half the work."""
     row_tiles = tl.cdiv(M, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
-    for t in range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0)):
-        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, 0, M, N, K, stride_am, stride_ak, stride_bk,
-                                             stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
-                                             B_COLUMN_MAJOR, WARP_SPECIALIZE)
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
-                 mask=mask)
+    tiles = row_tiles * col_tiles
+    programs = tl.num_programs(0)
+    tail = 0
+    if TAIL_SPLIT:
+        tail = tl.where((tiles % programs) * 2 <= programs, tiles % programs, 0)
+    whole = tiles - tail
+    for u in range(tl.program_id(0), whole + 2 * tail, programs):
+        if TAIL_SPLIT:
+            if u >= whole:
+                tile_row, tile_col = tile_coordinates(whole + (u - whole) // 2, row_tiles, col_tiles, GROUP_M)
+                acc, offs_m, offs_n = tile_product_tma(a_desc, b_half_desc, 0, 0, K, tile_row,
+                                                       2 * tile_col + (u - whole) % 2, BLOCK_M, BLOCK_N // 2, BLOCK_K,
+                                                       False)
+                tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+            else:
+                _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
+                            stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
+                            B_COLUMN_MAJOR, WARP_SPECIALIZE)
+        else:
+            _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
+                        stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
+                        B_COLUMN_MAJOR, WARP_SPECIALIZE)
 
 
-def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool,
-              warp_specialize: bool = False) -> torch.Tensor:
+@triton.jit
+def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
+                WARP_SPECIALIZE: tl.constexpr):
+    """Tile ``t`` of ``c := a @ b`` by :func:`row_block_tile`, stored."""
+    tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+    acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, 0, M, N, K, stride_am, stride_ak, stride_bk,
+                                         stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
+                                         B_COLUMN_MAJOR, WARP_SPECIALIZE)
+    tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
+              warp_specialize: bool = False, tail_split: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads."""
     M, K = a.shape
@@ -76,18 +110,24 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         loop = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
     elif not loop["TMA"]:
         raise ValueError("the operands' layouts do not allow tensor descriptors")
-    tile_loop_kernel[(min(programs, tiles),)](a, b, c, M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
-                                              stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0),
-                                              stride_cn=c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0,
-                                              WARP_SPECIALIZE=warp_specialize, **loop, **tile)
+    half = None
+    if tail_split:
+        assert tma and not loop["B_COLUMN_MAJOR"], "the tail split takes descriptors of a row-major B"
+        half = TensorDescriptor.from_tensor(b, [tile["BLOCK_K"], tile["BLOCK_N"] // 2])
+    tile_loop_kernel[(min(programs, tiles),)](a, b, c, b_half_desc=half, M=M, N=N, K=K, stride_am=a.stride(0),
+                                              stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
+                                              stride_cm=c.stride(0), stride_cn=c.stride(1),
+                                              EVEN_K=K % tile["BLOCK_K"] == 0, WARP_SPECIALIZE=warp_specialize,
+                                              TAIL_SPLIT=tail_split, **loop, **tile)
     return c
 
 
-#: The tile loops compared with cuBLAS, by name: ``(by descriptors, B column-major, warp-specialized)``.
-#: Plain loads are what the fused kernels run where descriptors cannot address the operands; a
-#: column-major B is a linear layer's weight transposed.
-LOOPS = {"": (False, False, False), "tma ": (True, False, False), "tma b_t ": (True, True, False),
-         "tma ws ": (True, False, True)}
+#: The tile loops compared with cuBLAS, by name: :func:`tile_loop`'s options, and whether B is
+#: column-major (a linear layer's weight transposed). Plain loads are what the fused kernels run
+#: where descriptors cannot address the operands.
+LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
+         "tma ws ": (dict(tma=True, warp_specialize=True), False),
+         "tma tail ": (dict(tma=True, tail_split=True), False)}
 
 
 def _loops(device: torch.device) -> list[str]:
@@ -118,13 +158,13 @@ def measure(device: torch.device, rows: list[int]) -> list[dict]:
             row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
                    "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
             b_t = b.t().contiguous().t()
-            for (loop_name, (tma, column_major, specialized)), (tile_name, tile) in itertools.product(
+            for (loop_name, (options, column_major)), (tile_name, tile) in itertools.product(
                     LOOPS.items(), GEMM_TILES[device.type].items()):
                 b_loop = b_t if column_major else b
-                out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, tma, specialized)
+                out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, **options)
                 error = (out.float() - reference.float()).abs().max().item()
                 scale = reference.float().abs().max().item()
-                timed = functools.partial(tile_loop, a, b_loop, c, tile, programs, tma, specialized)
+                timed = functools.partial(tile_loop, a, b_loop, c, tile, programs, **options)
                 row[loop_name + tile_name] = {"ms": _median_ms(timed, device), "max_error": error,
                                               "correct": error <= 1e-2 * scale}
             for entry in row.values():
