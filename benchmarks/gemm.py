@@ -126,7 +126,6 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
 #: column-major (a linear layer's weight transposed). Plain loads are what the fused kernels run
 #: where descriptors cannot address the operands.
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
-         "tma ws ": (dict(tma=True, warp_specialize=True), False),
          "tma tail ": (dict(tma=True, tail_split=True), False)}
 
 
