@@ -8,7 +8,9 @@ kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`) and comput
 their :func:`~iris_triton.operations.gemm.row_block_tile`, then stores it; nothing is sent. Each
 tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``), by each of their loops (tensor
 descriptors with ``B`` row-major and column-major; plain loads, which they run where descriptors
-cannot address the operands) is checked against ``torch.matmul`` and timed beside it with
+cannot address the operands), and by a candidate loop the fused kernels do not run (``tail``: the
+tiles of a last wave that fills at most half the programs computed in halves, by twice as many
+programs), is checked against ``torch.matmul`` and timed beside it with
 ``triton.testing.do_bench`` (median), on the per-rank products of Llama-3-70B at TP=2 (bf16):
 
 - QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
@@ -51,7 +53,7 @@ ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
 def tile_loop_kernel(a, b, c, a_desc, b_desc, b_half_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                      stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr, TAIL_SPLIT: tl.constexpr):
+                     TAIL_SPLIT: tl.constexpr):
     """``c := a @ b`` by the fused kernels' tile loop (:func:`row_block_tile`: by descriptors with
     ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``. ``TAIL_SPLIT``
     (descriptors, row-major B): where the last wave fills at most half the programs, its tiles are
@@ -77,29 +79,28 @@ def tile_loop_kernel(a, b, c, a_desc, b_desc, b_half_desc, M, N, K, stride_am, s
             else:
                 _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
                             stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
-                            B_COLUMN_MAJOR, WARP_SPECIALIZE)
+                            B_COLUMN_MAJOR)
         else:
             _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
                         stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
-                        B_COLUMN_MAJOR, WARP_SPECIALIZE)
+                        B_COLUMN_MAJOR)
 
 
 @triton.jit
 def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                 stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr):
+                GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
     """Tile ``t`` of ``c := a @ b`` by :func:`row_block_tile`, stored."""
     tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
     acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, 0, M, N, K, stride_am, stride_ak, stride_bk,
                                          stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
-                                         B_COLUMN_MAJOR, WARP_SPECIALIZE)
+                                         B_COLUMN_MAJOR)
     tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              warp_specialize: bool = False, tail_split: bool = False) -> torch.Tensor:
+              tail_split: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads."""
     M, K = a.shape
@@ -117,7 +118,7 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
     tile_loop_kernel[(min(programs, tiles),)](a, b, c, b_half_desc=half, M=M, N=N, K=K, stride_am=a.stride(0),
                                               stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
                                               stride_cm=c.stride(0), stride_cn=c.stride(1),
-                                              EVEN_K=K % tile["BLOCK_K"] == 0, WARP_SPECIALIZE=warp_specialize,
+                                              EVEN_K=K % tile["BLOCK_K"] == 0,
                                               TAIL_SPLIT=tail_split, **loop, **tile)
     return c
 

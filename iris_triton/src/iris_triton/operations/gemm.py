@@ -74,15 +74,13 @@ def tile_product(a, b, rows, cols, K, stride_am, stride_ak, stride_bk, stride_bn
 
 @triton.jit
 def tile_product_tma(a_desc, b_desc, a_slot, a_block, K, tile_row, tile_col, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr = False):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
     """``(acc, row offsets, column offsets)`` as :func:`tile_product`, for the ``A`` that is block
     ``a_block`` of slot ``a_slot`` of ``a_desc`` (``[slots, blocks, rows, K]``, block ``1 x 1 x
     BLOCK_M x BLOCK_K``: the fused kernels' parity slots and ranks' blocks of rows), and ``B``
     from ``b_desc``: ``B`` itself (``K x N``, block ``BLOCK_K x BLOCK_N``), or with
     ``B_COLUMN_MAJOR`` its transpose (``N x K``, block ``BLOCK_N x BLOCK_K``: a linear layer's
-    weight). The rows are those of the block, from 0. ``WARP_SPECIALIZE``: warps that copy and
-    warps that multiply (Triton's warp specialization of the loop).
+    weight). The rows are those of the block, from 0.
 
     The blocks may have been written by other programs or GPUs whose flags this program acquired;
     an acquire orders the generic proxy only, and descriptor copies go through the asynchronous
@@ -93,7 +91,7 @@ def tile_product_tma(a_desc, b_desc, a_slot, a_block, K, tile_row, tile_col, BLO
     first_row = tile_row * BLOCK_M
     first_col = tile_col * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
         x = a_desc.load([a_slot, a_block, first_row, k * BLOCK_K]).reshape(BLOCK_M, BLOCK_K)
         if B_COLUMN_MAJOR:
             y = b_desc.load([first_col, k * BLOCK_K]).T
@@ -108,14 +106,13 @@ def tile_product_tma(a_desc, b_desc, a_slot, a_block, K, tile_row, tile_col, BLO
 @triton.jit
 def row_block_tile(a, b, a_desc, b_desc, slot, block, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_row,
                    tile_col, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
-                   WARP_SPECIALIZE: tl.constexpr = False):
+                   EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
     """Tile ``(tile_row, tile_col)`` of row block ``block`` (``m`` rows from ``a + block * m *
     stride_am``) of ``A @ B``: with ``TMA`` by :func:`tile_product_tma` from slot ``slot`` of
     ``a_desc`` and from ``b_desc`` (:func:`descriptors`), else by :func:`tile_product`."""
     if TMA:
         acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, slot, block, K, tile_row, tile_col, BLOCK_M, BLOCK_N,
-                                               BLOCK_K, B_COLUMN_MAJOR, WARP_SPECIALIZE)
+                                               BLOCK_K, B_COLUMN_MAJOR)
     else:
         acc, offs_m, offs_n = tile_product(a + block * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
                                            stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
