@@ -8,9 +8,9 @@ kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`) and comput
 their :func:`~iris_triton.operations.gemm.row_block_tile`, then stores it; nothing is sent. Each
 tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``), by each of their loops (tensor
 descriptors with ``B`` row-major and column-major; plain loads, which they run where descriptors
-cannot address the operands), and by a candidate loop the fused kernels do not run (``tail``: the
-tiles of a last wave that fills at most half the programs computed in halves, by twice as many
-programs), is checked against ``torch.matmul`` and timed beside it with
+cannot address the operands), and by a candidate loop the fused kernels do not run (``split``: the
+tiles of a last wave that fills at most half the programs split along K among the idle programs),
+is checked against ``torch.matmul`` and timed beside it with
 ``triton.testing.do_bench`` (median), on the per-rank products of Llama-3-70B at TP=2 (bf16):
 
 - QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
@@ -37,8 +37,6 @@ import triton.language as tl
 
 from benchmarks.common import write_results
 
-from triton.tools.tensor_descriptor import TensorDescriptor
-
 from iris_triton.operations.gemm import descriptors, row_block_tile, tile_coordinates, tile_product_tma
 from iris_triton.tuning import GEMM_TILES
 
@@ -50,32 +48,35 @@ ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
 
 
 @triton.jit
-def tile_loop_kernel(a, b, c, a_desc, b_desc, b_half_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                     stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
-                     TAIL_SPLIT: tl.constexpr):
+def tile_loop_kernel(a, b, c, a_desc, b_desc, partials, arrived, launch, M, N, K, stride_am, stride_ak, stride_bk,
+                     stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+                     B_COLUMN_MAJOR: tl.constexpr, SPLIT_TAIL: tl.constexpr):
     """``c := a @ b`` by the fused kernels' tile loop (:func:`row_block_tile`: by descriptors with
-    ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``. ``TAIL_SPLIT``
-    (descriptors, row-major B): where the last wave fills at most half the programs, its tiles are
-    computed in halves of ``BLOCK_N / 2`` columns (``b_half_desc``), twice as many programs each
-    doing half the work."""
+    ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``.
+
+    ``SPLIT_TAIL`` (descriptors): where the last wave fills at most half the programs, each of its
+    tiles is split along K into ``S = P // tail`` parts computed by ``S`` programs: parts 1 to
+    ``S - 1`` store their float32 sums in ``partials`` and set their word of ``arrived`` to
+    ``launch`` (release); part 0 waits for them (acquire), adds them and stores the tile. Every
+    program is resident (one per multiprocessor), so the waits end."""
     row_tiles = tl.cdiv(M, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     tiles = row_tiles * col_tiles
     programs = tl.num_programs(0)
     tail = 0
-    if TAIL_SPLIT:
+    if SPLIT_TAIL:
         tail = tl.where((tiles % programs) * 2 <= programs, tiles % programs, 0)
+    parts = tl.maximum(programs // tl.maximum(tail, 1), 1)
     whole = tiles - tail
-    for u in range(tl.program_id(0), whole + 2 * tail, programs):
-        if TAIL_SPLIT:
+    for u in range(tl.program_id(0), whole + parts * tail, programs):
+        if SPLIT_TAIL:
             if u >= whole:
-                tile_row, tile_col = tile_coordinates(whole + (u - whole) // 2, row_tiles, col_tiles, GROUP_M)
-                acc, offs_m, offs_n = tile_product_tma(a_desc, b_half_desc, 0, 0, K, tile_row,
-                                                       2 * tile_col + (u - whole) % 2, BLOCK_M, BLOCK_N // 2, BLOCK_K,
-                                                       False)
-                tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
-                         mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+                # Part 0, which waits for the others, on the last program of its tile's (the interpreter
+                # runs programs in order).
+                _tail_part(c, a_desc, b_desc, partials, arrived, launch, (u - whole) // parts,
+                           parts - 1 - (u - whole) % parts, parts, whole, row_tiles, col_tiles, M, N, K, stride_cm,
+                           stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, B_COLUMN_MAJOR)
             else:
                 _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
                             stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
@@ -84,6 +85,34 @@ def tile_loop_kernel(a, b, c, a_desc, b_desc, b_half_desc, M, N, K, stride_am, s
             _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
                         stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
                         B_COLUMN_MAJOR)
+
+
+@triton.jit
+def _tail_part(c, a_desc, b_desc, partials, arrived, launch, index, part, parts, whole, row_tiles, col_tiles, M, N, K,
+               stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+    """Part ``part`` of ``parts`` (along K) of the ``index``-th tile of the last wave."""
+    tile_row, tile_col = tile_coordinates(whole + index, row_tiles, col_tiles, GROUP_M)
+    steps = tl.cdiv(K, BLOCK_K)
+    per_part = tl.cdiv(steps, parts)
+    first = part * per_part
+    acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, tl.minimum(first + per_part, steps), tile_row,
+                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K, B_COLUMN_MAJOR)
+    within = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    if part > 0:
+        slot = index * (parts - 1) + part - 1
+        tl.store(partials + slot * BLOCK_M * BLOCK_N + within, acc)
+        tl.debug_barrier()
+        tl.atomic_xchg(arrived + slot, launch, sem="release", scope="gpu")
+    else:
+        for other in range(1, parts):
+            slot = index * (parts - 1) + other - 1
+            while tl.atomic_add(arrived + slot, 0, sem="acquire", scope="gpu") != launch:
+                pass
+            tl.debug_barrier()
+            acc += tl.load(partials + slot * BLOCK_M * BLOCK_N + within)
+        tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
@@ -100,7 +129,7 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              tail_split: bool = False) -> torch.Tensor:
+              split_tail: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads."""
     M, K = a.shape
@@ -111,23 +140,34 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         loop = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
     elif not loop["TMA"]:
         raise ValueError("the operands' layouts do not allow tensor descriptors")
-    half = None
-    if tail_split:
-        assert tma and not loop["B_COLUMN_MAJOR"], "the tail split takes descriptors of a row-major B"
-        half = TensorDescriptor.from_tensor(b, [tile["BLOCK_K"], tile["BLOCK_N"] // 2])
-    tile_loop_kernel[(min(programs, tiles),)](a, b, c, b_half_desc=half, M=M, N=N, K=K, stride_am=a.stride(0),
-                                              stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
-                                              stride_cm=c.stride(0), stride_cn=c.stride(1),
-                                              EVEN_K=K % tile["BLOCK_K"] == 0,
-                                              TAIL_SPLIT=tail_split, **loop, **tile)
+    grid = min(programs, tiles)
+    partials, arrived = _split_state(a.device, grid, tile["BLOCK_M"] * tile["BLOCK_N"]) if split_tail else (None, None)
+    _LAUNCHES[0] += 1
+    tile_loop_kernel[(grid,)](a, b, c, partials=partials, arrived=arrived, launch=_LAUNCHES[0], M=M, N=N, K=K,
+                              stride_am=a.stride(0), stride_ak=a.stride(1), stride_bk=b.stride(0),
+                              stride_bn=b.stride(1), stride_cm=c.stride(0), stride_cn=c.stride(1),
+                              EVEN_K=K % tile["BLOCK_K"] == 0, SPLIT_TAIL=split_tail, **loop, **tile)
     return c
+
+
+#: Launches of :func:`tile_loop` so far: the value a split tile's parts announce their sums with
+#: (``arrived`` is never reset).
+_LAUNCHES = [0]
+
+
+@functools.cache
+def _split_state(device: torch.device, programs: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 partial sums (one tile of ``block`` elements per program) and arrival words of a
+    split last wave."""
+    return (torch.empty(programs * block, dtype=torch.float32, device=device),
+            torch.zeros(programs, dtype=torch.int32, device=device))
 
 
 #: The tile loops compared with cuBLAS, by name: :func:`tile_loop`'s options, and whether B is
 #: column-major (a linear layer's weight transposed). Plain loads are what the fused kernels run
 #: where descriptors cannot address the operands.
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
-         "tma tail ": (dict(tma=True, tail_split=True), False)}
+         "tma split ": (dict(tma=True, split_tail=True), False)}
 
 
 def _loops(device: torch.device) -> list[str]:

@@ -73,14 +73,16 @@ def tile_product(a, b, rows, cols, K, stride_am, stride_ak, stride_bk, stride_bn
 
 
 @triton.jit
-def tile_product_tma(a_desc, b_desc, a_slot, a_block, K, tile_row, tile_col, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
-    """``(acc, row offsets, column offsets)`` as :func:`tile_product`, for the ``A`` that is block
-    ``a_block`` of slot ``a_slot`` of ``a_desc`` (``[slots, blocks, rows, K]``, block ``1 x 1 x
-    BLOCK_M x BLOCK_K``: the fused kernels' parity slots and ranks' blocks of rows), and ``B``
-    from ``b_desc``: ``B`` itself (``K x N``, block ``BLOCK_K x BLOCK_N``), or with
-    ``B_COLUMN_MAJOR`` its transpose (``N x K``, block ``BLOCK_N x BLOCK_K``: a linear layer's
-    weight). The rows are those of the block, from 0.
+def tile_product_tma(a_desc, b_desc, a_slot, a_block, first_step, end_step, tile_row, tile_col,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     B_COLUMN_MAJOR: tl.constexpr):
+    """``(acc, row offsets, column offsets)`` as :func:`tile_product`, summed over the steps
+    ``[first_step, end_step)`` of ``BLOCK_K`` along K (all of K: ``0`` to ``cdiv(K, BLOCK_K)``),
+    for the ``A`` that is block ``a_block`` of slot ``a_slot`` of ``a_desc`` (``[slots, blocks,
+    rows, K]``, block ``1 x 1 x BLOCK_M x BLOCK_K``: the fused kernels' parity slots and ranks'
+    blocks of rows), and ``B`` from ``b_desc``: ``B`` itself (``K x N``, block ``BLOCK_K x
+    BLOCK_N``), or with ``B_COLUMN_MAJOR`` its transpose (``N x K``, block ``BLOCK_N x BLOCK_K``: a
+    linear layer's weight). The rows are those of the block, from 0.
 
     The blocks may have been written by other programs or GPUs whose flags this program acquired;
     an acquire orders the generic proxy only, and descriptor copies go through the asynchronous
@@ -91,7 +93,7 @@ def tile_product_tma(a_desc, b_desc, a_slot, a_block, K, tile_row, tile_col, BLO
     first_row = tile_row * BLOCK_M
     first_col = tile_col * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(first_step, end_step):
         x = a_desc.load([a_slot, a_block, first_row, k * BLOCK_K]).reshape(BLOCK_M, BLOCK_K)
         if B_COLUMN_MAJOR:
             y = b_desc.load([first_col, k * BLOCK_K]).T
@@ -111,8 +113,8 @@ def row_block_tile(a, b, a_desc, b_desc, slot, block, m, N, K, stride_am, stride
     stride_am``) of ``A @ B``: with ``TMA`` by :func:`tile_product_tma` from slot ``slot`` of
     ``a_desc`` and from ``b_desc`` (:func:`descriptors`), else by :func:`tile_product`."""
     if TMA:
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, slot, block, K, tile_row, tile_col, BLOCK_M, BLOCK_N,
-                                               BLOCK_K, B_COLUMN_MAJOR)
+        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, slot, block, 0, tl.cdiv(K, BLOCK_K), tile_row,
+                                               tile_col, BLOCK_M, BLOCK_N, BLOCK_K, B_COLUMN_MAJOR)
     else:
         acc, offs_m, offs_n = tile_product(a + block * m * stride_am, b, m, N, K, stride_am, stride_ak, stride_bk,
                                            stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
