@@ -103,11 +103,15 @@ def kernels(directory: Path) -> dict:
                             ccl_divisible, {})
         return build
 
+    # The tile loop by descriptors, B row-major (what GPUs run for such operands).
+    descriptor_types = {"a_desc": f"tensordesc<bf16[1,1,{config['BLOCK_M']},{config['BLOCK_K']}]>",
+                        "b_desc": f"tensordesc<bf16[{config['BLOCK_K']},{config['BLOCK_N']}]>"}
+
     def matmul_reduce_scatter(module, tracing):
-        constexprs = dict(RANK=0, WORLD=2, TRACING=tracing, EVEN_K=True, stride_ak=1, stride_bn=1, stride_on=1,
-                          **config)
-        return _compile("triton", module.matmul_reduce_scatter_kernel, constexprs, fused_types, fused_divisible,
-                        options)
+        constexprs = dict(RANK=0, WORLD=2, TRACING=tracing, EVEN_K=True, TMA=True, B_COLUMN_MAJOR=False, stride_ak=1,
+                          stride_bn=1, stride_on=1, **config)
+        return _compile("triton", module.matmul_reduce_scatter_kernel, constexprs, fused_types | descriptor_types,
+                        fused_divisible, options)
 
     return {"all_reduce": (collective(TRITON), ccl), "gluon:all_reduce": (collective(GLUON), ccl),
             "matmul_reduce_scatter": (matmul_reduce_scatter, fused)}
