@@ -37,7 +37,7 @@ import triton.language as tl
 
 from benchmarks.common import write_results
 
-from iris_triton.operations.gemm import descriptors, row_block_tile, tile_coordinates, tile_product_tma
+from iris_triton.operations.gemm import PLAIN_LOOP, descriptors, row_block_tile, tile_coordinates, tile_product_tma
 from iris_triton.tuning import GEMM_TILES
 
 #: (name, K, N) of each per-rank product; M is the number of rows (tokens).
@@ -135,10 +135,9 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
-    loop = descriptors(a, (1, 1, M, K), (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b, tile)
-    if not tma:
-        loop = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
-    elif not loop["TMA"]:
+    loop = descriptors(a, (1, 1, M, K), (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b, tile) \
+        if tma else PLAIN_LOOP
+    if tma and not loop["TMA"]:
         raise ValueError("the operands' layouts do not allow tensor descriptors")
     grid = min(programs, tiles)
     partials, arrived = _split_state(a.device, grid, tile["BLOCK_M"] * tile["BLOCK_N"]) if split_tail else (None, None)

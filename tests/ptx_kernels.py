@@ -36,6 +36,7 @@ from iris_triton.collectives import sentinel
 from iris_triton.protocol.barrier import device_barrier_kernel
 from iris_triton.device.frontend import TRITON
 from iris_triton.operations.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
+from iris_triton.operations.gemm import PLAIN_LOOP
 from iris_triton.tuning import GEMM_SHAPES, LOW_LATENCY_SHAPES, SENTINEL_SHAPES, collective_shape
 from tile_kernels import COLLECTIVES as TILE_COLLECTIVES
 from tile_kernels import tile_collective, unsynchronised_all_gather
@@ -422,7 +423,6 @@ def _fused_specs() -> dict:
     divisible = ("context", "shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "m", "K", "N", "stride_sm",
                  "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
-    plain = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     a_desc = f"tensordesc<bf16[1,1,{bm},{bk}]>"
     gemms = {
@@ -434,7 +434,7 @@ def _fused_specs() -> dict:
                                                              stride_sk=1), types, divisible)}
     for name, (kernel, strides, b_desc, column_major) in gemms.items():
         common = dict(RANK=0, WORLD=2, TRACING=False, EVEN_K=True, **config, **strides)
-        specs[name] = _spec(kernel, dict(common, **plain), types, divisible)
+        specs[name] = _spec(kernel, dict(common, **PLAIN_LOOP), types, divisible)
         specs[f"{name}_tma"] = _spec(kernel, dict(common, TMA=True, B_COLUMN_MAJOR=column_major),
                                      dict(types, a_desc=a_desc, b_desc=b_desc), divisible)
     return specs

@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from iris_triton.device.compiled import INTERPRETING
 
-__all__ = ["descriptors", "row_block_tile", "tile_coordinates", "tile_product", "tile_product_tma"]
+__all__ = ["PLAIN_LOOP", "descriptors", "row_block_tile", "tile_coordinates", "tile_product", "tile_product_tma"]
 
 #: Whether a descriptor loop orders its copies after what the program acquired before
 #: (``fence.proxy.async``): compiled, yes; the interpreter has no asynchronous proxy.
@@ -121,6 +121,10 @@ def row_block_tile(a, b, a_desc, b_desc, slot, block, m, N, K, stride_am, stride
     return acc, offs_m, offs_n
 
 
+#: The fused kernels' arguments that choose the plain loop (:func:`tile_product`): no descriptors.
+PLAIN_LOOP = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
+
+
 def _describable(tensor: torch.Tensor, strides) -> bool:
     """Whether a descriptor can address ``tensor``'s memory with ``strides`` (elements): the base
     16-byte aligned, the last stride 1, the others whole 16-byte units."""
@@ -132,14 +136,13 @@ def descriptors(a: torch.Tensor, a_shape: tuple, a_strides: tuple, b: torch.Tens
     """The fused kernels' arguments that choose their tile loop: ``TMA=True`` with the descriptors
     ``a_desc`` and ``b_desc`` of :func:`tile_product_tma` (``a``'s memory as ``[slots, blocks, rows,
     K]`` of ``a_shape`` and ``a_strides``; ``b`` row-major or column-major, which
-    ``B_COLUMN_MAJOR`` says) where both layouts allow descriptors, else ``TMA=False`` (the plain
-    loop, :func:`tile_product`)."""
+    ``B_COLUMN_MAJOR`` says) where both layouts allow descriptors, else :data:`PLAIN_LOOP`."""
     K, N = b.shape
     column_major = b.stride(0) == 1 and b.stride(1) != 1
     b_view, b_block = (b.t(), [tile["BLOCK_N"], tile["BLOCK_K"]]) if column_major else \
         (b, [tile["BLOCK_K"], tile["BLOCK_N"]])
     if 0 in (*a_shape, K, N) or not (_describable(a, a_strides) and _describable(b_view, b_view.stride())):
-        return dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
+        return dict(PLAIN_LOOP)
     return dict(a_desc=TensorDescriptor(a, list(a_shape), list(a_strides), [1, 1, tile["BLOCK_M"], tile["BLOCK_K"]]),
                 b_desc=TensorDescriptor(b_view, list(b_view.shape), list(b_view.stride()), b_block), TMA=True,
                 B_COLUMN_MAJOR=column_major)
