@@ -8,8 +8,9 @@ kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`) and comput
 their :func:`~iris_triton.operations.gemm.row_block_tile`, then stores it; nothing is sent. Each
 tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``), by each of their loops (tensor
 descriptors with ``B`` row-major and column-major; plain loads, which they run where descriptors
-cannot address the operands), and by a candidate loop the fused kernels do not run (``split``: the
-tiles of a last wave that fills at most half the programs split along K among the idle programs),
+cannot address the operands), and by a candidate the fused kernels do not run (``split``: the
+tiles of a last wave that fills at most half the programs split along K among the idle programs,
+in a second launch),
 is checked against ``torch.matmul`` and timed beside it with
 ``triton.testing.do_bench`` (median), on the per-rank products of Llama-3-70B at TP=2 (bf16):
 
@@ -48,50 +49,34 @@ ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
 
 
 @triton.jit
-def tile_loop_kernel(a, b, c, a_desc, b_desc, partials, arrived, launch, M, N, K, stride_am, stride_ak, stride_bk,
-                     stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
-                     B_COLUMN_MAJOR: tl.constexpr, SPLIT_TAIL: tl.constexpr):
-    """``c := a @ b`` by the fused kernels' tile loop (:func:`row_block_tile`: by descriptors with
-    ``TMA``, else by plain loads): program ``p`` takes tiles ``p, p + P, ...``.
-
-    ``SPLIT_TAIL`` (descriptors): where the last wave fills at most half the programs, each of its
-    tiles is split along K into ``S = P // tail`` parts computed by ``S`` programs: parts 1 to
-    ``S - 1`` store their float32 sums in ``partials`` and set their word of ``arrived`` to
-    ``launch`` (release); part 0 waits for them (acquire), adds them and stores the tile. Every
-    program is resident (one per multiprocessor), so the waits end."""
+def tile_loop_kernel(a, b, c, a_desc, b_desc, M, N, K, tiles, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                     stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+    """The first ``tiles`` tiles of ``c := a @ b`` by the fused kernels' tile loop
+    (:func:`row_block_tile`: by descriptors with ``TMA``, else by plain loads): program ``p`` takes
+    tiles ``p, p + P, ...``."""
     row_tiles = tl.cdiv(M, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
-    tiles = row_tiles * col_tiles
-    programs = tl.num_programs(0)
-    tail = 0
-    if SPLIT_TAIL:
-        tail = tl.where((tiles % programs) * 2 <= programs, tiles % programs, 0)
-    parts = tl.maximum(programs // tl.maximum(tail, 1), 1)
-    whole = tiles - tail
-    for u in range(tl.program_id(0), whole + parts * tail, programs):
-        if SPLIT_TAIL:
-            if u >= whole:
-                # Part 0, which waits for the others, on the last program of its tile's (the interpreter
-                # runs programs in order).
-                _tail_part(c, a_desc, b_desc, partials, arrived, launch, (u - whole) // parts,
-                           parts - 1 - (u - whole) % parts, parts, whole, row_tiles, col_tiles, M, N, K, stride_cm,
-                           stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, B_COLUMN_MAJOR)
-            else:
-                _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
-                            stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
-                            B_COLUMN_MAJOR)
-        else:
-            _whole_tile(a, b, c, a_desc, b_desc, u, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
-                        stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
-                        B_COLUMN_MAJOR)
+    for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
+                    stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA, B_COLUMN_MAJOR)
 
 
 @triton.jit
-def _tail_part(c, a_desc, b_desc, partials, arrived, launch, index, part, parts, whole, row_tiles, col_tiles, M, N, K,
-               stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
-    """Part ``part`` of ``parts`` (along K) of the ``index``-th tile of the last wave."""
+def tail_split_kernel(c, a_desc, b_desc, partials, arrived, launch, whole, parts, M, N, K, stride_cm, stride_cn,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      B_COLUMN_MAJOR: tl.constexpr):
+    """The tiles after the first ``whole`` of ``c := a @ b`` (by descriptors), each split along K
+    into ``parts``, a program each (launched after :func:`tile_loop_kernel` took the whole tiles):
+    parts 1 to ``parts - 1`` store their float32 sums in ``partials`` and set their word of
+    ``arrived`` to ``launch`` (release); part 0 waits for them (acquire), adds them and stores the
+    tile. Part 0 is its tile's last program (the interpreter runs programs in order); on a GPU
+    every program of the launch is resident (at most one per multiprocessor), so the waits end."""
+    u = tl.program_id(0)
+    index = u // parts
+    part = parts - 1 - u % parts
+    row_tiles = tl.cdiv(M, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
     tile_row, tile_col = tile_coordinates(whole + index, row_tiles, col_tiles, GROUP_M)
     steps = tl.cdiv(K, BLOCK_K)
     per_part = tl.cdiv(steps, parts)
@@ -131,7 +116,9 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
               split_tail: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
-    by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads."""
+    by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
+    with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
+    its tiles are left to :func:`tail_split_kernel`, launched after."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -139,13 +126,19 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         if tma else PLAIN_LOOP
     if tma and not loop["TMA"]:
         raise ValueError("the operands' layouts do not allow tensor descriptors")
-    grid = min(programs, tiles)
-    partials, arrived = _split_state(a.device, grid, tile["BLOCK_M"] * tile["BLOCK_N"]) if split_tail else (None, None)
-    _LAUNCHES[0] += 1
-    tile_loop_kernel[(grid,)](a, b, c, partials=partials, arrived=arrived, launch=_LAUNCHES[0], M=M, N=N, K=K,
-                              stride_am=a.stride(0), stride_ak=a.stride(1), stride_bk=b.stride(0),
-                              stride_bn=b.stride(1), stride_cm=c.stride(0), stride_cn=c.stride(1),
-                              EVEN_K=K % tile["BLOCK_K"] == 0, SPLIT_TAIL=split_tail, **loop, **tile)
+    tail = tiles % programs if split_tail and tiles > programs and 2 * (tiles % programs) <= programs else 0
+    whole = tiles - tail
+    tile_loop_kernel[(min(programs, whole),)](a, b, c, M=M, N=N, K=K, tiles=whole, stride_am=a.stride(0),
+                                              stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
+                                              stride_cm=c.stride(0), stride_cn=c.stride(1),
+                                              EVEN_K=K % tile["BLOCK_K"] == 0, **loop, **tile)
+    if tail:
+        parts = programs // tail
+        partials, arrived = _split_state(a.device, programs, tile["BLOCK_M"] * tile["BLOCK_N"])
+        _LAUNCHES[0] += 1
+        tail_split_kernel[(parts * tail,)](c, loop["a_desc"], loop["b_desc"], partials, arrived, _LAUNCHES[0], whole,
+                                           parts, M, N, K, c.stride(0), c.stride(1),
+                                           B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
     return c
 
 

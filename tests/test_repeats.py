@@ -46,12 +46,36 @@ def test_an_identical_call_returns_what_the_call_returns_and_runs_only_the_repea
         assert ran == ["run", "repeat"]
 
 
-@pytest.mark.parametrize("differs", ["shape", "strides", "dtype", "address", "type of an argument", "option"])
+def test_writing_into_the_tensor_keeps_its_repeat(ctx):
+    with _recording() as ran:
+        x = ctx.zeros(4, 4)
+        ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        x.copy_(torch.randn(4, 4))
+        x.add_(1)
+        ctx.ccl.broadcast(x, 0, algorithm="test_recording")
+        assert ran == ["run", "repeat"]
+
+
+def _changed_in_place(ctx, x, how: str) -> torch.Tensor:
+    """``x`` itself, its memory or layout changed in place by ``how``."""
+    if how == "set_":
+        x.set_(ctx.zeros(4, 4).untyped_storage(), 0, (4, 4), (4, 1))
+    elif how == "resize_":
+        x.resize_(2, 2)
+    elif how == "as_strided_":
+        x.as_strided_((2, 4), (4, 1), 4)
+    return x
+
+
+@pytest.mark.parametrize("differs", ["shape", "strides", "dtype", "address", "type of an argument", "option",
+                                     "set_", "resize_", "as_strided_"])
 def test_a_call_that_differs_in_anything_is_checked_again(ctx, differs):
     with _recording() as ran:
         x = ctx.zeros(4, 4)
         ctx.ccl.broadcast(x, 0, algorithm="test_recording")
-        again = {"shape": lambda: ctx.ccl.broadcast(x.view(16), 0, algorithm="test_recording"),
+        in_place = lambda: ctx.ccl.broadcast(_changed_in_place(ctx, x, differs), 0, algorithm="test_recording")  # noqa: E731
+        again = {"set_": in_place, "resize_": in_place, "as_strided_": in_place,
+                 "shape": lambda: ctx.ccl.broadcast(x.view(16), 0, algorithm="test_recording"),
                  "strides": lambda: ctx.ccl.broadcast(x.t(), 0, algorithm="test_recording"),
                  "dtype": lambda: ctx.ccl.broadcast(x.view(torch.int32), 0, algorithm="test_recording"),
                  "address": lambda: ctx.ccl.broadcast(ctx.zeros(4, 4), 0, algorithm="test_recording"),

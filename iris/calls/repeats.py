@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
+from iris.calls.declarations import DECLARATIONS
+from iris.calls.entries import guard, keyer
 
 __all__ = ["MAX_REPEATS", "Kept", "Repeats", "generation", "invalidate", "offer"]
 
@@ -70,24 +71,6 @@ def offer(context, repeat: Callable[[], None] | None) -> None:
         slot.repeat = repeat if slot.repeat is None else _SEVERAL
 
 
-def _key(name: str, args: tuple, kwargs: dict) -> tuple:
-    """The key of a call: each tensor by its address, shape, strides and dtype (its device follows
-    from its address: devices' memory and the host's never share addresses in one process), other
-    values with their type (True, 1 and 1.0 make different calls)."""
-    key = [name]
-    for value in args:
-        if isinstance(value, torch.Tensor):  # a subclass too (nn.Parameter): by its address, never its identity
-            key += (value.data_ptr(), value.shape, value.stride(), value.dtype)
-        else:
-            key += (value.__class__, value)
-    for keyword, value in kwargs.items():
-        if isinstance(value, torch.Tensor):
-            key += (keyword, value.data_ptr(), value.shape, value.stride(), value.dtype)
-        else:
-            key += (keyword, value.__class__, value)
-    return tuple(key)
-
-
 class Kept:
     """Values kept by key, at most ``limit`` (the oldest is dropped first), while the repeats are
     valid: all are forgotten at the next call after :func:`invalidate` (repeats, MoE's plans)."""
@@ -129,30 +112,28 @@ class Repeats:
     def kept(self, name: str, *args, **kwargs) -> Callable[[], None] | None:
         """The repeat kept for the call ``name(*args, **kwargs)``, if any (what a benchmark
         launches bare, beside the call)."""
-        found = self._kept.current().get(_key(name, args, kwargs))
-        return None if found is None else found[0]
+        key, tensors = keyer(DECLARATIONS[name])(*args, **kwargs)
+        found = self.found(key)
+        return None if found is None or not found[2](*tensors) else found[0]
 
-    def run(self, name: str, args: tuple, kwargs: dict) -> bool:
-        """Make the call ``name(*args, **kwargs)`` by its repeat, if one is kept and the guard lets
-        it run at once (``ctx._run_repeat``); False, having done nothing, otherwise."""
-        kept = self._kept.current()
-        if not kept:
-            return False
-        try:
-            found = kept.get(_key(name, args, kwargs))
-        except TypeError:  # an argument that cannot be part of a key (a list, say): never kept
-            return False
-        if found is None:
-            return False
+    def found(self, key: tuple) -> tuple | None:
+        """``(repeat, trace name, guard)`` kept under the call's ``key`` (:mod:`iris.calls.entries`:
+        the guard checks the call's tensors), or None."""
+        return self._kept.current().get(key)
+
+    def run_found(self, found: tuple) -> bool:
+        """Make a call by its repeat (:meth:`found`), if the guard lets it run at once
+        (``ctx._run_repeat``); False, having done nothing, otherwise."""
         context = self._context
         context.workspaces.note_capture()  # no workspace is asked for: a capture is noticed here
-        return context._run_repeat(*found) is not None
+        return context._run_repeat(found[0], found[1]) is not None
 
     def call(self, declaration, method: Callable, target, args: tuple, kwargs: dict,
-             returned: Callable[[tuple, dict], Any]):
+             returned: Callable[[tuple, dict], Any], keyed: Callable[..., tuple]):
         """``method(target, *args, **kwargs)``, the call of ``declaration`` in full, keeping the
-        repeat it offers (:func:`offer`) under the call's key where the method returned what
-        ``returned(args, kwargs)`` gives (what a call made by the repeat returns)."""
+        repeat it offers (:func:`offer`) under the call's key (``keyed``:
+        :func:`iris.calls.entries.keyer`) where the method returned what ``returned(args,
+        kwargs)`` gives (what a call made by the repeat returns)."""
         context = self._context
         calls = context._calls_offering
         slot = _Offered()
@@ -165,9 +146,10 @@ class Repeats:
         if repeat is None or repeat is _SEVERAL or context.config.debug or made is not returned(args, kwargs):
             return made  # debug mode: every call is checked in full
         try:
-            key = _key(declaration.name, args, kwargs)
+            key, tensors = keyed(*args, **kwargs)
             hash(key)
-        except TypeError:
+        except (TypeError, AttributeError):  # an argument that cannot be part of a key (a list, say): never kept
             return made
-        self._kept.keep(key, (repeat, declaration.trace_name))  # after the call, which may have replaced a workspace
+        # After the call, which may have replaced a workspace.
+        self._kept.keep(key, (repeat, declaration.trace_name, guard(tensors)))
         return made

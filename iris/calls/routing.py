@@ -5,7 +5,8 @@ takes ``group=`` (the call runs on ``self._for_group(group)``: :mod:`iris.collec
 and ``async_op=`` (a :mod:`iris.calls.work` handle is returned), under ``torch.compile`` it
 calls its functional operator (:func:`iris.calls.operators.compiled_call`) instead of its own
 code, so the compiled graph has no break; and a call identical to an earlier one runs that
-call's repeat, if it offered one, before anything else (:mod:`iris.calls.repeats`). The
+call's repeat, if it offered one, before anything else (:mod:`iris.calls.repeats`; the method's
+entry is written for its declaration, :mod:`iris.calls.entries`, to find it in few steps). The
 undecorated method is ``__wrapped__``: what the operators run. Its signature must be the
 declared one (checked when the class is defined), so the two cannot drift apart.
 """
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from iris.calls.declarations import DECLARATIONS, REQUIRED, Declaration
+from iris.calls.entries import entry, keyer
 from iris.calls.operators import compiled_call
 from iris.calls.work import CompletedWork, run_async
 from iris.errors import IrisError
@@ -64,10 +66,9 @@ def declared(method):
     declaration = DECLARATIONS[method.__name__]
     _check_signature(method, declaration)
     compiled = compiled_call(declaration)
-    name, returned = method.__name__, _returned(declaration)
+    name, returned, keyed = method.__name__, _returned(declaration), keyer(declaration)
 
-    @functools.wraps(method)
-    def call(self, *args, group=None, async_op: bool = False, **kwargs):
+    def in_full(self, args: tuple, kwargs: dict, group, async_op: bool):
         if group is not None:
             return getattr(_group_target(self, group), name)(*args, async_op=async_op, **kwargs)
         if torch.compiler.is_compiling():
@@ -76,12 +77,11 @@ def declared(method):
         repeats = self._repeats
         if async_op:
             def make():
-                return repeats.call(declaration, method, self, args, kwargs, returned)
+                return repeats.call(declaration, method, self, args, kwargs, returned, keyed)
 
             return run_async(self._context.device, make, (*args, *kwargs.values()))
-        if repeats.run(name, args, kwargs):
-            return returned(args, kwargs)
-        return repeats.call(declaration, method, self, args, kwargs, returned)
+        return repeats.call(declaration, method, self, args, kwargs, returned, keyed)
 
+    call = functools.wraps(method)(entry(declaration, in_full))
     call.__iris_operator__ = declaration.name
     return call

@@ -49,6 +49,9 @@ INTERPRETED: tl.constexpr = tl.constexpr(INTERPRETING)
 FP8_LARGEST: tl.constexpr = tl.constexpr(FP8_MAX)
 #: Tokens a step of the push kernel's :func:`final_positions` takes.
 FINAL_TOKENS: tl.constexpr = tl.constexpr(16)
+#: Slots a program of the push kernel clears at a time: small enough that every program takes a
+#: share of a few tokens' slots, rather than one program all of them.
+CLEARED_SLOTS: tl.constexpr = tl.constexpr(1024)
 
 
 @triton.jit
@@ -132,18 +135,28 @@ def _table_verdict(dctx, table, capacity, E, L, E_BLOCK: tl.constexpr, WORLD: tl
 
 
 @triton.jit
-def _pair_slot(table, ids, positions, t, j, E, L, capacity, K: tl.constexpr, RANK: tl.constexpr,
-               WORLD: tl.constexpr):
-    """``(slot, owner)`` of this rank's pair ``(t, j)``: its row's index in its expert's rank's
-    ``[L, capacity]`` slots (local expert ``l``, then the rows of that expert from lower ranks, then
-    the pair's position) and that rank; slot -1 for a pair sent nowhere."""
-    position = tl.load(positions + t * K + j)
-    e = tl.maximum(tl.load(ids + t * K + j).to(tl.int32), 0)
+def _pair_slots(table, ids, positions, t, E, L, capacity, K: tl.constexpr, K_BLOCK: tl.constexpr,
+                RANK: tl.constexpr, WORLD: tl.constexpr):
+    """``(slots, owners)`` of this rank's pairs ``(t, 0..K-1)`` (``[K_BLOCK]``, :func:`_pick` takes
+    pair ``j``'s): each row's index in its expert's rank's ``[L, capacity]`` slots (local expert
+    ``l``, then the rows of that expert from lower ranks, then the pair's position) and that rank;
+    slot -1 for a pair sent nowhere. The token's pairs are read at once, before any of its rows
+    moves: a store between them would keep each read from starting before the last store."""
+    pairs = tl.arange(0, K_BLOCK)
+    live = pairs < K
+    position = tl.load(positions + t * K + pairs, mask=live, other=-1)
+    e = tl.maximum(tl.load(ids + t * K + pairs, mask=live, other=0).to(tl.int32), 0)
     offset = position
     for q in tl.static_range(WORLD):
         if q < RANK:
-            offset += tl.load(table + q * (E + 1) + e)
+            offset += tl.load(table + q * (E + 1) + e, mask=live, other=0)
     return tl.where(position >= 0, (e % L) * capacity + offset, -1), e // L
+
+
+@triton.jit
+def _pick(values, j):
+    """Element ``j`` of the vector ``values``."""
+    return tl.sum(tl.where(tl.arange(0, values.shape[0]) == j, values, 0), axis=0)
 
 
 @triton.jit
@@ -193,13 +206,14 @@ def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, ca
             # Each step of the row is read once and stored to every pair's slot: the loads of a
             # step are in flight together, the stores do not wait. The first step also stores
             # each pair's source (and scale).
+            slots, owners = _pair_slots(table, ids, positions, t, E, L, capacity, K, K_BLOCK, RANK, WORLD)
             for h in range(0, H, BLOCK_H):
                 mask = h + columns < H
                 values = tl.load(token + h + columns, mask=mask)
                 if FP8 and not QUANTIZED:
                     values = (values.to(tl.float32) / scale).to(data.dtype.element_ty)
                 for j in tl.static_range(K):
-                    slot, owner = _pair_slot(table, ids, positions, t, j, E, L, capacity, K, RANK, WORLD)
+                    slot, owner = _pick(slots, j), _pick(owners, j)
                     if slot >= 0:  # its row, at slot * H: past 2**31 in large buffers
                         dctx.store(data + tl.cast(slot, tl.int64) * H + h + columns, values, owner, mask=mask)
                         if h == 0:
@@ -210,7 +224,7 @@ def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, ca
                             dctx.store(source_index + slot, source * 0 + t, owner)
                             dctx.store(source_slot + slot, source * 0 + j, owner)
     _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, capacity, ok, tl.program_id(0),
-                 tl.num_programs(0), BLOCK_H, RANK, WORLD)
+                 tl.num_programs(0), CLEARED_SLOTS, RANK, WORLD)
     programs = tl.num_programs(0)
     if not failed(dctx):  # a failed context signals nothing: its peers give up rather than take its rows
         for q in tl.static_range(WORLD):
@@ -230,8 +244,8 @@ def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, ca
             total += tl.load(table + source * (E + 1) + RANK * L + local, mask=local < L, other=0)
         tl.store(counts + local, tl.where(done, total, -1), mask=local < L)
         if not done:
-            _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, capacity, False, 0, 1, BLOCK_H,
-                         RANK, WORLD)
+            _clear_slots(table, scales, source_rank, source_index, source_slot, E, L, capacity, False, 0, 1,
+                         CLEARED_SLOTS, RANK, WORLD)
             poison_blocks(dctx, data, L * capacity * H, L * capacity * H, 0, 1, BLOCK_H)
 
 
@@ -372,7 +386,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     # Debug mode checks every call's ids on the host: no plan skips that.
     plannable = not (quantized or ctx.config.debug) and x is tokens and ids is topk_ids and \
         topk_weights.is_contiguous()
-    plan = DispatchPlan.of(ops, launches, parity, x, ids, positions, counts, call, num_experts, capacity, fp8) \
+    plan = DispatchPlan.of(ops, launches, parity, x, ids, counts, num_experts, capacity, fp8) \
         if plannable else None
     return launches.slots[parity], counts, positions, call, sequence, plan
 
@@ -399,6 +413,11 @@ class DispatchLaunches:
     push_grid: tuple
     push_constexprs: dict
     quantized: bool
+    scratch: tuple
+    """Per parity, ``(positions, call)``: int32 ``[T, k]`` and ``[1]`` on the heap, what a planned
+    call (:mod:`iris_triton.operations.moe_plans`) uses for its handle's state instead of
+    allocating it: a handle is refused on the host once the dispatch after next reused its
+    parity (:func:`iris_triton.operations.moe.combine`)."""
 
     @classmethod
     def of(cls, ops, T: int, H: int, k: int, E: int, capacity: int, dtype, signature: int,
@@ -418,6 +437,7 @@ class DispatchLaunches:
         programs, block_h, warps = _launch(ctx, H)
         common = dict(K=k, K_BLOCK=k_block, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
         return cls(slots=slots, buffers=tuple(carved(ops, slot, world, E, capacity, H, dtype) for slot in slots),
+                   scratch=_scratch(ops, T, k),
                    context=ctx.get_device_context(), control=_control(ops),
                    chunk_counts=memo(ops, ("chunk_counts", chunks, E),
                                      lambda: torch.empty(chunks, E + 1, dtype=torch.int32, device=ctx.device)),
@@ -452,6 +472,21 @@ class DispatchLaunches:
         _ROUTE.launch(self.route_grid, *self.route_arguments(parity, ids, positions, call), **self.route_constexprs)
         _PUSH.launch(self.push_grid, *self.push_arguments(parity, x, token_scales, ids, positions, counts),
                      **self.push_constexprs)
+
+
+def _scratch(ops, T: int, k: int) -> tuple:
+    """:attr:`DispatchLaunches.scratch` for ``T`` tokens of ``k`` pairs (views cut once: :func:`memo`)."""
+    import torch
+
+    stride = _aligned(4 * (T * k + 1)) // 4
+    space = ops._context.workspaces.get("moe_positions", 8 * stride)
+
+    def cut() -> tuple:
+        words = space.view(torch.int32)
+        return tuple((words[p * stride:p * stride + T * k].view(T, k), words[p * stride + T * k:p * stride + T * k + 1])
+                     for p in (0, 1))
+
+    return memo(ops, ("positions", space.data_ptr(), T, k), cut)
 
 
 def _control(ops) -> dict:
@@ -529,7 +564,8 @@ class CombineLaunches:
         return cls(ops=ops, context=ctx.get_device_context(), control=_control(ops),
                    back=ctx.workspaces.get("moe_back", 2 * back_stride * element).view(expert_out.dtype),
                    back_stride=back_stride, signature=signature, shape=(T, H, E, L, capacity), grid=(programs,),
-                   return_constexprs=common, reduce_constexprs=dict(common, PROGRAMS_BLOCK=bucket(programs)))
+                   return_constexprs=common,
+                   reduce_constexprs=dict(common, K_BLOCK=bucket(k), PROGRAMS_BLOCK=bucket(programs)))
 
     def sources(self, slot) -> dict:
         """The dispatch's ``slot`` carved: its sources and its routing table."""
@@ -628,12 +664,12 @@ def _pair_weight(ids, weights, positions, t, j, K: tl.constexpr):
 
 @triton.jit
 def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, programs, table, ids, positions, weights,
-                  call_in, calls, T, H, E, L, capacity, K: tl.constexpr, BLOCK_H: tl.constexpr,
-                  PROGRAMS_BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+                  call_in, calls, T, H, E, L, capacity, K: tl.constexpr, K_BLOCK: tl.constexpr,
+                  BLOCK_H: tl.constexpr, PROGRAMS_BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Combine's second step: once every rank's ``programs`` returning programs are done, ``out[t]``
     := ``sum_j w[t, j] * row(t, j)`` in float32 (:func:`_pair_weight`), ``row(t, j)`` the
     returned ``back[t, j]``, or for a pair whose expert is this rank's, its expert output where
-    dispatch put it (``expert_out[slot]``, :func:`_pair_slot` by the dispatch's ``table``). On a
+    dispatch put it (``expert_out[slot]``, :func:`_pair_slots` by the dispatch's ``table``). On a
     failure (a stale dispatch too) ``out`` := all-ones bits."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call, back, back_flags, ok = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
@@ -645,12 +681,13 @@ def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, progr
                                     PROGRAMS_BLOCK)
     columns = tl.arange(0, BLOCK_H)
     for t in range(tl.program_id(0), T, tl.num_programs(0)):
+        slots, owners = _pair_slots(table, ids, positions, t, E, L, capacity, K, K_BLOCK, RANK, WORLD)
         for h in range(0, H, BLOCK_H):
             mask = h + columns < H
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
             # Masked loads rather than branches: every pair's row of the step is in flight at once.
             for j in tl.static_range(K):
-                slot, owner = _pair_slot(table, ids, positions, t, j, E, L, capacity, K, RANK, WORLD)
+                slot, owner = _pick(slots, j), _pick(owners, j)
                 returned = back + tl.cast(t * K + j, tl.int64) * H
                 if owner == RANK:
                     returned = expert_out + tl.cast(slot, tl.int64) * H

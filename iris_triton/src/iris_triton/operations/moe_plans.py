@@ -75,9 +75,10 @@ class DispatchPlan:
     launches: Any
     """The :class:`~iris_triton.operations.moe_kernels.DispatchLaunches`."""
     route: tuple
-    """Per parity, the routing launch (:func:`_bound`), per call ``ids, positions, call``."""
+    """Per parity, the routing launch (:func:`_bound`), per call ``ids`` (the handle's state is
+    the parity's :attr:`~iris_triton.operations.moe_kernels.DispatchLaunches.scratch`)."""
     push: tuple
-    """Per parity, the pushing launch, per call ``tokens, ids, positions, counts``."""
+    """Per parity, the pushing launch, per call ``tokens, ids, counts``."""
     num_experts: int
     capacity: int
     fp8: bool
@@ -86,17 +87,18 @@ class DispatchPlan:
     """Plans of combines of this plan's dispatches, by ``expert_out``'s layout."""
 
     @classmethod
-    def of(cls, ops, launches, parity: int, x, ids, positions, counts, call, num_experts: int, capacity: int,
+    def of(cls, ops, launches, parity: int, x, ids, counts, num_experts: int, capacity: int,
            fp8: bool) -> "DispatchPlan | None":
         """The plan of a dispatch just launched with these tensors (None where it has none)."""
         from iris_triton.operations.moe_kernels import _PUSH, _ROUTE
 
         route, push = [], []
         for p in (parity, 1 - parity):
+            positions, call = launches.scratch[p]
             route.append(_bound(_ROUTE, launches.route_grid, launches.route_arguments(p, ids, positions, call),
-                                launches.route_constexprs, ("ids", "positions", "call_out")))
+                                launches.route_constexprs, ("ids",)))
             push.append(_bound(_PUSH, launches.push_grid, launches.push_arguments(p, x, None, ids, positions, counts),
-                               launches.push_constexprs, ("tokens", "ids", "positions", "counts")))
+                               launches.push_constexprs, ("tokens", "ids", "counts")))
         if None in route or None in push:
             return None
         order = slice(None) if parity == 0 else slice(None, None, -1)
@@ -119,16 +121,14 @@ class DispatchPlan:
     def run(self, tokens, topk_ids, topk_weights) -> MoeDispatch:
         """The dispatch of these arguments (of this plan's key), launched."""
         ops = self.ops
-        T, _, _, L, _ = self.launches.shape
-        device = tokens.device
+        L = self.launches.shape[3]
         sequence = ops._moe_calls
         ops._moe_calls = sequence + 1
         parity = sequence & 1
-        counts = torch.empty(L, dtype=torch.int32, device=device)
-        call = torch.empty(1, dtype=torch.int32, device=device)
-        positions = torch.empty(T, topk_ids.shape[1], dtype=torch.int32, device=device)
-        _launch(self.route[parity], (topk_ids, positions, call))
-        _launch(self.push[parity], (tokens, topk_ids, positions, counts))
+        counts = torch.empty(L, dtype=torch.int32, device=tokens.device)
+        positions, call = self.launches.scratch[parity]
+        _launch(self.route[parity], (topk_ids,))
+        _launch(self.push[parity], (tokens, topk_ids, counts))
         buffers = self.launches.buffers[parity]
         handle = MoeHandle(ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
                            topk_weights=topk_weights, positions=positions, call=call, counts=counts,

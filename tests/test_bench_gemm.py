@@ -1,0 +1,31 @@
+"""``benchmarks.gemm``: every loop it times (plain loads, tensor descriptors, the last wave split
+along K in a second launch) computes ``a @ b`` as torch does, in Triton's interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.gemm import LOOPS, tile_loop
+from iris_triton.tuning import GEMM_TILES
+
+TILE = GEMM_TILES["cpu"]["16x16x16"]
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize(("M", "K", "N", "programs"), [
+    (24, 48, 40, 4),   # 6 tiles on 4 programs: a last wave of 2, split in 2 parts
+    (40, 40, 48, 8),   # 9 tiles on 8 programs: a last wave of 1, split in 8 parts (uneven along K)
+    (32, 32, 32, 4),   # 4 tiles, no last wave
+])
+def test_every_loop_matches_torch(loop, M, K, N, programs):
+    if torch.cuda.is_available():
+        pytest.skip("runs in Triton's interpreter (the GPU figures come from the benchmark itself)")
+    options, column_major = LOOPS[loop]
+    g = torch.Generator().manual_seed(M + K + N)
+    a = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    b = torch.randn(K, N, generator=g).to(torch.bfloat16)
+    if column_major:
+        b = b.t().contiguous().t()
+    out = tile_loop(a, b, torch.full((M, N), float("nan"), dtype=torch.bfloat16), TILE, programs, **options)
+    torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2 * K ** 0.5)
