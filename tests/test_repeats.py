@@ -231,3 +231,23 @@ def test_a_parameter_is_known_by_its_memory_not_its_identity(ctx):
         weight.data = b
         ctx.ccl.broadcast(weight, 0, algorithm="test_recording")
         assert ran == ["run", "repeat", "run"]
+
+
+def test_without_torchs_tensor_guard_the_key_holds_each_tensors_layout(monkeypatch):
+    # Where torch has no C++ tensor guard, the shape, strides and dtype go into the key itself.
+    from iris.calls import entries
+    from iris.calls.declarations import DECLARATIONS
+
+    monkeypatch.setattr(entries, "_TENSOR_GUARDS", None)
+    entries.keyer.cache_clear()
+    try:
+        keyed = entries.keyer(DECLARATIONS["broadcast"])
+        x = torch.zeros(4, 4)
+        key, tensors = keyed(x, 0)
+        assert keyed(x.view(4, 4), 0)[0] == key and entries.guard(tensors)(x)
+        assert keyed(x.view(16), 0)[0] != key and keyed(x.t(), 0)[0] != key
+        assert keyed(x.view(torch.int32), 0)[0] != key and keyed(x, False)[0] != key
+        x.resize_(2, 2)
+        assert keyed(x, 0)[0] != key
+    finally:
+        entries.keyer.cache_clear()
