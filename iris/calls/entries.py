@@ -5,11 +5,12 @@ entry of every public ``ctx.ccl`` / ``ctx.ops`` method is a function generated f
 :class:`~iris.calls.declarations.Declaration` (as :mod:`dataclasses` writes ``__init__``): it has
 the method's own parameters, so no ``*args`` / ``**kwargs`` are packed, and it builds the call's
 key in one expression: the call's name, each tensor's address, each other value with its type
-(True, 1 and 1.0 make different calls). The rest of what identifies a tensor (shape, strides,
-dtype, device, and the dispatch state torch keys its kernels on) is checked for all the call's
-tensors at once by a guard in C++ (``torch._C._dynamo.guards.TensorGuards``, torch.compile's own
-check of its inputs) kept beside the repeat. Where this torch has no such guard, the shape,
-strides and dtype go into the key instead. Either way a key never depends on a tensor's values,
+(True, 1 and 1.0 make different calls; a string needs none). The rest of what identifies a
+tensor (shape, strides, dtype, device, and the dispatch state torch keys its kernels on) is
+checked for all the call's tensors at once by a guard in C++
+(``torch._C._dynamo.guards.TensorGuards``, torch.compile's own check of its inputs) kept beside
+the repeat. Where this torch has no such guard, the shape, strides and dtype go into the key
+instead. Either way a key never depends on a tensor's values,
 only on what ``set_``, ``resize_``, ``as_strided_`` or ``.data =`` change.
 
 Anything else (``group=``, ``async_op=``, keywords the declaration does not name, torch.compile,
@@ -79,6 +80,8 @@ def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
         elif param.type == "Tensor?":
             key.append(f"None if {name} is None else ({identity},)")
             tensors.append(f"_NO_TENSOR if {name} is None else {name}")
+        elif param.type in ("str", "str?"):  # only a string (or None) equals a string
+            key.append(name)
         else:
             key.append(f"{name}.__class__, {name}")
     return parameters, f"({', '.join(key)},)", f"({', '.join(tensors)}{',' if tensors else ''})", defaults
@@ -98,8 +101,8 @@ def keyer(declaration: Declaration) -> Callable[..., tuple]:
 
 def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bool], Any]) -> Callable:
     """The entry of ``declaration``'s method: its repeat where one is kept for the call
-    (``self._repeats``: :class:`iris.calls.repeats.Repeats`) and the guard lets it run, else
-    ``in_full(self, args, kwargs, group, async_op)``."""
+    (``self._repeats``: :class:`iris.calls.repeats.Repeats`) and the guard lets it run
+    (``self._context._run_repeat``), else ``in_full(self, args, kwargs, group, async_op)``."""
     parameters, key, tensors, defaults = _pieces(declaration)
     positional = [p.name for p in declaration.params if not p.keyword_only]
     keywords = [p.name for p in declaration.params if p.keyword_only]
@@ -113,7 +116,7 @@ def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bo
             found = repeats.found({key})
         except (TypeError, AttributeError):
             found = None
-        if found is not None and found[2]{tensors} and repeats.run_found(found):
+        if found is not None and found[2]{tensors} and self._context._run_repeat(found[0], found[1]) is not None:
             return {returned}
     return _in_full(self, ({''.join(f'{name}, ' for name in positional)}),
                     {{{''.join(f'{name!r}: {name}, ' for name in keywords)}**_extra}}, group, async_op)

@@ -118,15 +118,9 @@ class Repeats:
 
     def found(self, key: tuple) -> tuple | None:
         """``(repeat, trace name, guard)`` kept under the call's ``key`` (:mod:`iris.calls.entries`:
-        the guard checks the call's tensors), or None."""
+        the guard checks the call's tensors; ``ctx._run_repeat(repeat, trace name)`` makes the
+        call), or None."""
         return self._kept.current().get(key)
-
-    def run_found(self, found: tuple) -> bool:
-        """Make a call by its repeat (:meth:`found`), if the guard lets it run at once
-        (``ctx._run_repeat``); False, having done nothing, otherwise."""
-        context = self._context
-        context.workspaces.note_capture()  # no workspace is asked for: a capture is noticed here
-        return context._run_repeat(found[0], found[1]) is not None
 
     def call(self, declaration, method: Callable, target, args: tuple, kwargs: dict,
              returned: Callable[[tuple, dict], Any], keyed: Callable[..., tuple]):

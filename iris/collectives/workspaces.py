@@ -35,11 +35,16 @@ __all__ = ["REGION_ALIGNMENT", "Workspaces", "WorkspacesHost", "capturing"]
 REGION_ALIGNMENT = 256
 
 
+#: ``torch.cuda.is_current_stream_capturing`` without its Python layer (a repeated call asks it
+#: every time); a CPU build of torch has neither.
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+
+
 def capturing(device_type: str) -> bool:
     """Whether work enqueued now on a device of ``device_type`` (``"cuda"``, ``"cpu"``) is being
     captured into a CUDA graph (read from the current device's current stream: iris launches on
     the current device, the context's)."""
-    return device_type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return device_type == "cuda" and _stream_capturing()
 
 
 class Workspaces:

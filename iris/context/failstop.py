@@ -96,9 +96,14 @@ class FailStopMixin:
         call. On GPUs nothing is checked after the launch: its kernels have not run yet (they
         poison what they cannot verify), and the next call raises what they record. On CPU ranks
         the kernels ran within the call: what they recorded raises now, as the whole guard's
-        check does, and ``outputs(result)`` are poisoned."""
+        check does, and ``outputs(result)`` are poisoned. A CUDA graph capture in progress is noted
+        (:meth:`iris.collectives.workspaces.Workspaces.note_capture`): a repeat asks for no
+        workspace, but a graph may now hold the workspaces' addresses."""
         if self._failure is not None or self._recorded_failure() is not None or self.tracing.records_host_ranges:
             return None
+        workspaces = self.workspaces
+        if not workspaces.graph_captured:  # no workspace is asked for: a capture is noticed here
+            workspaces.note_capture()
         in_use = self._in_use
         if not in_use.acquire(False):
             return None

@@ -196,9 +196,7 @@ def _by_plan(ops, find, name: str, outputs):
         return None
     if made_by_plan is None:
         return None
-    ctx = ops._context
-    ctx.workspaces.note_capture()  # no workspace is asked for: a capture is noticed here
-    ran = ctx._run_repeat(made_by_plan, name, outputs)
+    ran = ops._context._run_repeat(made_by_plan, name, outputs)
     return None if ran is None else ran[0]
 
 
