@@ -8,10 +8,10 @@ kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`) and comput
 their :func:`~iris_triton.operations.gemm.row_block_tile`, then stores it; nothing is sent. Each
 tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``), by each of their loops (tensor
 descriptors with ``B`` row-major and column-major; plain loads, which they run where descriptors
-cannot address the operands), and by a candidate the fused kernels do not run (``split``: the
-tiles of a last wave that fills at most half the programs split along K among the idle programs,
-in a second launch),
-is checked against ``torch.matmul`` and timed beside it with
+cannot address the operands), and by two candidates the fused kernels do not run, which split
+the tiles of a last wave that fills at most half the programs along K among the idle programs
+(``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
+through one product loop), is checked against ``torch.matmul`` and timed beside it with
 ``triton.testing.do_bench`` (median), on the per-rank products of Llama-3-70B at TP=2 (bf16):
 
 - QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
@@ -101,6 +101,52 @@ def tail_split_kernel(c, a_desc, b_desc, partials, arrived, launch, whole, parts
 
 
 @triton.jit
+def split_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, tiles, tail, parts, stride_cm,
+                      stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+    """``c := a @ b`` (by descriptors) in one persistent launch whose units are K ranges of tiles:
+    the first ``tiles - tail`` tiles whole, then each of the last ``tail`` split into ``parts``
+    (program ``p`` takes units ``p, p + P, ...``). Every unit runs the same product loop over its
+    steps; a part after the first stores its float32 sum in ``partials`` and sets its word of
+    ``arrived`` to ``launch``, the first part waits for them, adds them and stores the tile. The
+    first part is its tile's last unit (the interpreter runs programs in order; on a GPU every
+    program is resident, one per multiprocessor)."""
+    row_tiles = tl.cdiv(M, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    steps = tl.cdiv(K, BLOCK_K)
+    per_part = tl.cdiv(steps, parts)
+    whole = tiles - tail
+    for u in range(tl.program_id(0), whole + parts * tail, tl.num_programs(0)):
+        tile = u
+        part = 0
+        first = 0
+        end = steps
+        if u >= whole:
+            tile = whole + (u - whole) // parts
+            part = parts - 1 - (u - whole) % parts
+            first = part * per_part
+            end = tl.minimum(first + per_part, steps)
+        tile_row, tile_col = tile_coordinates(tile, row_tiles, col_tiles, GROUP_M)
+        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, end, tile_row, tile_col, BLOCK_M, BLOCK_N,
+                                               BLOCK_K, B_COLUMN_MAJOR)
+        within = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        slots = (tile - whole) * (parts - 1)
+        if part > 0:
+            tl.store(partials + (slots + part - 1) * BLOCK_M * BLOCK_N + within, acc)
+            tl.debug_barrier()
+            tl.atomic_xchg(arrived + slots + part - 1, launch, sem="release", scope="gpu")
+        else:
+            if u >= whole:
+                for other in range(1, parts):
+                    while tl.atomic_add(arrived + slots + other - 1, 0, sem="acquire", scope="gpu") != launch:
+                        pass
+                    tl.debug_barrier()
+                    acc += tl.load(partials + (slots + other - 1) * BLOCK_M * BLOCK_N + within)
+            tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                 stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
@@ -114,11 +160,12 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              split_tail: bool = False) -> torch.Tensor:
+              split_tail: bool = False, one_launch: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
-    its tiles are left to :func:`tail_split_kernel`, launched after."""
+    its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
+    whole product is :func:`split_loop_kernel`."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -128,6 +175,14 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         raise ValueError("the operands' layouts do not allow tensor descriptors")
     tail = tiles % programs if split_tail and tiles > programs and 2 * (tiles % programs) <= programs else 0
     whole = tiles - tail
+    if one_launch:
+        parts = programs // tail if tail else 1
+        partials, arrived = _split_state(a.device, programs, tile["BLOCK_M"] * tile["BLOCK_N"])
+        _LAUNCHES[0] += 1
+        split_loop_kernel[(min(programs, whole + parts * tail),)](
+            c, loop["a_desc"], loop["b_desc"], partials, arrived, _LAUNCHES[0], M, N, K, tiles, tail, parts,
+            c.stride(0), c.stride(1), B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
+        return c
     tile_loop_kernel[(min(programs, whole),)](a, b, c, M=M, N=N, K=K, tiles=whole, stride_am=a.stride(0),
                                               stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
                                               stride_cm=c.stride(0), stride_cn=c.stride(1),
@@ -159,7 +214,8 @@ def _split_state(device: torch.device, programs: int, block: int) -> tuple[torch
 #: column-major (a linear layer's weight transposed). Plain loads are what the fused kernels run
 #: where descriptors cannot address the operands.
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
-         "tma split ": (dict(tma=True, split_tail=True), False)}
+         "tma split ": (dict(tma=True, split_tail=True), False),
+         "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False)}
 
 
 def _loops(device: torch.device) -> list[str]:
