@@ -85,9 +85,9 @@ def _reference_dispatch(x: torch.Tensor, ids: torch.Tensor, experts: int, world:
     device whose float8 conversion the rows are quantised with (CPU and GPU conversions may round
     a value at the edge of the range differently)."""
     local = experts // world
-    data, scale = (t.cpu() for t in _quantised(x.to(quantise_on))) if fp8 else (x, torch.zeros(TOKENS))
+    data, scale = (t.cpu() for t in _quantised(x.to(quantise_on))) if fp8 else (x, torch.zeros(x.shape[0]))
     row_bytes = data.contiguous().view(torch.int8).shape[1]
-    pairs = sorted({(int(e), t) for t in range(TOKENS) for e in ids[t].tolist() if e >= 0})
+    pairs = sorted({(int(e), t) for t in range(ids.shape[0]) for e in ids[t].tolist() if e >= 0})
     by_rank = [[(e, t) for e, t in pairs if e // local == d] for d in range(world)]
     sends = [len(p) for p in by_rank]
     receives = torch.empty(world, dtype=torch.int64)
@@ -193,8 +193,16 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
     # of other tensors, run by it (their results checked above).
     plan = calls[0][3].handle.plan
     report.check("plans/dispatch", plan is not None and all(result.handle.plan is plan for *_, result in calls))
-    report.check("plans/combine", len(combine_plans[0]) == 1 and all(made == combine_plans[0]
-                                                                   for made in combine_plans))
+    report.check("plans/combine", all([len(plans) for plans in made.values()] == [1] for made in combine_plans))
+    # Fewer tokens, with the same options and alignment: a plan of their own, never the other's;
+    # then the first shape again by its plan.
+    half = TOKENS // 2
+    x, ids, w = calls[0][0][:half], calls[0][1][:half], calls[0][2][:half]
+    fewer = [ctx.ops.moe_dispatch(x, ids, w, experts) for _ in range(2)][-1]
+    _check_result(report, "plans/fewer_tokens", fewer, _reference_dispatch(x, ids, experts, world, rank, False),
+                  world * half, False, torch.bfloat16)
+    again = ctx.ops.moe_dispatch(*calls[0][:3], experts)
+    report.check("plans/per_layout", fewer.handle.plan not in (None, plan) and again.handle.plan is plan)
 
 
 #: The cases compiled with torch.compile (fullgraph): a 16-bit one and fp8.
@@ -385,7 +393,7 @@ def _five_rank_worker(rank: int) -> bytes:
 def test_world5_dispatch_and_combine_match_the_references():
     reports = spawn_reports(_five_rank_worker, 5, device=interpreted_device("triton"))
     calls = list(FIVE_RANK_CASES) + [f"back_to_back/{i}" for i in range(BACK_TO_BACK)]
-    assert_rank_checks(reports, "dispatch/", _dispatch_names(calls))
+    assert_rank_checks(reports, "dispatch/", _dispatch_names([*calls, "plans/fewer_tokens"]))
     assert_rank_checks(reports, "combine/", {f"combine/{name}" for name in calls} | {"combine/no_failure"})
 
 
@@ -400,7 +408,7 @@ def _dispatch_names(cases) -> set[str]:
 
 
 def test_dispatch_matches_the_all_to_all_single_reference(reports):
-    calls = [name for name, *_ in CASES] + [f"back_to_back/{i}" for i in range(BACK_TO_BACK)]
+    calls = [name for name, *_ in CASES] + [f"back_to_back/{i}" for i in range(BACK_TO_BACK)] + ["plans/fewer_tokens"]
     assert_rank_checks(reports, "dispatch/", _dispatch_names(calls))
 
 
@@ -416,7 +424,7 @@ def test_combine_is_the_weighted_sum_of_the_expert_outputs(reports):
 
 
 def test_calls_of_a_shape_made_before_run_by_their_plans(reports):
-    assert_rank_checks(reports, "plans/", {"plans/dispatch", "plans/combine"})
+    assert_rank_checks(reports, "plans/", {"plans/dispatch", "plans/combine", "plans/per_layout"})
 
 
 def test_bad_arguments_are_refused_on_the_host(reports):

@@ -26,7 +26,7 @@ import torch
 
 from iris.calls.declarations import REQUIRED, Declaration
 
-__all__ = ["entry", "guard", "keyer"]
+__all__ = ["entry", "guard", "keyer", "layout_guard"]
 
 
 def _tensor_guards():
@@ -51,10 +51,24 @@ def _always(*tensors) -> bool:
 
 def guard(tensors: tuple) -> Callable[..., bool]:
     """The check that tensors are (in metadata) ``tensors`` (what :func:`keyer` gives besides the
-    key), called with the tensors of a later call of the same key."""
+    key), called with the tensors of a later call of the same key; where the key holds their
+    layouts (no C++ guard in this torch), nothing is left to check."""
     if _TENSOR_GUARDS is None or not tensors:
         return _always
-    return _TENSOR_GUARDS(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+    return layout_guard(tensors)
+
+
+def layout_guard(tensors: tuple) -> Callable[..., bool]:
+    """The check that tensors have ``tensors``' shapes, strides, dtypes and devices (for keys that
+    hold none of it): torch's C++ guard, or where this torch has none a comparison in Python."""
+    if _TENSOR_GUARDS is not None:
+        return _TENSOR_GUARDS(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+    layouts = [_layout(tensor) for tensor in tensors]
+    return lambda *others: [_layout(tensor) for tensor in others] == layouts
+
+
+def _layout(tensor: torch.Tensor) -> tuple:
+    return tensor.shape, tensor.stride(), tensor.dtype, tensor.device
 
 
 def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:

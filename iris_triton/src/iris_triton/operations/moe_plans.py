@@ -3,10 +3,11 @@ and little else.
 
 A full ``ctx.ops.moe_dispatch`` checks its arguments, prepares its two launches for both parities
 of the receive buffers (:class:`~iris_triton.operations.moe_kernels.DispatchLaunches`) and leaves
-a :class:`DispatchPlan`, kept by the ``ctx.ops`` object under what the checks read of the
-arguments (:func:`dispatch_key`: the tensors' shapes, strides, dtypes, devices and alignment,
-the options; not their addresses, which change from call to call). A later dispatch of the same
-key allocates its own outputs, puts its tensors' addresses into the prepared arguments and
+a :class:`DispatchPlan`, kept by the ``ctx.ops`` object for what the checks read of the
+arguments: the options and the tensors' alignment (:func:`dispatch_key`), and their shapes,
+strides, dtypes and devices, checked in one call (:func:`iris.calls.entries.layout_guard`); not
+their addresses, which change from call to call. A later dispatch of the same arguments
+allocates its own outputs, puts its tensors' addresses into the prepared arguments and
 launches the compiled kernels directly, inside the least of the fail-stop guard
 (``ctx._run_repeat``); its result is a handle as the full call makes. A combine of a planned
 dispatch's handle is planned likewise (:class:`CombinePlan`, by ``expert_out``'s layout).
@@ -24,6 +25,7 @@ import attrs
 import torch
 
 from iris.calls import repeats
+from iris.calls.entries import layout_guard
 from iris_triton.device.frontend import passed
 from iris_triton.operations.moe import MoeDispatch, MoeHandle
 
@@ -33,17 +35,29 @@ __all__ = ["CombinePlan", "DispatchPlan", "combine_again", "dispatch_again", "di
 MAX_PLANS = 64
 
 
-def _layout(tensor: torch.Tensor) -> tuple:
-    """What a plan depends on of a tensor: what the checks read and what the kernels were
-    compiled for (16-byte alignment)."""
-    return tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor.data_ptr() % 16 == 0
-
-
 def dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8) -> tuple:
-    """A dispatch's key among the plans; TypeError or AttributeError for arguments that cannot
-    be planned (the full call then says what is wrong)."""
-    return (_layout(tokens), _layout(topk_ids), _layout(topk_weights), num_experts.__class__, num_experts,
-            capacity.__class__, capacity, fp8.__class__, fp8)
+    """A dispatch's key among the plans: its options and its tensors' 16-byte alignment (what the
+    kernels were compiled for); the tensors' layouts are each plan's :attr:`DispatchPlan.check`.
+    TypeError or AttributeError for arguments that cannot be planned (the full call then says
+    what is wrong)."""
+    return (tokens.data_ptr() % 16 == 0, topk_ids.data_ptr() % 16 == 0, topk_weights.data_ptr() % 16 == 0,
+            num_experts.__class__, num_experts, capacity.__class__, capacity, fp8.__class__, fp8)
+
+
+def _made(cls, **fields):
+    """An instance of the frozen dataclass ``cls`` (:class:`MoeHandle`, :class:`MoeDispatch`) with
+    every field in ``fields``, as its ``__init__`` makes it but without a call of
+    ``object.__setattr__`` per field: what a planned call returns, made on every call."""
+    made = object.__new__(cls)
+    made.__dict__.update(fields)
+    return made
+
+
+def _kept_among(plans: list, plan) -> None:
+    """Add ``plan`` to ``plans`` (of one key), dropping the oldest past :data:`MAX_PLANS`."""
+    if len(plans) >= MAX_PLANS:
+        del plans[0]
+    plans.append(plan)
 
 
 def _bound(cache, grid: tuple, arguments: tuple, constexprs: dict, per_call: tuple[str, ...]):
@@ -58,12 +72,12 @@ def _bound(cache, grid: tuple, arguments: tuple, constexprs: dict, per_call: tup
 
 
 def _launch(bound, values: tuple) -> None:
-    """Launch ``bound`` (:func:`_bound`) with ``values`` for its per-call arguments."""
-    runner, template, indices = bound
-    filled = template.copy()
+    """Launch ``bound`` (:func:`_bound`) with ``values`` for its per-call arguments (written into
+    its arguments in place: a plan's calls never overlap, the guard lets one call run at a time)."""
+    runner, arguments, indices = bound
     for index, value in zip(indices, values):
-        filled[index] = passed(value)
-    runner(filled)
+        arguments[index] = passed(value)
+    runner(arguments)
 
 
 @attrs.define(eq=False)
@@ -82,9 +96,13 @@ class DispatchPlan:
     num_experts: int
     capacity: int
     fp8: bool
+    check: Any = None
+    """Whether a dispatch's ``tokens, topk_ids, topk_weights`` have the layouts of this plan's
+    (:func:`iris.calls.entries.layout_guard`; set where the plan is kept)."""
     generation: int = attrs.field(factory=repeats.generation)
     combines: dict = attrs.field(factory=dict)
-    """Plans of combines of this plan's dispatches, by ``expert_out``'s layout."""
+    """Plans of combines of this plan's dispatches, by ``expert_out``'s 16-byte alignment: lists
+    of :class:`CombinePlan`, each for its layout."""
 
     @classmethod
     def of(cls, ops, launches, parity: int, x, ids, counts, num_experts: int, capacity: int,
@@ -106,17 +124,22 @@ class DispatchPlan:
                    num_experts=num_experts, capacity=capacity, fp8=fp8)
 
     def keep_for(self, tokens, topk_ids, topk_weights, num_experts, capacity, fp8) -> None:
-        """Keep this plan for dispatches of these arguments' key (:func:`dispatch_key`)."""
-        self.ops._moe_plans.keep(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8), self)
+        """Keep this plan for dispatches of these arguments (:func:`dispatch_key`, and their layouts)."""
+        self.check = layout_guard((tokens, topk_ids, topk_weights))
+        key = dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
+        kept = self.ops._moe_plans
+        plans = kept.current().get(key)
+        if plans is None:
+            plans = []
+            kept.keep(key, plans)
+        _kept_among(plans, self)
 
     def keep_combine(self, expert_out, launches, handle: MoeHandle, out) -> None:
         """Keep the plan of a combine of one of this plan's dispatches, just launched with
         ``expert_out`` (contiguous) into ``out`` (:class:`CombinePlan`)."""
         plan = CombinePlan.of(self, launches, handle, out, expert_out)
         if plan is not None:
-            if len(self.combines) >= MAX_PLANS:
-                self.combines.clear()
-            self.combines[_layout(expert_out)] = plan
+            _kept_among(self.combines.setdefault(expert_out.data_ptr() % 16 == 0, []), plan)
 
     def run(self, tokens, topk_ids, topk_weights) -> MoeDispatch:
         """The dispatch of these arguments (of this plan's key), launched."""
@@ -130,11 +153,12 @@ class DispatchPlan:
         _launch(self.route[parity], (topk_ids,))
         _launch(self.push[parity], (tokens, topk_ids, counts))
         buffers = self.launches.buffers[parity]
-        handle = MoeHandle(ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
-                           topk_weights=topk_weights, positions=positions, call=call, counts=counts,
-                           slot=self.launches.slots[parity], sequence=sequence, plan=self)
-        return MoeDispatch(tokens=buffers["data"], scales=buffers["scales"] if self.fp8 else None, counts=counts,
-                           source_rank=buffers["source_rank"], source_index=buffers["source_index"], handle=handle)
+        handle = _made(MoeHandle, ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
+                       topk_weights=topk_weights, positions=positions, call=call, counts=counts,
+                       slot=self.launches.slots[parity], sequence=sequence, plan=self)
+        return _made(MoeDispatch, tokens=buffers["data"], scales=buffers["scales"] if self.fp8 else None,
+                     counts=counts, source_rank=buffers["source_rank"], source_index=buffers["source_index"],
+                     handle=handle)
 
 
 @attrs.define(eq=False)
@@ -148,6 +172,8 @@ class CombinePlan:
     ``expert_out, counts, call_in``."""
     reduces: tuple
     """Per parity, the reducing launch, per call ``out, expert_out, ids, positions, weights, call_in``."""
+    check: Any
+    """Whether an ``expert_out`` has the layout of this plan's (:func:`iris.calls.entries.layout_guard`)."""
 
     @classmethod
     def of(cls, dispatch: DispatchPlan, launches, handle: MoeHandle, out, x) -> "CombinePlan | None":
@@ -167,7 +193,7 @@ class CombinePlan:
                                   ("out", "expert_out", "ids", "positions", "weights", "call_in")))
         if None in returns or None in reduces:
             return None
-        return cls(launches=launches, returns=tuple(returns), reduces=tuple(reduces))
+        return cls(launches=launches, returns=tuple(returns), reduces=tuple(reduces), check=layout_guard((x,)))
 
     def run(self, expert_out, handle: MoeHandle) -> torch.Tensor:
         """The combine of ``expert_out`` for ``handle`` (of this plan's key), launched."""
@@ -207,8 +233,10 @@ def dispatch_again(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity
         return None
 
     def find():
-        plan = plans.get(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8))
-        return None if plan is None else lambda: plan.run(tokens, topk_ids, topk_weights)
+        for plan in plans.get(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8), ()):
+            if plan.check(tokens, topk_ids, topk_weights):
+                return lambda: plan.run(tokens, topk_ids, topk_weights)
+        return None
 
     return _by_plan(ops, find, "ops.moe_dispatch", _dispatch_outputs)
 
@@ -224,7 +252,9 @@ def combine_again(ops, expert_out, handle):
         return None
 
     def find():
-        plan = dispatch.combines.get(_layout(expert_out))
-        return None if plan is None else lambda: plan.run(expert_out, handle)
+        for plan in dispatch.combines.get(expert_out.data_ptr() % 16 == 0, ()):
+            if plan.check(expert_out):
+                return lambda: plan.run(expert_out, handle)
+        return None
 
     return _by_plan(ops, find, "ops.moe_combine", lambda out: (out,))
