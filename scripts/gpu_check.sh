@@ -10,6 +10,7 @@
 #   upstream-a, upstream-b         upstream iris's own tests (x, ccl, ops; unittests) at world 1, from a
 #                                  checkout of upstream iris in .upstream/ (ignored; pass carry [".upstream"]),
 #                                  Gluon kernels' 64 lanes made 32 (scripts/upstream_tests.py)
+#   upstream-examples              every example of that checkout at world 1 (scripts/upstream_examples.py)
 # The full check on one GPU is these five steps: five calls.
 # The whole suite takes longer than one 10-minute call: split it by files, e.g. --tests "-q
 # tests/test_[a-f]*.py" in one call and --tests "-q tests/test_[g-z]*.py" in the next. The fault
@@ -23,6 +24,7 @@ mkdir -p "$OUT"
 tests="-q tests"
 benches=()
 upstream=()
+examples=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
@@ -35,6 +37,7 @@ while [ $# -gt 0 ]; do
         faults-c) tests="-q tests/test_failstop.py -k 'killed_during or late_by_more or threads'" ;;
         upstream-a) tests=""; upstream=(x ccl ops) ;;
         upstream-b) tests=""; upstream=(unittests) ;;
+        upstream-examples) tests=""; examples=1 ;;
         *) echo "unknown step $2" >&2; exit 2 ;;
       esac
       shift 2 ;;
@@ -54,6 +57,10 @@ fi
 if [ ${#upstream[@]} -gt 0 ]; then
   python3 scripts/upstream_tests.py --upstream .upstream --out "$OUT/upstream" "${upstream[@]}" 2>&1 \
     | tee "$OUT/upstream.log" | grep -v "^    " | tail -60 || status=1
+fi
+if [ "$examples" = 1 ]; then
+  python3 scripts/upstream_examples.py --upstream .upstream --out "$OUT/examples" 2>&1 | tee "$OUT/examples.log" \
+    || status=1
 fi
 for bench in "${benches[@]}"; do
   echo "== benchmark: $bench"

@@ -1,0 +1,59 @@
+"""``scripts/upstream_examples.py``: how it reads an upstream example's outcome (whole lines, so a
+success line never matches inside a failure line) and what its glue changes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location("upstream_examples",
+                                               Path(__file__).parents[1] / "scripts" / "upstream_examples.py")
+runner = sys.modules["upstream_examples"] = importlib.util.module_from_spec(_SPEC)  # dataclasses look it up
+_SPEC.loader.exec_module(runner)
+
+STORE = runner.EXAMPLES["01_store"]
+ALL_STORE = runner.EXAMPLES["03_all_store"]
+
+
+@pytest.mark.parametrize(("output", "code", "expected"), [
+    ("[Iris] [0/2] Validation successful.\n", 0, "validated"),
+    ("Validation successful.\n", 0, "validated"),
+    ("[Iris] [0/2] Validation not successful.\n", 0, "failed"),
+    ("[Iris] [0/2] Validation successful. (after a retry)\n", 0, "failed"),
+    ("[Iris] [0/2] Validation successful.\n[Iris] [1/2] Validation failed.\n", 0, "failed"),
+    ("[Iris] [0/2] Validation successful.\n", 1, "failed"),
+    ("", 0, "failed"),
+])
+def test_a_run_is_validated_only_by_its_whole_success_line(output, code, expected):
+    assert runner.outcome(STORE, 2, code, output) == expected
+
+
+def test_an_upstream_check_that_cannot_pass_is_told_apart_only_where_it_cannot():
+    failing = "[Iris] [0/1] Mismatch at index 3\n[Iris] [0/1] Validation failed.\n"
+    assert runner.outcome(ALL_STORE, 1, 0, failing) == "upstream check"
+    assert runner.outcome(ALL_STORE, 2, 0, failing) == "failed"
+    assert runner.outcome(ALL_STORE, 1, 1, failing) == "failed"
+
+
+def test_examples_that_cannot_run_here_say_why():
+    assert "2 ranks only" in runner.why_not(runner.EXAMPLES["06_put"], 1, True, 0)
+    assert "Gluon" in runner.why_not(runner.EXAMPLES["06_gluon"], 2, True, 0)
+    assert runner.why_not(STORE, 2, True, 0) is None and runner.why_not(STORE, 1, False, 1) is None
+    assert "2 GPUs" in runner.why_not(STORE, 2, False, 1)
+
+
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_the_glue_rewrites_lanes_everywhere_and_devices_on_cpu_ranks_only(tmp_path, on_cpu):
+    source = tmp_path / "upstream" / "examples" / "k.py"
+    source.parent.mkdir(parents=True)
+    source.write_text('layout = gl.BlockedLayout([1], [64], [1], [0])\nx = torch.zeros(4, device="cuda")\n'
+                      'dist.init_process_group(backend="nccl")\n')
+    root = runner.glued_copy(tmp_path / "upstream", tmp_path / "scratch", on_cpu)
+    glued = (root / "examples" / "k.py").read_text()
+    assert "gl.BlockedLayout([1], [32], [1], [0])" in glued
+    assert ('device="cpu"' in glued and 'backend="gloo"' in glued) == on_cpu
+    assert ('device="cuda"' in glued and 'backend="nccl"' in glued) == (not on_cpu)
+    assert (root / "sitecustomize.py").exists() == on_cpu
