@@ -11,7 +11,8 @@ descriptors with ``B`` row-major and column-major; plain loads, which they run w
 cannot address the operands), and by two candidates the fused kernels do not run, which split
 the tiles of a last wave that fills at most half the programs along K among the idle programs
 (``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
-through one product loop), is checked against ``torch.matmul`` and timed beside it with
+through one product loop), and by a third (``flat``: the tile and K loops flattened into one
+pipelined loop, tiles stored by descriptor), is checked against ``torch.matmul`` and timed beside it with
 ``triton.testing.do_bench`` (median), on the per-rank products of Llama-3-70B at TP=2 (bf16):
 
 - QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
@@ -38,7 +39,10 @@ import triton.language as tl
 
 from benchmarks.common import write_results
 
-from iris_triton.operations.gemm import PLAIN_LOOP, descriptors, row_block_tile, tile_coordinates, tile_product_tma
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from iris_triton.operations.gemm import PLAIN_LOOP, WIDEN_BF16_PRODUCTS, descriptors, row_block_tile, \
+    tile_coordinates, tile_product_tma
 from iris_triton.tuning import GEMM_TILES
 
 #: (name, K, N) of each per-rank product; M is the number of rows (tokens).
@@ -147,6 +151,35 @@ def split_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, til
 
 
 @triton.jit
+def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+    """``c := a @ b`` by descriptors, the tile loop and the K loop flattened into one pipelined loop
+    (``tl.range(..., flatten=True)``: the next tile's first blocks are loaded while this one's
+    epilogue runs), each tile stored through ``c_desc`` in two halves of its columns (less shared
+    memory for the epilogue)."""
+    row_tiles = tl.cdiv(M, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    steps = tl.cdiv(K, BLOCK_K)
+    for t in tl.range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0), flatten=True):
+        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+        first_row = tile_row * BLOCK_M
+        first_col = tile_col * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, steps):
+            x = a_desc.load([0, 0, first_row, k * BLOCK_K]).reshape(BLOCK_M, BLOCK_K)
+            if B_COLUMN_MAJOR:
+                y = b_desc.load([first_col, k * BLOCK_K]).T
+            else:
+                y = b_desc.load([k * BLOCK_K, first_col])
+            if WIDEN_BF16_PRODUCTS and x.dtype == tl.bfloat16:
+                x, y = x.to(tl.float32), y.to(tl.float32)
+            acc = tl.dot(x, y, acc)
+        halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        c_desc.store([first_row, first_col], halves[0].to(c_desc.dtype))
+        c_desc.store([first_row, first_col + BLOCK_N // 2], halves[1].to(c_desc.dtype))
+
+
+@triton.jit
 def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                 stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
@@ -160,12 +193,12 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              split_tail: bool = False, one_launch: bool = False) -> torch.Tensor:
+              split_tail: bool = False, one_launch: bool = False, flat: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
     its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
-    whole product is :func:`split_loop_kernel`."""
+    whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -175,6 +208,11 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         raise ValueError("the operands' layouts do not allow tensor descriptors")
     tail = tiles % programs if split_tail and tiles > programs and 2 * (tiles % programs) <= programs else 0
     whole = tiles - tail
+    if flat:
+        c_desc = TensorDescriptor(c, list(c.shape), list(c.stride()), [tile["BLOCK_M"], tile["BLOCK_N"] // 2])
+        flat_loop_kernel[(min(programs, tiles),)](loop["a_desc"], loop["b_desc"], c_desc, M, N, K,
+                                                  B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
+        return c
     if one_launch:
         parts = programs // tail if tail else 1
         partials, arrived = _split_state(a.device, programs, tile["BLOCK_M"] * tile["BLOCK_N"])
@@ -215,7 +253,8 @@ def _split_state(device: torch.device, programs: int, block: int) -> tuple[torch
 #: where descriptors cannot address the operands.
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
          "tma split ": (dict(tma=True, split_tail=True), False),
-         "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False)}
+         "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
+         "tma flat ": (dict(tma=True, flat=True), False)}
 
 
 def _loops(device: torch.device) -> list[str]:
