@@ -41,8 +41,7 @@ from benchmarks.common import write_results
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from iris_triton.operations.gemm import PLAIN_LOOP, WIDEN_BF16_PRODUCTS, descriptors, row_block_tile, \
-    tile_coordinates, tile_product_tma
+from iris_triton.operations.gemm import PLAIN_LOOP, descriptors, row_block_tile, tile_coordinates, tile_product_tma
 from iris_triton.tuning import GEMM_TILES
 
 #: (name, K, N) of each per-rank product; M is the number of rows (tokens).
@@ -162,19 +161,10 @@ def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLO
     steps = tl.cdiv(K, BLOCK_K)
     for t in tl.range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0), flatten=True):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        first_row = tile_row * BLOCK_M
-        first_col = tile_col * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, steps):
-            x = a_desc.load([0, 0, first_row, k * BLOCK_K]).reshape(BLOCK_M, BLOCK_K)
-            if B_COLUMN_MAJOR:
-                y = b_desc.load([first_col, k * BLOCK_K]).T
-            else:
-                y = b_desc.load([k * BLOCK_K, first_col])
-            if WIDEN_BF16_PRODUCTS and x.dtype == tl.bfloat16:
-                x, y = x.to(tl.float32), y.to(tl.float32)
-            acc = tl.dot(x, y, acc)
+        acc, _, _ = tile_product_tma(a_desc, b_desc, 0, 0, 0, steps, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
+                                     B_COLUMN_MAJOR)
         halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        first_row, first_col = tile_row * BLOCK_M, tile_col * BLOCK_N
         c_desc.store([first_row, first_col], halves[0].to(c_desc.dtype))
         c_desc.store([first_row, first_col + BLOCK_N // 2], halves[1].to(c_desc.dtype))
 
