@@ -243,7 +243,9 @@ def _check_compiled(ctx, report: RankReport) -> None:
             return received, ctx.ops.moe_combine(expert_out, result)
 
         counter = CompileCounterWithBackend("aot_eager")
-        received, y = torch.compile(step, fullgraph=True, backend=counter)(x, ids, w)
+        compiled = torch.compile(step, fullgraph=True, backend=counter)
+        compiled(x, ids, w)  # the compiled step again and again (its operator's dispatch then runs by plan)
+        received, y = compiled(x, ids, w)
         report.check(f"compiled/{name}/dispatch", received.keys() == expected.keys() and all(
             torch.equal(_written(received[f], expected["counts"]), _written(expected[f], expected["counts"]))
             for f in expected))
@@ -292,6 +294,14 @@ def _check_host_errors(ctx, report: RankReport) -> None:
         "after it", "(dispatch ", "combine it before the dispatch after next"))
     for made in later:
         ctx.ops.moe_combine(made.tokens, made)
+    # A dispatch of more tokens grows the receive buffers: the handles made before are refused.
+    smaller = dispatch(x, ids, w, world)
+    grown = ctx.workspaces.version("moe_slots")
+    larger = dispatch(x.repeat(64, 1), ids.repeat(64, 1), w.repeat(64, 1), world)
+    report.check("host_errors/buffers_grew", ctx.workspaces.version("moe_slots") > grown)
+    report.check("host_errors/replaced_buffers", _raises(
+        lambda: ctx.ops.moe_combine(smaller.tokens, smaller), "receive buffers were replaced since by larger ones"))
+    ctx.ops.moe_combine(larger.tokens, larger)
     report.check("host_errors/context_still_usable", not ctx.failed)
 
 
@@ -429,7 +439,8 @@ def test_calls_of_a_shape_made_before_run_by_their_plans(reports):
 
 def test_bad_arguments_are_refused_on_the_host(reports):
     refused = ("tokens_dims", "tokens_dtype", "ids_dtype", "ids_rows", "weights_shape", "weights_dtype",
-               "experts_not_divisible", "capacity", "no_tokens", "handle", "expert_out_shape", "reused_buffers")
+               "experts_not_divisible", "capacity", "no_tokens", "handle", "expert_out_shape", "reused_buffers",
+               "replaced_buffers", "buffers_grew")
     assert_rank_checks(reports, "host_errors/", {f"host_errors/{name}" for name in refused} | {
         "host_errors/context_still_usable", "host_errors/completed"})
 

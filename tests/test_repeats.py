@@ -251,3 +251,13 @@ def test_without_torchs_tensor_guard_the_key_holds_each_tensors_layout(monkeypat
         assert keyed(x, 0)[0] != key
     finally:
         entries.keyer.cache_clear()
+
+
+def test_a_reduction_named_otherwise_is_never_taken_for_the_kept_one(ctx):
+    # ReduceOp.SUM == 0 == False: a kept call of op=ReduceOp.SUM is not the call of op=0, which is refused.
+    with _recording("all_reduce") as ran:
+        x = ctx.zeros(8)
+        ctx.ccl.all_reduce(x, torch.distributed.ReduceOp.SUM, algorithm="test_recording")
+        with pytest.raises((ValueError, IrisError)):
+            ctx.ccl.all_reduce(x, 0, algorithm="test_recording")
+        assert ran == ["run"]

@@ -94,8 +94,8 @@ def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
         elif param.type == "Tensor?":
             key.append(f"None if {name} is None else ({identity},)")
             tensors.append(f"_NO_TENSOR if {name} is None else {name}")
-        elif param.type in ("str", "str?"):  # only a string (or None) equals a string
-            key.append(name)
+        elif param.type in ("str", "str?"):  # a string needs no type (ReduceOp.SUM == 0 == False does)
+            key.append(f"{name} if {name}.__class__ is str else ({name}.__class__, {name})")
         else:
             key.append(f"{name}.__class__, {name}")
     return parameters, f"({', '.join(key)},)", f"({', '.join(tensors)}{',' if tensors else ''})", defaults
@@ -128,7 +128,7 @@ def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bo
         repeats = self._repeats
         try:
             found = repeats.found({key})
-        except (TypeError, AttributeError):
+        except (TypeError, AttributeError, RuntimeError):  # a value that cannot be keyed (no storage, say)
             found = None
         if found is not None and found[2]{tensors} and self._context._run_repeat(found[0], found[1]) is not None:
             return {returned}

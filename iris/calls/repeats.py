@@ -103,7 +103,7 @@ class Repeats:
 
     def __init__(self, context):
         self._context = context
-        #: ``(repeat, trace name)`` by the call's key (:func:`_key`).
+        #: ``(repeat, trace name, guard)`` by the call's key (:func:`iris.calls.entries.keyer`).
         self._kept = Kept(MAX_REPEATS)
 
     def __len__(self) -> int:
@@ -142,7 +142,7 @@ class Repeats:
         try:
             key, tensors = keyed(*args, **kwargs)
             hash(key)
-        except (TypeError, AttributeError):  # an argument that cannot be part of a key (a list, say): never kept
+        except (TypeError, AttributeError, RuntimeError):  # an argument that cannot be part of a key: never kept
             return made
         # After the call, which may have replaced a workspace.
         self._kept.keep(key, (repeat, declaration.trace_name, guard(tensors)))

@@ -60,7 +60,14 @@ class Workspaces:
         #: Buffers outgrown after a capture, kept for the graphs that use them: heap workspaces
         #: (freed by :meth:`release_graph_buffers`) and local buffers (dropped then).
         self._kept_for_graphs: list[tuple[bool, torch.Tensor]] = []
+        #: How many times each workspace was allocated (:meth:`version`).
+        self._versions: dict[str, int] = {}
         #: Changes whenever a workspace is replaced (launches made before hold old addresses).
+
+    def version(self, name: str) -> int:
+        """How many times the workspace ``name`` was allocated (0: never): results that are views
+        of it hold the version they were made in, and are stale once it changes."""
+        return self._versions.get(name, 0)
 
     def existing(self, name: str) -> torch.Tensor | None:
         """The workspace ``name`` as it is, or None where none was allocated yet."""
@@ -97,6 +104,7 @@ class Workspaces:
             else:
                 ctx.free(current)
         buffer = self._buffers[name] = ctx.empty(nbytes, dtype=torch.uint8)
+        self._versions[name] = self._versions.get(name, 0) + 1
         if fill is not None:
             buffer.fill_(fill)
         ctx.barrier()  # every rank's new workspace is there, filled, before anyone writes into it

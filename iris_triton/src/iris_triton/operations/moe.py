@@ -37,8 +37,8 @@ from iris.calls.handles import lookup
 from iris.calls.operators import keep_in_program_order
 from iris.errors import IrisError
 
-__all__ = ["DTYPES", "FP8_MAX", "MoeDispatch", "MoeHandle", "combine", "compiled_combine", "compiled_dispatch",
-           "dispatch"]
+__all__ = ["DTYPES", "FP8_MAX", "MoeDispatch", "MoeHandle", "buffer_versions", "combine", "compiled_combine",
+           "compiled_dispatch", "dispatch"]
 
 #: Element types of ``tokens`` and of combine's expert outputs.
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -73,6 +73,9 @@ class MoeHandle:
     plan: object = None
     """The dispatch's plan (:mod:`iris_triton.operations.moe_plans`), which plans its combines;
     None where it has none (compiled code, the interpreter's quantized fp8)."""
+    buffers: tuple | None = None
+    """The versions of the workspaces its tensors are views of (:func:`buffer_versions`): a
+    combine refuses the handle once one was replaced. None in compiled code."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -187,7 +190,8 @@ def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slo
         buffers = carved(ops, slot, ops._world_size, num_experts, capacity, tokens.shape[1], dtype)
     handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids,
                        topk_weights=topk_weights, positions=positions, call=call, counts=counts, slot=slot,
-                       sequence=sequence, plan=plan)
+                       sequence=sequence, plan=plan,
+                       buffers=None if sequence is None else buffer_versions(ops._context))
     return MoeDispatch(tokens=buffers["data"], scales=buffers["scales"] if fp8 else None, counts=counts,
                        source_rank=buffers["source_rank"], source_index=buffers["source_index"], handle=handle)
 
@@ -214,6 +218,10 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
 
     ctx = ops._context
     handle = _handle_of(ops, handle)
+    if handle.buffers is not None and handle.buffers != buffer_versions(ctx):
+        raise IrisError("moe_combine: its dispatch's receive buffers were replaced since by larger ones (a dispatch "
+                        "of more tokens, experts or capacity grew them); combine a dispatch before dispatching a "
+                        "larger one, or clone what must live longer")
     if handle.sequence is not None and ops._moe_calls - handle.sequence > 2:
         raise IrisError(f"moe_combine: its dispatch's receive buffers were reused by the dispatch two calls after it "
                         f"(dispatch {handle.sequence}, {ops._moe_calls - handle.sequence - 1} dispatches since); a "
@@ -252,7 +260,20 @@ def _dispatch_operator(tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weight
                                                                             torch.Tensor]:
     ops = lookup(handle)
     made = ops.moe_dispatch(tokens, topk_ids, topk_weights, num_experts, capacity=capacity, fp8=fp8).handle
-    return made.slot, made.counts, made.positions, made.call
+    # A planned dispatch keeps its positions and number in a workspace: the operator's results may
+    # not alias one another, and a compiled combine tells a stale dispatch by its number alone.
+    return made.slot, made.counts, _fresh(made.positions), _fresh(made.call)
+
+
+def buffer_versions(ctx) -> tuple[int, int]:
+    """The versions of the workspaces a dispatch's results view: its receive buffers and its
+    positions (:meth:`iris.collectives.workspaces.Workspaces.version`)."""
+    return ctx.workspaces.version("moe_slots"), ctx.workspaces.version("moe_positions")
+
+
+def _fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a copy of it where it is a view (of a workspace)."""
+    return tensor if tensor._base is None else tensor.clone()
 
 
 @_dispatch_operator.register_fake

@@ -474,17 +474,25 @@ class DispatchLaunches:
                      **self.push_constexprs)
 
 
+def _halves(ctx, name: str, size: int, fill: int | None = None) -> tuple:
+    """``(workspace, half)``: the workspace ``name`` holding two parities of at least ``size``
+    bytes, parity ``p`` from byte ``p * half``. The halves follow the workspace's size, not the
+    call's, so calls of every shape put a parity in the same place: a call's buffers are reused
+    only by the call of its parity after next, whatever the shapes in between."""
+    space = ctx.workspaces.get(name, 2 * _aligned(size), fill=fill)
+    return space, space.numel() // 2 // _ALIGNMENT * _ALIGNMENT
+
+
 def _scratch(ops, T: int, k: int) -> tuple:
     """:attr:`DispatchLaunches.scratch` for ``T`` tokens of ``k`` pairs (views cut once: :func:`memo`)."""
     import torch
 
-    stride = _aligned(4 * (T * k + 1)) // 4
-    space = ops._context.workspaces.get("moe_positions", 8 * stride)
+    space, half = _halves(ops._context, "moe_positions", 4 * (T * k + 1))
 
     def cut() -> tuple:
         words = space.view(torch.int32)
-        return tuple((words[p * stride:p * stride + T * k].view(T, k), words[p * stride + T * k:p * stride + T * k + 1])
-                     for p in (0, 1))
+        first = [p * half // 4 for p in (0, 1)]
+        return tuple((words[f:f + T * k].view(T, k), words[f + T * k:f + T * k + 1]) for f in first)
 
     return memo(ops, ("positions", space.data_ptr(), T, k), cut)
 

@@ -27,7 +27,7 @@ import torch
 from iris.calls import repeats
 from iris.calls.entries import layout_guard
 from iris_triton.device.frontend import passed
-from iris_triton.operations.moe import MoeDispatch, MoeHandle
+from iris_triton.operations.moe import MoeDispatch, MoeHandle, buffer_versions
 
 __all__ = ["CombinePlan", "DispatchPlan", "combine_again", "dispatch_again", "dispatch_key"]
 
@@ -99,6 +99,9 @@ class DispatchPlan:
     check: Any = None
     """Whether a dispatch's ``tokens, topk_ids, topk_weights`` have the layouts of this plan's
     (:func:`iris.calls.entries.layout_guard`; set where the plan is kept)."""
+    buffers: tuple = ()
+    """The workspaces' versions its handles carry (:func:`iris_triton.operations.moe.buffer_versions`):
+    constant while the plan is (a replaced workspace forgets every plan)."""
     generation: int = attrs.field(factory=repeats.generation)
     combines: dict = attrs.field(factory=dict)
     """Plans of combines of this plan's dispatches, by ``expert_out``'s 16-byte alignment: lists
@@ -121,7 +124,7 @@ class DispatchPlan:
             return None
         order = slice(None) if parity == 0 else slice(None, None, -1)
         return cls(ops=ops, launches=launches, route=tuple(route[order]), push=tuple(push[order]),
-                   num_experts=num_experts, capacity=capacity, fp8=fp8)
+                   num_experts=num_experts, capacity=capacity, fp8=fp8, buffers=buffer_versions(ops._context))
 
     def keep_for(self, tokens, topk_ids, topk_weights, num_experts, capacity, fp8) -> None:
         """Keep this plan for dispatches of these arguments (:func:`dispatch_key`, and their layouts)."""
@@ -155,7 +158,7 @@ class DispatchPlan:
         buffers = self.launches.buffers[parity]
         handle = _made(MoeHandle, ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
                        topk_weights=topk_weights, positions=positions, call=call, counts=counts,
-                       slot=self.launches.slots[parity], sequence=sequence, plan=self)
+                       slot=self.launches.slots[parity], sequence=sequence, plan=self, buffers=self.buffers)
         return _made(MoeDispatch, tokens=buffers["data"], scales=buffers["scales"] if self.fp8 else None,
                      counts=counts, source_rank=buffers["source_rank"], source_index=buffers["source_index"],
                      handle=handle)
