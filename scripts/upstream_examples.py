@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -258,7 +259,7 @@ def glued_copy(upstream: Path, scratch: Path, on_cpu: bool) -> Path:
 def outcome(example: Example, ranks: int, returncode: int, output: str) -> str:
     """What a run says: ``validated``, ``failed``, ``ran`` or ``upstream check`` (the module's
     docstring), from the example's whole lines and its exit code."""
-    lines = output.splitlines()
+    lines = [line.rstrip() for line in output.splitlines()]
     failed = any(re.match(example.failure, line) for line in lines)
     if example.success is None:
         return "ran" if returncode == 0 and not failed else "failed"
@@ -287,6 +288,18 @@ def command(example: Example, ranks: int, on_cpu: bool, root: Path) -> list[str]
         return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone", script,
                 *args.split()]
     return [sys.executable, script, *args.split()]
+
+
+def _run(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[str, int]:
+    """``(stdout and stderr, exit code)`` of ``argv``; past ``timeout`` seconds its whole process
+    group (the ranks it spawned too, which hold fixed ports) is killed, and the code is -1."""
+    process = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        return process.communicate(timeout=timeout)[0], process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return f"{process.communicate()[0]}\ntimed out after {timeout:g} s", -1
 
 
 def main() -> int:
@@ -319,12 +332,7 @@ def main() -> int:
             results[name] = {"outcome": "not run", "why": reason}
         else:
             started = time.monotonic()
-            try:
-                run = subprocess.run(command(example, ranks, on_cpu, root), cwd=args.out, env=env, text=True,
-                                     capture_output=True, timeout=args.timeout)
-                output, code = run.stdout + run.stderr, run.returncode
-            except subprocess.TimeoutExpired as expired:
-                output, code = f"{expired.stdout or ''}{expired.stderr or ''}\ntimed out after {args.timeout} s", -1
+            output, code = _run(command(example, ranks, on_cpu, root), args.out, env, args.timeout)
             (args.out / f"{name}.log").write_text(output)
             results[name] = {"outcome": outcome(example, ranks, code, output), "exit_code": code,
                              "seconds": round(time.monotonic() - started, 1)}

@@ -4,7 +4,9 @@ success line never matches inside a failure line) and what its glue changes."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,13 @@ def test_the_glue_rewrites_lanes_everywhere_and_devices_on_cpu_ranks_only(tmp_pa
     assert ('device="cpu"' in glued and 'backend="gloo"' in glued) == on_cpu
     assert ('device="cuda"' in glued and 'backend="nccl"' in glued) == (not on_cpu)
     assert (root / "sitecustomize.py").exists() == on_cpu
+
+
+def test_a_run_past_its_time_is_stopped_with_the_ranks_it_spawned(tmp_path):
+    # The child holds the output pipe open: the run returns soon only if the child is killed too.
+    spawner = ("import subprocess, sys, time; "
+               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    started = time.monotonic()
+    output, code = runner._run([sys.executable, "-c", spawner], tmp_path, dict(os.environ), timeout=1)
+    assert code == -1 and "timed out after 1 s" in output
+    assert time.monotonic() - started < 30
