@@ -70,37 +70,15 @@ def tail_split_kernel(c, a_desc, b_desc, partials, arrived, launch, whole, parts
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       B_COLUMN_MAJOR: tl.constexpr):
     """The tiles after the first ``whole`` of ``c := a @ b`` (by descriptors), each split along K
-    into ``parts``, a program each (launched after :func:`tile_loop_kernel` took the whole tiles):
-    parts 1 to ``parts - 1`` store their float32 sums in ``partials`` and set their word of
-    ``arrived`` to ``launch`` (release); part 0 waits for them (acquire), adds them and stores the
-    tile. Part 0 is its tile's last program (the interpreter runs programs in order); on a GPU
-    every program of the launch is resident (at most one per multiprocessor), so the waits end."""
-    u = tl.program_id(0)
-    index = u // parts
-    part = parts - 1 - u % parts
-    row_tiles = tl.cdiv(M, BLOCK_M)
-    col_tiles = tl.cdiv(N, BLOCK_N)
-    tile_row, tile_col = tile_coordinates(whole + index, row_tiles, col_tiles, GROUP_M)
-    steps = tl.cdiv(K, BLOCK_K)
-    per_part = tl.cdiv(steps, parts)
-    first = part * per_part
-    acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, tl.minimum(first + per_part, steps), tile_row,
-                                           tile_col, BLOCK_M, BLOCK_N, BLOCK_K, B_COLUMN_MAJOR)
-    within = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    if part > 0:
-        slot = index * (parts - 1) + part - 1
-        tl.store(partials + slot * BLOCK_M * BLOCK_N + within, acc)
-        tl.debug_barrier()
-        tl.atomic_xchg(arrived + slot, launch, sem="release", scope="gpu")
-    else:
-        for other in range(1, parts):
-            slot = index * (parts - 1) + other - 1
-            while tl.atomic_add(arrived + slot, 0, sem="acquire", scope="gpu") != launch:
-                pass
-            tl.debug_barrier()
-            acc += tl.load(partials + slot * BLOCK_M * BLOCK_N + within)
-        tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    into ``parts``, a program each (launched after :func:`tile_loop_kernel` took the whole tiles;
+    :func:`_tail_part`, :func:`_finish_part`). On a GPU every program of the launch is resident (at
+    most one per multiprocessor), so the waits end."""
+    tile, part, first, end = _tail_part(tl.program_id(0), whole, parts, tl.cdiv(K, BLOCK_K))
+    tile_row, tile_col = tile_coordinates(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, end, tile_row, tile_col, BLOCK_M, BLOCK_N,
+                                           BLOCK_K, B_COLUMN_MAJOR)
+    _finish_part(c, acc, offs_m, offs_n, partials, arrived, launch, tile - whole, part, parts, M, N, stride_cm,
+                 stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -109,15 +87,12 @@ def split_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, til
                       GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
     """``c := a @ b`` (by descriptors) in one persistent launch whose units are K ranges of tiles:
     the first ``tiles - tail`` tiles whole, then each of the last ``tail`` split into ``parts``
-    (program ``p`` takes units ``p, p + P, ...``). Every unit runs the same product loop over its
-    steps; a part after the first stores its float32 sum in ``partials`` and sets its word of
-    ``arrived`` to ``launch``, the first part waits for them, adds them and stores the tile. The
-    first part is its tile's last unit (the interpreter runs programs in order; on a GPU every
-    program is resident, one per multiprocessor)."""
+    (program ``p`` takes units ``p, p + P, ...``; :func:`_tail_part`, :func:`_finish_part`). Every
+    unit runs the same product loop over its steps; on a GPU every program is resident, one per
+    multiprocessor."""
     row_tiles = tl.cdiv(M, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     steps = tl.cdiv(K, BLOCK_K)
-    per_part = tl.cdiv(steps, parts)
     whole = tiles - tail
     for u in range(tl.program_id(0), whole + parts * tail, tl.num_programs(0)):
         tile = u
@@ -125,28 +100,49 @@ def split_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, til
         first = 0
         end = steps
         if u >= whole:
-            tile = whole + (u - whole) // parts
-            part = parts - 1 - (u - whole) % parts
-            first = part * per_part
-            end = tl.minimum(first + per_part, steps)
+            tile, part, first, end = _tail_part(u - whole, whole, parts, steps)
         tile_row, tile_col = tile_coordinates(tile, row_tiles, col_tiles, GROUP_M)
         acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, end, tile_row, tile_col, BLOCK_M, BLOCK_N,
                                                BLOCK_K, B_COLUMN_MAJOR)
-        within = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        slots = (tile - whole) * (parts - 1)
-        if part > 0:
-            tl.store(partials + (slots + part - 1) * BLOCK_M * BLOCK_N + within, acc)
-            tl.debug_barrier()
-            tl.atomic_xchg(arrived + slots + part - 1, launch, sem="release", scope="gpu")
+        if u >= whole:
+            _finish_part(c, acc, offs_m, offs_n, partials, arrived, launch, tile - whole, part, parts, M, N,
+                         stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         else:
-            if u >= whole:
-                for other in range(1, parts):
-                    while tl.atomic_add(arrived + slots + other - 1, 0, sem="acquire", scope="gpu") != launch:
-                        pass
-                    tl.debug_barrier()
-                    acc += tl.load(partials + (slots + other - 1) * BLOCK_M * BLOCK_N + within)
             tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                      mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _tail_part(unit, whole, parts, steps):
+    """``(tile, part, first step, end step)`` of the ``unit``-th split unit: part ``part`` of tile
+    ``whole + unit // parts``, its K steps ``[first, end)``. Part 0 is its tile's last unit, so
+    that it runs after the others where programs run in order (the interpreter)."""
+    part = parts - 1 - unit % parts
+    per_part = tl.cdiv(steps, parts)
+    first = part * per_part
+    return whole + unit // parts, part, first, tl.minimum(first + per_part, steps)
+
+
+@triton.jit
+def _finish_part(c, acc, offs_m, offs_n, partials, arrived, launch, index, part, parts, M, N, stride_cm, stride_cn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Part ``part`` of the ``index``-th split tile, summed in ``acc``: parts 1 to ``parts - 1``
+    store their float32 sums in ``partials`` and set their word of ``arrived`` to ``launch``
+    (release); part 0 waits for them (acquire), adds them and stores the tile."""
+    within = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    slots = index * (parts - 1)
+    if part > 0:
+        tl.store(partials + (slots + part - 1) * BLOCK_M * BLOCK_N + within, acc)
+        tl.debug_barrier()
+        tl.atomic_xchg(arrived + slots + part - 1, launch, sem="release", scope="gpu")
+    else:
+        for other in range(1, parts):
+            while tl.atomic_add(arrived + slots + other - 1, 0, sem="acquire", scope="gpu") != launch:
+                pass
+            tl.debug_barrier()
+            acc += tl.load(partials + (slots + other - 1) * BLOCK_M * BLOCK_N + within)
+        tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
