@@ -219,9 +219,9 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
     ctx = ops._context
     handle = _handle_of(ops, handle)
     if handle.buffers is not None and handle.buffers != buffer_versions(ctx):
-        raise IrisError("moe_combine: its dispatch's receive buffers were replaced since by larger ones (a dispatch "
-                        "of more tokens, experts or capacity grew them); combine a dispatch before dispatching a "
-                        "larger one, or clone what must live longer")
+        raise IrisError(f"moe_combine: its dispatch's receive buffers were replaced since by larger ones (dispatch "
+                        f"{handle.sequence}; a later dispatch of more tokens, experts or capacity grew them); "
+                        f"combine a dispatch before dispatching a larger one, or clone what must live longer")
     if handle.sequence is not None and ops._moe_calls - handle.sequence > 2:
         raise IrisError(f"moe_combine: its dispatch's receive buffers were reused by the dispatch two calls after it "
                         f"(dispatch {handle.sequence}, {ops._moe_calls - handle.sequence - 1} dispatches since); a "

@@ -474,12 +474,12 @@ class DispatchLaunches:
                      **self.push_constexprs)
 
 
-def _halves(ctx, name: str, size: int, fill: int | None = None) -> tuple:
+def _halves(ctx, name: str, size: int) -> tuple:
     """``(workspace, half)``: the workspace ``name`` holding two parities of at least ``size``
     bytes, parity ``p`` from byte ``p * half``. The halves follow the workspace's size, not the
     call's, so calls of every shape put a parity in the same place: a call's buffers are reused
     only by the call of its parity after next, whatever the shapes in between."""
-    space = ctx.workspaces.get(name, 2 * _aligned(size), fill=fill)
+    space = ctx.workspaces.get(name, 2 * _aligned(size))
     return space, space.numel() // 2 // _ALIGNMENT * _ALIGNMENT
 
 
