@@ -39,6 +39,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from upstream_tests import CPU_TENSORS, LANES  # noqa: E402 - the glue both runners apply, found beside this script
+
 HEAP = {"gpu": 1 << 30, "cpu": 1 << 26}
 #: GEMM examples' small problem on CPU ranks.
 _SMALL_GEMM = "-m 256 -n 128 -k 128 --BLK_M 64 --BLK_N 32 --BLK_K 32 --heap_size {heap} -v --datatype fp32"
@@ -192,7 +195,7 @@ EXAMPLES: dict[str, Example] = {
 
 #: The CPU glue (see the module's docstring): (pattern, replacement).
 _CPU_GLUE = (
-    (r"""device=f?["']cuda(:\{?\w*\}?)?["']""", 'device="cpu"'),
+    CPU_TENSORS,
     (r"""device_id=torch\.device\(f?["']cuda:\{\w+\}["']\)""", "device_id=None"),
     (r"""torch\.device\(f?["']cuda(:\{?\w*\}?)?["']\)""", 'torch.device("cpu")'),
     (r"""backend=["']nccl["']""", 'backend="gloo"'),
@@ -246,7 +249,7 @@ def glued_copy(upstream: Path, scratch: Path, on_cpu: bool) -> Path:
     that holds ``examples/`` (the examples import ``examples.common`` from it)."""
     shutil.copytree(upstream / "examples", scratch / "examples")
     for path in (scratch / "examples").rglob("*.py"):
-        text = re.sub(r"(BlockedLayout\(\s*\[[^\]]*\],\s*\[)64(\])", r"\g<1>32\2", path.read_text())
+        text = re.sub(*LANES, path.read_text())
         if on_cpu:
             for pattern, replacement in _CPU_GLUE:
                 text = re.sub(pattern, replacement, text)

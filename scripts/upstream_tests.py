@@ -32,12 +32,18 @@ from pathlib import Path
 AMD_ONLY = re.compile(r"dmabuf|vmem|hip_apis|rocr")
 
 
+#: The glue every upstream file gets: Gluon blocks over AMD's 64 lanes get NVIDIA's 32.
+LANES = (r"(BlockedLayout\(\s*\[[^\]]*\],\s*\[)64(\])", r"\g<1>32\2")
+#: The glue on CPU ranks: tensors made on ``cuda`` devices are made on the CPU.
+CPU_TENSORS = (r"""device=f?["']cuda(:\{?\w*\}?)?["']""", 'device="cpu"')
+
+
 def _glue(folder: Path, on_cpu: bool, cpu_heap: int) -> None:
     for path in folder.rglob("*.py"):
         text = path.read_text()
-        text = re.sub(r"(BlockedLayout\(\s*\[[^\]]*\],\s*\[)64(\])", r"\g<1>32\2", text)
+        text = re.sub(*LANES, text)
         if on_cpu:
-            text = re.sub(r"""device=f?["']cuda(:\{?\w*\}?)?["']""", 'device="cpu"', text)
+            text = re.sub(*CPU_TENSORS, text)
             text = re.sub(r"heap_size = 2\s*\*\*\s*33", f"heap_size = {cpu_heap}", text)
         path.write_text(text)
 
