@@ -117,10 +117,15 @@ class Workspaces:
         layout follows the workspace's size, not the call's, so calls of any size and dtype use
         the same slots; it changes only when the workspace grows, collectively. ``fill`` as for
         :meth:`get`."""
-        regions = 2 * self._context.world_size
+        return self.regions(name, 2 * self._context.world_size, nbytes, fill=fill)
+
+    def regions(self, name: str, count: int, nbytes: int, *, fill: int | None = None) -> tuple[torch.Tensor, int]:
+        """The workspace ``name`` laid out as ``count`` regions of at least ``nbytes`` each, each a
+        multiple of ``REGION_ALIGNMENT`` bytes: the workspace (uint8) and its regions' bytes. The
+        layout follows the workspace's size, not the call's, as in :meth:`slot_regions`."""
         aligned = -(-nbytes // REGION_ALIGNMENT) * REGION_ALIGNMENT
-        space = self.get(name, regions * aligned, fill=fill)
-        return space, space.numel() // regions // REGION_ALIGNMENT * REGION_ALIGNMENT
+        space = self.get(name, count * aligned, fill=fill)
+        return space, space.numel() // count // REGION_ALIGNMENT * REGION_ALIGNMENT
 
     def note_capture(self) -> bool:
         """Whether a CUDA graph capture is in progress on the context's device, remembered: a

@@ -474,20 +474,13 @@ class DispatchLaunches:
                      **self.push_constexprs)
 
 
-def _halves(ctx, name: str, size: int) -> tuple:
-    """``(workspace, half)``: the workspace ``name`` holding two parities of at least ``size``
-    bytes, parity ``p`` from byte ``p * half``. The halves follow the workspace's size, not the
-    call's, so calls of every shape put a parity in the same place: a call's buffers are reused
-    only by the call of its parity after next, whatever the shapes in between."""
-    space = ctx.workspaces.get(name, 2 * _aligned(size))
-    return space, space.numel() // 2 // _ALIGNMENT * _ALIGNMENT
-
-
 def _scratch(ops, T: int, k: int) -> tuple:
-    """:attr:`DispatchLaunches.scratch` for ``T`` tokens of ``k`` pairs (views cut once: :func:`memo`)."""
+    """:attr:`DispatchLaunches.scratch` for ``T`` tokens of ``k`` pairs (views cut once: :func:`memo`),
+    parity ``p`` in region ``p`` of the workspace (:meth:`iris.collectives.workspaces.Workspaces.regions`:
+    laid out by the workspace's size, so calls of every shape put a parity in the same place)."""
     import torch
 
-    space, half = _halves(ops._context, "moe_positions", 4 * (T * k + 1))
+    space, half = ops._context.workspaces.regions("moe_positions", 2, 4 * (T * k + 1))
 
     def cut() -> tuple:
         words = space.view(torch.int32)
