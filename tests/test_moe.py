@@ -37,6 +37,8 @@ CASES = (("random", 2, 2, torch.bfloat16, False), ("random_k1", 1, 2, torch.bflo
          ("fp8", 2, 2, torch.bfloat16, True))
 #: Dispatches in flight at once: their results are views of receive buffers that alternate.
 BACK_TO_BACK = 2
+#: Rounds of dispatches of two shapes in a row (:func:`_check_back_to_back`).
+ACROSS_SHAPES_ROUNDS = 4
 
 
 def _routing(case: str, rank: int, world: int, k: int, experts: int, *seed) -> torch.Tensor:
@@ -203,6 +205,16 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
                   world * half, False, torch.bfloat16)
     again = ctx.ops.moe_dispatch(*calls[0][:3], experts)
     report.check("plans/per_layout", fewer.handle.plan not in (None, plan) and again.handle.plan is plan)
+    # Both shapes by their plans, each dispatch of all tokens combined after one of fewer: the
+    # parities' buffers never overlap whatever the shapes, and a combine reads nothing that a
+    # peer's next dispatch rewrites (a rank that runs ahead into it, in one of the rounds).
+    exact = []
+    for _ in range(ACROSS_SHAPES_ROUNDS):
+        full = ctx.ops.moe_dispatch(*calls[0][:3], experts)
+        ctx.ops.moe_dispatch(x, ids, w, experts)
+        y = ctx.ops.moe_combine(_expert_function(full.tokens, None, rank * 2, torch.bfloat16), full.handle)
+        exact.append(torch.equal(y, _reference_combine(*calls[0][:3], False, torch.bfloat16)))
+    report.check("plans/across_shapes", all(exact))
 
 
 #: The cases compiled with torch.compile (fullgraph): a 16-bit one and fp8.
@@ -400,11 +412,16 @@ def _five_rank_worker(rank: int) -> bytes:
     return report.packed()
 
 
+#: The checks of the plans (:func:`_check_back_to_back`), other than their dispatches' results.
+PLAN_CHECKS = {"plans/dispatch", "plans/combine", "plans/per_layout", "plans/across_shapes"}
+
+
 def test_world5_dispatch_and_combine_match_the_references():
     reports = spawn_reports(_five_rank_worker, 5, device=interpreted_device("triton"))
     calls = list(FIVE_RANK_CASES) + [f"back_to_back/{i}" for i in range(BACK_TO_BACK)]
     assert_rank_checks(reports, "dispatch/", _dispatch_names([*calls, "plans/fewer_tokens"]))
     assert_rank_checks(reports, "combine/", {f"combine/{name}" for name in calls} | {"combine/no_failure"})
+    assert_rank_checks(reports, "plans/", PLAN_CHECKS)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda world: f"world{world}")
@@ -434,7 +451,7 @@ def test_combine_is_the_weighted_sum_of_the_expert_outputs(reports):
 
 
 def test_calls_of_a_shape_made_before_run_by_their_plans(reports):
-    assert_rank_checks(reports, "plans/", {"plans/dispatch", "plans/combine", "plans/per_layout"})
+    assert_rank_checks(reports, "plans/", PLAN_CHECKS)
 
 
 def test_bad_arguments_are_refused_on_the_host(reports):

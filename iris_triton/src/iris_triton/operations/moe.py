@@ -61,7 +61,8 @@ class MoeHandle:
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
     positions: torch.Tensor
-    """int32 [T, k]: each pair's position among its expert's rows from this rank (-1: sent nowhere)."""
+    """int32 [T, k]: each pair's slot among the ``[L, capacity]`` rows of its expert's rank (-1: sent
+    nowhere), where combine finds its expert's output."""
     call: torch.Tensor
     """int32 [1]: the dispatch's number, counted on the device."""
     counts: torch.Tensor

@@ -12,7 +12,8 @@ buffers of the ranks that own its experts, in the expert-major layout, in two la
    nothing is sent, the failure recorded for the rank it concerns). Otherwise program ``p`` pushes
    tokens ``p, p + P, ...``: each routed pair's row goes to slot ``[l, offset]`` of its expert's
    rank (local expert ``l``; ``offset``: the rows of that expert from lower ranks, then the
-   pair's position), with its source rank, token index and slot; it clears the sources of its
+   pair's position; the pair's ``positions`` entry becomes that slot, for combine), with its
+   source rank, token index and slot; it clears the sources of its
    share of the slots past the rows its rank receives (-1) and sets its *done* flag on every
    rank. The last program to finish waits for every rank's programs, then writes the counts, or
    on a failure poisons every output (all-ones bits).
@@ -168,7 +169,8 @@ def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, ca
     """Step 2: the positions of the program's tokens made the rank's
     (:func:`iris_triton.operations.moe_routing.final_positions`, by step 1's ``chunk_offsets``);
     every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of ``data`` (``[L,
-    capacity, H]``) on its expert's rank, its source into ``source_rank``, ``source_index``,
+    capacity, H]``) on its expert's rank (``positions[t, j]`` := that slot), its source into
+    ``source_rank``, ``source_index``,
     ``source_slot`` there (``[L, capacity]`` int32), and the sources of this rank's slots past its
     experts' rows := -1 (their ``scales`` 0); then this program's done flag on every rank. The last
     program to finish (``pushed``, as step 1's ``routed``) waits for every rank's programs, then
@@ -207,6 +209,9 @@ def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, ca
             # step are in flight together, the stores do not wait. The first step also stores
             # each pair's source (and scale).
             slots, owners = _pair_slots(table, ids, positions, t, E, L, capacity, K, K_BLOCK, RANK, WORLD)
+            # The handle keeps each pair's slot: combine reads no routing table, which the peers'
+            # next dispatch of this parity may rewrite while this rank's combine still runs.
+            tl.store(positions + t * K + tl.arange(0, K_BLOCK), slots, mask=tl.arange(0, K_BLOCK) < K)
             for h in range(0, H, BLOCK_H):
                 mask = h + columns < H
                 values = tl.load(token + h + columns, mask=mask)
@@ -356,8 +361,8 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert: ``(slot, counts,
     positions, call, sequence, plan)``: this call's slot of the receive buffers (uint8, valid until
     the dispatch after next; :func:`carve_slot` cuts it into the result's tensors), the rows each
-    local expert received (int32 ``[L]``), each pair's position among its expert's rows from this
-    rank (int32 ``[T, k]``), the call's number on the device (int32 ``[1]``) and on the host, and
+    local expert received (int32 ``[L]``), each pair's slot among its expert's rank's rows
+    (int32 ``[T, k]``, -1: sent nowhere), the call's number on the device (int32 ``[1]``) and on the host, and
     the call's plan (:mod:`iris_triton.operations.moe_plans`; None where it has none)."""
     import torch
 
@@ -429,9 +434,11 @@ class DispatchLaunches:
         ctx = ops._context
         world, rank = ctx.world_size, ctx.rank
         size = slot_bytes(world, E, capacity, H, dtype.itemsize)
-        space = ctx.workspaces.get("moe_slots", 2 * size, fill=0)
-        slots = tuple(memo(ops, ("space", space.data_ptr(), p, size), lambda p=p: space[p * size:(p + 1) * size])
-                      for p in (0, 1))
+        # Parity p in region p, laid out by the workspace's size: calls of every shape (a capacity
+        # follows the tokens by default) put a parity in the same place, never in the other's.
+        space, half = ctx.workspaces.regions("moe_slots", 2, size, fill=0)
+        slots = tuple(memo(ops, ("space", space.data_ptr(), p * half, size),
+                           lambda p=p: space[p * half:p * half + size]) for p in (0, 1))
         chunks = max(1, -(-T // ROUTE_BLOCK))
         e_block, k_block = bucket(E), bucket(k)
         programs, block_h, warps = _launch(ctx, H)
@@ -583,17 +590,17 @@ class CombineLaunches:
                 call, self.control["calls"], self.back, self.control["back"], self.back_stride,
                 self.control["combine_headers"], self.signature, H, L, capacity)
 
-    def reduce_arguments(self, buffers: dict, out, x, ids, positions, weights, call) -> tuple:
+    def reduce_arguments(self, out, x, ids, positions, weights, call) -> tuple:
         """:func:`reduce_kernel`'s runtime arguments for a call."""
         T, H, E, L, capacity = self.shape
-        return (self.context, out, x, self.back, self.control["back"], self.back_stride, self.grid[0],
-                buffers["table"], ids, positions, weights, call, self.control["calls"], T, H, E, L, capacity)
+        return (self.context, out, x, self.back, self.control["back"], self.back_stride, self.grid[0], ids,
+                positions, weights, call, self.control["calls"], T, H, L)
 
     def launch(self, slot, out, x, ids, positions, weights, counts, call) -> None:
         """Launch both kernels for a call (through the JIT's cache: :class:`LaunchCache`)."""
         buffers = self.sources(slot)
         _RETURN.launch(self.grid, *self.return_arguments(buffers, x, counts, call), **self.return_constexprs)
-        _REDUCE.launch(self.grid, *self.reduce_arguments(buffers, out, x, ids, positions, weights, call),
+        _REDUCE.launch(self.grid, *self.reduce_arguments(out, x, ids, positions, weights, call),
                        **self.reduce_constexprs)
 
 
@@ -664,14 +671,14 @@ def _pair_weight(ids, weights, positions, t, j, K: tl.constexpr):
 
 
 @triton.jit
-def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, programs, table, ids, positions, weights,
-                  call_in, calls, T, H, E, L, capacity, K: tl.constexpr, K_BLOCK: tl.constexpr,
+def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, programs, ids, positions, weights,
+                  call_in, calls, T, H, L, K: tl.constexpr, K_BLOCK: tl.constexpr,
                   BLOCK_H: tl.constexpr, PROGRAMS_BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Combine's second step: once every rank's ``programs`` returning programs are done, ``out[t]``
     := ``sum_j w[t, j] * row(t, j)`` in float32 (:func:`_pair_weight`), ``row(t, j)`` the
     returned ``back[t, j]``, or for a pair whose expert is this rank's, its expert output where
-    dispatch put it (``expert_out[slot]``, :func:`_pair_slots` by the dispatch's ``table``). On a
-    failure (a stale dispatch too) ``out`` := all-ones bits."""
+    dispatch put it (``expert_out[slot]``, the pair's slot in ``positions`` as :func:`push_kernel`
+    left it). On a failure (a stale dispatch too) ``out`` := all-ones bits."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call, back, back_flags, ok = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
                                                     WORLD * programs)
@@ -681,8 +688,10 @@ def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, progr
             ok = wait_all_or_record(dctx, back_flags + q * programs, programs, call + 1, q, COMBINE_SITE,
                                     PROGRAMS_BLOCK)
     columns = tl.arange(0, BLOCK_H)
+    pairs = tl.arange(0, K_BLOCK)
     for t in range(tl.program_id(0), T, tl.num_programs(0)):
-        slots, owners = _pair_slots(table, ids, positions, t, E, L, capacity, K, K_BLOCK, RANK, WORLD)
+        slots = tl.load(positions + t * K + pairs, mask=pairs < K, other=-1)
+        owners = tl.maximum(tl.load(ids + t * K + pairs, mask=pairs < K, other=0).to(tl.int32), 0) // L
         for h in range(0, H, BLOCK_H):
             mask = h + columns < H
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)

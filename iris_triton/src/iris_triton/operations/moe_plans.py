@@ -173,8 +173,8 @@ class CombinePlan:
     returns: tuple
     """Per parity of the dispatch, the returning launch (:func:`_bound`), per call
     ``expert_out, counts, call_in``."""
-    reduces: tuple
-    """Per parity, the reducing launch, per call ``out, expert_out, ids, positions, weights, call_in``."""
+    reduce: tuple
+    """The reducing launch (of either parity), per call ``out, expert_out, ids, positions, weights, call_in``."""
     check: Any
     """Whether an ``expert_out`` has the layout of this plan's (:func:`iris.calls.entries.layout_guard`)."""
 
@@ -183,28 +183,24 @@ class CombinePlan:
         """The plan of a combine of ``handle`` (of ``dispatch``) just launched with these tensors."""
         from iris_triton.operations.moe_kernels import _REDUCE, _RETURN
 
-        returns, reduces = [], []
-        for slot in dispatch.launches.slots:
-            buffers = launches.sources(slot)
-            returns.append(_bound(_RETURN, launches.grid, launches.return_arguments(buffers, x, handle.counts,
-                                                                                    handle.call),
-                                  launches.return_constexprs, ("expert_out", "counts", "call_in")))
-            reduces.append(_bound(_REDUCE, launches.grid,
-                                  launches.reduce_arguments(buffers, out, x, handle.topk_ids, handle.positions,
-                                                            handle.topk_weights, handle.call),
-                                  launches.reduce_constexprs,
-                                  ("out", "expert_out", "ids", "positions", "weights", "call_in")))
-        if None in returns or None in reduces:
+        returns = tuple(_bound(_RETURN, launches.grid, launches.return_arguments(launches.sources(slot), x,
+                                                                                  handle.counts, handle.call),
+                               launches.return_constexprs, ("expert_out", "counts", "call_in"))
+                        for slot in dispatch.launches.slots)
+        reduce = _bound(_REDUCE, launches.grid,
+                        launches.reduce_arguments(out, x, handle.topk_ids, handle.positions, handle.topk_weights,
+                                                  handle.call),
+                        launches.reduce_constexprs, ("out", "expert_out", "ids", "positions", "weights", "call_in"))
+        if None in returns or reduce is None:
             return None
-        return cls(launches=launches, returns=tuple(returns), reduces=tuple(reduces), check=layout_guard((x,)))
+        return cls(launches=launches, returns=returns, reduce=reduce, check=layout_guard((x,)))
 
     def run(self, expert_out, handle: MoeHandle) -> torch.Tensor:
         """The combine of ``expert_out`` for ``handle`` (of this plan's key), launched."""
         T, H = self.launches.shape[:2]
         out = torch.empty(T, H, dtype=expert_out.dtype, device=expert_out.device)
-        parity = handle.sequence & 1
-        _launch(self.returns[parity], (expert_out, handle.counts, handle.call))
-        _launch(self.reduces[parity], (out, expert_out, handle.topk_ids, handle.positions, handle.topk_weights,
+        _launch(self.returns[handle.sequence & 1], (expert_out, handle.counts, handle.call))
+        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.positions, handle.topk_weights,
                                        handle.call))
         return out
 
