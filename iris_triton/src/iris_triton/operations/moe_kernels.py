@@ -12,8 +12,8 @@ buffers of the ranks that own its experts, in the expert-major layout, in two la
    nothing is sent, the failure recorded for the rank it concerns). Otherwise program ``p`` pushes
    tokens ``p, p + P, ...``: each routed pair's row goes to slot ``[l, offset]`` of its expert's
    rank (local expert ``l``; ``offset``: the rows of that expert from lower ranks, then the
-   pair's position; the pair's ``positions`` entry becomes that slot, for combine), with its
-   source rank, token index and slot; it clears the sources of its
+   pair's position; the handle keeps that slot, for combine), with its source rank, token
+   index and slot; it clears the sources of its
    share of the slots past the rows its rank receives (-1) and sets its *done* flag on every
    rank. The last program to finish waits for every rank's programs, then writes the counts, or
    on a failure poisons every output (all-ones bits).
@@ -161,15 +161,16 @@ def _pick(values, j):
 
 
 @triton.jit
-def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, calls, headers, table, table_flags,
-                done_flags, pushed, counts, data, scales, source_rank, source_index, source_slot, signature, T, H, E,
-                L, capacity, K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_H: tl.constexpr, PROGRAMS_BLOCK: tl.constexpr, FP8: tl.constexpr, QUANTIZED: tl.constexpr,
-                RANK: tl.constexpr, WORLD: tl.constexpr):
+def push_kernel(context, tokens, token_scales, ids, positions, pair_slots, chunk_offsets, calls, headers, table,
+                table_flags, done_flags, pushed, counts, data, scales, source_rank, source_index, source_slot,
+                signature, T, H, E, L, capacity, K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, PROGRAMS_BLOCK: tl.constexpr, FP8: tl.constexpr,
+                QUANTIZED: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Step 2: the positions of the program's tokens made the rank's
     (:func:`iris_triton.operations.moe_routing.final_positions`, by step 1's ``chunk_offsets``);
     every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of ``data`` (``[L,
-    capacity, H]``) on its expert's rank (``positions[t, j]`` := that slot), its source into
+    capacity, H]``) on its expert's rank (``pair_slots[t, j]`` := that slot, for combine: int32
+    ``[T, K]``, -1 for a pair sent nowhere), its source into
     ``source_rank``, ``source_index``,
     ``source_slot`` there (``[L, capacity]`` int32), and the sources of this rank's slots past its
     experts' rows := -1 (their ``scales`` 0); then this program's done flag on every rank. The last
@@ -211,7 +212,7 @@ def push_kernel(context, tokens, token_scales, ids, positions, chunk_offsets, ca
             slots, owners = _pair_slots(table, ids, positions, t, E, L, capacity, K, K_BLOCK, RANK, WORLD)
             # The handle keeps each pair's slot: combine reads no routing table, which the peers'
             # next dispatch of this parity may rewrite while this rank's combine still runs.
-            tl.store(positions + t * K + tl.arange(0, K_BLOCK), slots, mask=tl.arange(0, K_BLOCK) < K)
+            tl.store(pair_slots + t * K + tl.arange(0, K_BLOCK), slots, mask=tl.arange(0, K_BLOCK) < K)
             for h in range(0, H, BLOCK_H):
                 mask = h + columns < H
                 values = tl.load(token + h + columns, mask=mask)
@@ -408,8 +409,10 @@ class DispatchLaunches:
     """Each slot carved (:func:`carve_slot`)."""
     context: Any
     control: dict
-    chunk_counts: Any
-    """Each chunk's counts (scratch between the two launches of a call)."""
+    routing: tuple
+    """``(positions, chunk_counts)``: each pair's position (int32 ``[T, k]``) and each chunk's
+    counts (int32 ``[chunks, E + 1]``), the routing's scratch between the two launches of a call,
+    on the heap (:func:`_scratch`)."""
     signature: int
     shape: tuple
     """``(T, H, E, L, capacity)``."""
@@ -419,10 +422,10 @@ class DispatchLaunches:
     push_constexprs: dict
     quantized: bool
     scratch: tuple
-    """Per parity, ``(positions, call)``: int32 ``[T, k]`` and ``[1]`` on the heap, what a planned
-    call (:mod:`iris_triton.operations.moe_plans`) uses for its handle's state instead of
-    allocating it: a handle is refused on the host once the dispatch after next reused its
-    parity (:func:`iris_triton.operations.moe.combine`)."""
+    """Per parity, ``(positions, call)``: each pair's slot (int32 ``[T, k]``) and the call's
+    number (int32 ``[1]``) on the heap, what a planned call (:mod:`iris_triton.operations.moe_plans`)
+    uses for its handle's state instead of allocating it: a handle is refused on the host once the
+    dispatch after next reused its parity (:func:`iris_triton.operations.moe.combine`)."""
 
     @classmethod
     def of(cls, ops, T: int, H: int, k: int, E: int, capacity: int, dtype, signature: int,
@@ -443,11 +446,9 @@ class DispatchLaunches:
         e_block, k_block = bucket(E), bucket(k)
         programs, block_h, warps = _launch(ctx, H)
         common = dict(K=k, K_BLOCK=k_block, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
+        scratch, routing = _scratch(ops, T, k, chunks, E)
         return cls(slots=slots, buffers=tuple(carved(ops, slot, world, E, capacity, H, dtype) for slot in slots),
-                   scratch=_scratch(ops, T, k),
-                   context=ctx.get_device_context(), control=_control(ops),
-                   chunk_counts=memo(ops, ("chunk_counts", chunks, E),
-                                     lambda: torch.empty(chunks, E + 1, dtype=torch.int32, device=ctx.device)),
+                   scratch=scratch, routing=routing, context=ctx.get_device_context(), control=_control(ops),
                    signature=signature, shape=(T, H, E, E // world, capacity), route_grid=(chunks,),
                    route_constexprs=common, push_grid=(programs,),
                    push_constexprs=dict(common, BLOCK_H=block_h, PROGRAMS_BLOCK=bucket(programs),
@@ -459,42 +460,49 @@ class DispatchLaunches:
         b = self.buffers[parity]
         return b["data"], b["scales"], counts, b["source_rank"], b["source_index"], b["source_slot"]
 
-    def route_arguments(self, parity: int, ids, positions, call) -> tuple:
+    def route_arguments(self, parity: int, ids, call) -> tuple:
         """:func:`announce_route_kernel`'s runtime arguments for a call."""
         control, T, E = self.control, self.shape[0], self.shape[2]
-        return (self.context, ids, positions, self.chunk_counts, control["routed"], control["calls"], call,
-                control["headers"], self.buffers[parity]["table"], control["table"], self.signature, T, E)
+        return (self.context, ids, *self.routing, control["routed"], control["calls"], call, control["headers"],
+                self.buffers[parity]["table"], control["table"], self.signature, T, E)
 
-    def push_arguments(self, parity: int, x, token_scales, ids, positions, counts) -> tuple:
+    def push_arguments(self, parity: int, x, token_scales, ids, slots, counts) -> tuple:
         """:func:`push_kernel`'s runtime arguments for a call (``token_scales``: the quantized
-        tokens' scales, or None)."""
+        tokens' scales, or None; ``slots``: the handle's pair slots)."""
         control, b = self.control, self.buffers[parity]
-        return (self.context, x, b["scales"] if token_scales is None else token_scales, ids, positions,
-                self.chunk_counts, control["calls"], control["headers"], b["table"], control["table"],
+        return (self.context, x, b["scales"] if token_scales is None else token_scales, ids, self.routing[0], slots,
+                self.routing[1], control["calls"], control["headers"], b["table"], control["table"],
                 control["done"], control["pushed"], counts, b["data"], b["scales"], b["source_rank"],
                 b["source_index"], b["source_slot"], self.signature, *self.shape)
 
-    def launch(self, parity: int, x, token_scales, ids, positions, counts, call) -> None:
+    def launch(self, parity: int, x, token_scales, ids, slots, counts, call) -> None:
         """Launch both kernels for a call (through the JIT's cache: :class:`LaunchCache`)."""
-        _ROUTE.launch(self.route_grid, *self.route_arguments(parity, ids, positions, call), **self.route_constexprs)
-        _PUSH.launch(self.push_grid, *self.push_arguments(parity, x, token_scales, ids, positions, counts),
+        _ROUTE.launch(self.route_grid, *self.route_arguments(parity, ids, call), **self.route_constexprs)
+        _PUSH.launch(self.push_grid, *self.push_arguments(parity, x, token_scales, ids, slots, counts),
                      **self.push_constexprs)
 
 
-def _scratch(ops, T: int, k: int) -> tuple:
-    """:attr:`DispatchLaunches.scratch` for ``T`` tokens of ``k`` pairs (views cut once: :func:`memo`),
-    parity ``p`` in region ``p`` of the workspace (:meth:`iris.collectives.workspaces.Workspaces.regions`:
-    laid out by the workspace's size, so calls of every shape put a parity in the same place)."""
+def _scratch(ops, T: int, k: int, chunks: int, E: int) -> tuple:
+    """``(scratch, routing)``: :attr:`DispatchLaunches.scratch` and :attr:`DispatchLaunches.routing`
+    for ``T`` tokens of ``k`` pairs in ``chunks`` chunks, ``E`` experts (views cut once:
+    :func:`memo`). Parity ``p``'s state lies in region ``p`` of the workspace, the routing's
+    scratch in region 2 (:meth:`iris.collectives.workspaces.Workspaces.regions`: laid out by the
+    workspace's size, so calls of every shape put each in the same place). On the heap rather than
+    allocated apart: a workspace outlives the CUDA graphs that captured it."""
     import torch
 
-    space, half = ops._context.workspaces.regions("moe_positions", 2, 4 * (T * k + 1))
+    pairs = T * k
+    space, region = ops._context.workspaces.regions("moe_positions", 3, 4 * (pairs + max(1, chunks * (E + 1))))
 
     def cut() -> tuple:
         words = space.view(torch.int32)
-        first = [p * half // 4 for p in (0, 1)]
-        return tuple((words[f:f + T * k].view(T, k), words[f + T * k:f + T * k + 1]) for f in first)
+        first = [p * region // 4 for p in (0, 1, 2)]
+        state = tuple((words[f:f + pairs].view(T, k), words[f + pairs:f + pairs + 1]) for f in first[:2])
+        routing = words[first[2]:first[2] + pairs].view(T, k), \
+            words[first[2] + pairs:first[2] + pairs + chunks * (E + 1)].view(chunks, E + 1)
+        return state, routing
 
-    return memo(ops, ("positions", space.data_ptr(), T, k), cut)
+    return memo(ops, ("positions", space.data_ptr(), region, T, k, chunks, E), cut)
 
 
 def _control(ops) -> dict:
@@ -590,11 +598,11 @@ class CombineLaunches:
                 call, self.control["calls"], self.back, self.control["back"], self.back_stride,
                 self.control["combine_headers"], self.signature, H, L, capacity)
 
-    def reduce_arguments(self, out, x, ids, positions, weights, call) -> tuple:
-        """:func:`reduce_kernel`'s runtime arguments for a call."""
+    def reduce_arguments(self, out, x, ids, slots, weights, call) -> tuple:
+        """:func:`reduce_kernel`'s runtime arguments for a call (``slots``: the handle's pair slots)."""
         T, H, E, L, capacity = self.shape
         return (self.context, out, x, self.back, self.control["back"], self.back_stride, self.grid[0], ids,
-                positions, weights, call, self.control["calls"], T, H, L)
+                slots, weights, call, self.control["calls"], T, H, L)
 
     def launch(self, slot, out, x, ids, positions, weights, counts, call) -> None:
         """Launch both kernels for a call (through the JIT's cache: :class:`LaunchCache`)."""
@@ -660,25 +668,26 @@ def return_kernel(context, expert_out, counts, source_rank, source_index, source
 
 
 @triton.jit
-def _pair_weight(ids, weights, positions, t, j, K: tl.constexpr):
+def _pair_weight(ids, weights, pair_slots, t, j, K: tl.constexpr):
     """The weight of pair ``(t, j)`` in token ``t``'s sum: its router weight plus those of the later
     pairs naming the same expert (a repeat was sent once, at the first); 0 for a pair sent nowhere."""
     e = tl.load(ids + t * K + j)
     weight = tl.load(weights + t * K + j)
     for later in tl.static_range(j + 1, K):
         weight += tl.where(tl.load(ids + t * K + later) == e, tl.load(weights + t * K + later), 0.0)
-    return tl.where(tl.load(positions + t * K + j) >= 0, weight, 0.0)
+    return tl.where(tl.load(pair_slots + t * K + j) >= 0, weight, 0.0)
 
 
 @triton.jit
-def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, programs, ids, positions, weights,
+def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, programs, ids, pair_slots, weights,
                   call_in, calls, T, H, L, K: tl.constexpr, K_BLOCK: tl.constexpr,
                   BLOCK_H: tl.constexpr, PROGRAMS_BLOCK: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
     """Combine's second step: once every rank's ``programs`` returning programs are done, ``out[t]``
     := ``sum_j w[t, j] * row(t, j)`` in float32 (:func:`_pair_weight`), ``row(t, j)`` the
     returned ``back[t, j]``, or for a pair whose expert is this rank's, its expert output where
-    dispatch put it (``expert_out[slot]``, the pair's slot in ``positions`` as :func:`push_kernel`
-    left it). On a failure (a stale dispatch too) ``out`` := all-ones bits."""
+    dispatch put it (``expert_out[slot]``, the pair's slot in ``pair_slots`` as :func:`push_kernel`
+    left it). On a failure (a stale dispatch too, or one that failed, whose slots are not all
+    written) nothing is read and ``out`` := all-ones bits."""
     dctx = DeviceContext.initialize(context, RANK, WORLD)
     call, back, back_flags, ok = _combined_dispatch(dctx, call_in, calls, back, back_flags, back_stride,
                                                     WORLD * programs)
@@ -690,7 +699,7 @@ def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, progr
     columns = tl.arange(0, BLOCK_H)
     pairs = tl.arange(0, K_BLOCK)
     for t in range(tl.program_id(0), T, tl.num_programs(0)):
-        slots = tl.load(positions + t * K + pairs, mask=pairs < K, other=-1)
+        slots = tl.load(pair_slots + t * K + pairs, mask=pairs < K, other=-1)
         owners = tl.maximum(tl.load(ids + t * K + pairs, mask=pairs < K, other=0).to(tl.int32), 0) // L
         for h in range(0, H, BLOCK_H):
             mask = h + columns < H
@@ -703,8 +712,8 @@ def reduce_kernel(context, out, expert_out, back, back_flags, back_stride, progr
                     returned = expert_out + tl.cast(slot, tl.int64) * H
                 # Nothing past a row's end, none of a pair sent nowhere (a bound rather than an and
                 # with a scalar: the newest Triton's interpreter refuses a mask broadcast from one).
-                row = tl.load(returned + h + columns, mask=h + columns < tl.where(slot >= 0, H, 0), other=0.0)
-                acc = _fma(row.to(tl.float32), _pair_weight(ids, weights, positions, t, j, K), acc)
+                row = tl.load(returned + h + columns, mask=h + columns < tl.where((slot >= 0) & ok, H, 0), other=0.0)
+                acc = _fma(row.to(tl.float32), _pair_weight(ids, weights, pair_slots, t, j, K), acc)
             tl.store(out + tl.cast(t, tl.int64) * H + h + columns, _rounded(acc, out.dtype.element_ty), mask=mask)
     if not ok:
         poison_blocks(dctx, out, T * H, T * H, tl.program_id(0), tl.num_programs(0), BLOCK_H)

@@ -116,7 +116,7 @@ class DispatchPlan:
         route, push = [], []
         for p in (parity, 1 - parity):
             positions, call = launches.scratch[p]
-            route.append(_bound(_ROUTE, launches.route_grid, launches.route_arguments(p, ids, positions, call),
+            route.append(_bound(_ROUTE, launches.route_grid, launches.route_arguments(p, ids, call),
                                 launches.route_constexprs, ("ids",)))
             push.append(_bound(_PUSH, launches.push_grid, launches.push_arguments(p, x, None, ids, positions, counts),
                                launches.push_constexprs, ("tokens", "ids", "counts")))
@@ -174,7 +174,7 @@ class CombinePlan:
     """Per parity of the dispatch, the returning launch (:func:`_bound`), per call
     ``expert_out, counts, call_in``."""
     reduce: tuple
-    """The reducing launch (of either parity), per call ``out, expert_out, ids, positions, weights, call_in``."""
+    """The reducing launch (of either parity), per call ``out, expert_out, ids, pair_slots, weights, call_in``."""
     check: Any
     """Whether an ``expert_out`` has the layout of this plan's (:func:`iris.calls.entries.layout_guard`)."""
 
@@ -190,7 +190,7 @@ class CombinePlan:
         reduce = _bound(_REDUCE, launches.grid,
                         launches.reduce_arguments(out, x, handle.topk_ids, handle.positions, handle.topk_weights,
                                                   handle.call),
-                        launches.reduce_constexprs, ("out", "expert_out", "ids", "positions", "weights", "call_in"))
+                        launches.reduce_constexprs, ("out", "expert_out", "ids", "pair_slots", "weights", "call_in"))
         if None in returns or reduce is None:
             return None
         return cls(launches=launches, returns=returns, reduce=reduce, check=layout_guard((x,)))
