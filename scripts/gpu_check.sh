@@ -11,7 +11,8 @@
 #                                  checkout of upstream iris in .upstream/ (ignored; pass carry [".upstream"]),
 #                                  Gluon kernels' 64 lanes made 32 (scripts/upstream_tests.py)
 #   upstream-examples              every example of that checkout at world 1 (scripts/upstream_examples.py)
-# The full check on one GPU is these five steps: five calls.
+#   upstream-examples-2            every example at 2 ranks (on one GPU: sharing it)
+# The full check on one GPU is these steps: a call each.
 # The whole suite takes longer than one 10-minute call: split it by files, e.g. --tests "-q
 # tests/test_[a-f]*.py" in one call and --tests "-q tests/test_[g-z]*.py" in the next. The fault
 # matrix (tests/test_failstop.py, on GPU ranks there) alone takes more than 10 minutes on one H200:
@@ -24,7 +25,7 @@ mkdir -p "$OUT"
 tests="-q tests"
 benches=()
 upstream=()
-examples=0
+examples=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
@@ -38,6 +39,7 @@ while [ $# -gt 0 ]; do
         upstream-a) tests=""; upstream=(x ccl ops) ;;
         upstream-b) tests=""; upstream=(unittests) ;;
         upstream-examples) tests=""; examples=1 ;;
+        upstream-examples-2) tests=""; examples=2 ;;
         *) echo "unknown step $2" >&2; exit 2 ;;
       esac
       shift 2 ;;
@@ -58,9 +60,9 @@ if [ ${#upstream[@]} -gt 0 ]; then
   python3 scripts/upstream_tests.py --upstream .upstream --out "$OUT/upstream" "${upstream[@]}" 2>&1 \
     | tee "$OUT/upstream.log" | grep -v "^    " | tail -60 || status=1
 fi
-if [ "$examples" = 1 ]; then
-  python3 scripts/upstream_examples.py --upstream .upstream --out "$OUT/examples" 2>&1 | tee "$OUT/examples.log" \
-    || status=1
+if [ -n "$examples" ]; then
+  python3 scripts/upstream_examples.py --upstream .upstream --ranks "$examples" --out "$OUT/examples-$examples" 2>&1 \
+    | tee "$OUT/examples-$examples.log" || status=1
 fi
 for bench in "${benches[@]}"; do
   echo "== benchmark: $bench"

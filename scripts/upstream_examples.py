@@ -3,7 +3,8 @@
 Upstream's ``examples/`` (from a checkout of upstream iris, ``--upstream``) are copied to a scratch
 folder and each example is run as upstream runs it (its own ``torch.multiprocessing.spawn``, or
 ``torchrun`` for the examples written for it), one at a time (several use fixed ports), with small
-sizes: at world 1 on one GPU, or on ``--ranks`` CPU ranks under Triton's interpreter. Its outcome
+sizes: at world 1 on one GPU, on ``--ranks`` processes sharing the machine's GPUs where there are
+more ranks than GPUs, or on ``--ranks`` CPU ranks under Triton's interpreter. Its outcome
 is read from its own validation output, a whole line at a time (``"Validation successful."`` must
 not match inside ``"Validation not successful."``), and its exit code.
 
@@ -15,7 +16,11 @@ The glue, applied to the scratch copy only:
   calls a CPU build refuses (synchronize, streams, events, NVTX, the device's properties: 4
   multiprocessors), makes ``libdevice.fast_expf`` the interpreter's ``tl.exp`` and gives
   interpreted launches the register counts the examples print; and ``tl.assume(pid_m > 0)``, false
-  for the first tile (the interpreter checks it), becomes ``>= 0``.
+  for the first tile (the interpreter checks it), becomes ``>= 0``;
+- on ranks sharing GPUs: every ``nccl`` process group becomes ``gloo`` (NCCL refuses two ranks on
+  one GPU), with no ``device_id``, and a ``sitecustomize`` module makes ``torch.cuda.set_device(r)``
+  take GPU ``r`` modulo the GPUs there are (the ranks' kernels then time-slice a GPU: slow, never
+  timed, but every memory access and wait is the hardware's).
 
 Each example's outcome is one of: ``validated`` (its success line, no failure line, exit code 0),
 ``failed``, ``ran`` (no check of its own: exit code 0), ``upstream check`` (exit code 0, and the
@@ -68,8 +73,8 @@ class Example:
     upstream_check: str = ""
     """Why its own check cannot pass (at world sizes ``broken_at``; empty: every size)."""
     broken_at: tuple[int, ...] = ()
-    gpus: int = 0
-    """GPUs it needs whatever the world size (its kernels have no CPU form); 0: none beyond one per rank."""
+    gpu_only: bool = False
+    """Whether its kernels have no CPU form (Gluon has no interpreter)."""
 
 
 def _line(text: str) -> str:
@@ -112,7 +117,7 @@ EXAMPLES: dict[str, Example] = {
                                  _line(r"Consumer: Data received and verified successfully using DeviceContext API!"),
                                  _line(r"Consumer: Data verification failed!")),
     "06_gluon": Example("06_message_passing/message_passing_gluon.py", "spawn", "-r {ranks} -p {heap}",
-                        "-r {ranks} -p {heap}", _SUCCESSFUL, _line(r"Validation failed\."), ranks=(2,), gpus=2),
+                        "-r {ranks} -p {heap}", _SUCCESSFUL, _line(r"Validation failed\."), ranks=(2,), gpu_only=True),
     "07_gemm_all_scatter": Example("07_gemm_all_scatter/benchmark.py", "spawn", f"-r {{ranks}} {_GPU_GEMM}",
                                    f"-r {{ranks}} {_SMALL_GEMM} --gemm_sms 4", _GEMM_PASSED, _GEMM_FAILED),
     "08_gemm_all_reduce_atomics": Example("08_gemm_all_reduce_atomics/benchmark.py", "spawn",
@@ -193,16 +198,34 @@ EXAMPLES: dict[str, Example] = {
                                   _line(r"Validation failed\..*"), ranks=(2,)),
 }
 
+#: A process group bound to no GPU (gloo's): (pattern, replacement).
+_NO_DEVICE_ID = (r"""device_id=torch\.device\(f?["']cuda:\{\w+\}["']\)""", "device_id=None")
 #: The CPU glue (see the module's docstring): (pattern, replacement).
 _CPU_GLUE = (
     CPU_TENSORS,
-    (r"""device_id=torch\.device\(f?["']cuda:\{\w+\}["']\)""", "device_id=None"),
+    _NO_DEVICE_ID,
     (r"""torch\.device\(f?["']cuda(:\{?\w*\}?)?["']\)""", 'torch.device("cpu")'),
     (r"""backend=["']nccl["']""", 'backend="gloo"'),
     (r"""set_default_device\(["']cuda["']\)""", 'set_default_device("cpu")'),
     (r"\.cuda\(\)", ".cpu()"),
     (r"tl\.assume\((pid_[mn]) > 0\)", r"tl.assume(\1 >= 0)"),
 )
+#: The glue for ranks that share GPUs (see the module's docstring).
+_SHARED_GPU_GLUE = (_NO_DEVICE_ID, (r"""["']nccl["']""", '"gloo"'))
+_SHARED_GPU_SITECUSTOMIZE = '''"""Launch glue for upstream's examples on ranks sharing GPUs
+(scripts/upstream_examples.py)."""
+import torch
+
+_set_device = torch.cuda.set_device
+
+
+def _shared(device):
+    index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
+    _set_device((index or 0) % torch.cuda.device_count())
+
+
+torch.cuda.set_device = _shared
+'''
 
 _CPU_SITECUSTOMIZE = '''"""Launch glue for upstream's examples on CPU ranks (scripts/upstream_examples.py)."""
 import os
@@ -244,18 +267,20 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 '''
 
 
-def glued_copy(upstream: Path, scratch: Path, on_cpu: bool) -> Path:
-    """Upstream's ``examples/`` copied under ``scratch`` with the glue applied; returns the folder
-    that holds ``examples/`` (the examples import ``examples.common`` from it)."""
+def glued_copy(upstream: Path, scratch: Path, on_cpu: bool, shared_gpus: bool = False) -> Path:
+    """Upstream's ``examples/`` copied under ``scratch`` with the glue applied (``shared_gpus``:
+    for more ranks than GPUs); returns the folder that holds ``examples/`` (the examples import
+    ``examples.common`` from it)."""
+    glue, site = (_CPU_GLUE, _CPU_SITECUSTOMIZE) if on_cpu else \
+        (_SHARED_GPU_GLUE, _SHARED_GPU_SITECUSTOMIZE) if shared_gpus else ((), None)
     shutil.copytree(upstream / "examples", scratch / "examples")
     for path in (scratch / "examples").rglob("*.py"):
         text = re.sub(*LANES, path.read_text())
-        if on_cpu:
-            for pattern, replacement in _CPU_GLUE:
-                text = re.sub(pattern, replacement, text)
+        for pattern, replacement in glue:
+            text = re.sub(pattern, replacement, text)
         path.write_text(text)
-    if on_cpu:
-        (scratch / "sitecustomize.py").write_text(_CPU_SITECUSTOMIZE)
+    if site is not None:
+        (scratch / "sitecustomize.py").write_text(site)
     return scratch
 
 
@@ -273,14 +298,12 @@ def outcome(example: Example, ranks: int, returncode: int, output: str) -> str:
     return "failed"
 
 
-def why_not(example: Example, ranks: int, on_cpu: bool, gpus: int) -> str | None:
+def why_not(example: Example, ranks: int, on_cpu: bool) -> str | None:
     """Why ``example`` is not run at ``ranks`` here, or None."""
     if example.ranks and ranks not in example.ranks:
         return f"it takes {' or '.join(map(str, example.ranks))} ranks only"
-    if example.gpus and (on_cpu or gpus < example.gpus):
-        return f"its Gluon kernels need {example.gpus} GPUs (Gluon has no interpreter)"
-    if not on_cpu and gpus < ranks:
-        return f"{ranks} ranks need {ranks} GPUs"
+    if example.gpu_only and on_cpu:
+        return "its Gluon kernels need a GPU (Gluon has no interpreter)"
     return None
 
 
@@ -321,7 +344,8 @@ def main() -> int:
     on_cpu = not torch.cuda.is_available()
     gpus = 0 if on_cpu else torch.cuda.device_count()
     ranks = args.ranks or (2 if on_cpu else 1)
-    root = glued_copy(args.upstream, Path(tempfile.mkdtemp(prefix="iris-upstream-examples-")), on_cpu)
+    shared_gpus = not on_cpu and ranks > gpus
+    root = glued_copy(args.upstream, Path(tempfile.mkdtemp(prefix="iris-upstream-examples-")), on_cpu, shared_gpus)
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     if on_cpu:
@@ -330,7 +354,7 @@ def main() -> int:
     results = {}
     for name in args.names or EXAMPLES:
         example = EXAMPLES[name]
-        reason = why_not(example, ranks, on_cpu, gpus)
+        reason = why_not(example, ranks, on_cpu)
         if reason is not None:
             results[name] = {"outcome": "not run", "why": reason}
         else:
@@ -343,7 +367,7 @@ def main() -> int:
                 results[name]["why"] = example.upstream_check
         print(f"{name:52s} {results[name]['outcome']:15s} {results[name].get('why', '')}", flush=True)
         (args.out / "examples.json").write_text(json.dumps({"ranks": ranks, "device": "cpu" if on_cpu else "cuda",
-                                                           "results": results}, indent=1))  # so far
+                                                           "gpus": gpus, "results": results}, indent=1))  # so far
     return 0 if all(r["outcome"] != "failed" for r in results.values()) else 1
 
 

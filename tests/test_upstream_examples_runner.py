@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 _SPEC = importlib.util.spec_from_file_location("upstream_examples",
                                                Path(__file__).parents[1] / "scripts" / "upstream_examples.py")
@@ -41,24 +42,41 @@ def test_an_upstream_check_that_cannot_pass_is_told_apart_only_where_it_cannot()
 
 
 def test_examples_that_cannot_run_here_say_why():
-    assert "2 ranks only" in runner.why_not(runner.EXAMPLES["06_put"], 1, True, 0)
-    assert "Gluon" in runner.why_not(runner.EXAMPLES["06_gluon"], 2, True, 0)
-    assert runner.why_not(STORE, 2, True, 0) is None and runner.why_not(STORE, 1, False, 1) is None
-    assert "2 GPUs" in runner.why_not(STORE, 2, False, 1)
+    assert "2 ranks only" in runner.why_not(runner.EXAMPLES["06_put"], 1, True)
+    assert "Gluon" in runner.why_not(runner.EXAMPLES["06_gluon"], 2, True)
+    assert runner.why_not(runner.EXAMPLES["06_gluon"], 2, False) is None  # ranks share the GPUs there are
+    assert runner.why_not(STORE, 2, True) is None and runner.why_not(STORE, 1, False) is None
 
 
-@pytest.mark.parametrize("on_cpu", [False, True])
-def test_the_glue_rewrites_lanes_everywhere_and_devices_on_cpu_ranks_only(tmp_path, on_cpu):
+@pytest.mark.parametrize("on_cpu, shared_gpus", [(False, False), (False, True), (True, False)],
+                         ids=["gpus", "shared_gpus", "cpu"])
+def test_the_glue_rewrites_lanes_everywhere_and_devices_where_ranks_need_it(tmp_path, on_cpu, shared_gpus):
     source = tmp_path / "upstream" / "examples" / "k.py"
     source.parent.mkdir(parents=True)
     source.write_text('layout = gl.BlockedLayout([1], [64], [1], [0])\nx = torch.zeros(4, device="cuda")\n'
-                      'dist.init_process_group(backend="nccl")\n')
-    root = runner.glued_copy(tmp_path / "upstream", tmp_path / "scratch", on_cpu)
+                      'dist.init_process_group(backend="nccl", device_id=torch.device(f"cuda:{rank}"))\n'
+                      'backend = "nccl" if torch.cuda.is_available() else "gloo"\n')
+    root = runner.glued_copy(tmp_path / "upstream", tmp_path / "scratch", on_cpu, shared_gpus)
     glued = (root / "examples" / "k.py").read_text()
     assert "gl.BlockedLayout([1], [32], [1], [0])" in glued
-    assert ('device="cpu"' in glued and 'backend="gloo"' in glued) == on_cpu
-    assert ('device="cuda"' in glued and 'backend="nccl"' in glued) == (not on_cpu)
-    assert (root / "sitecustomize.py").exists() == on_cpu
+    assert ('device="cpu"' in glued) == on_cpu and ('device="cuda"' in glued) == (not on_cpu)
+    assert ('backend="gloo", device_id=None' in glued) == (on_cpu or shared_gpus)
+    assert ("nccl" in glued.splitlines()[-1]) == (not shared_gpus)  # on CPU ranks CUDA's absence chooses gloo
+    site = root / "sitecustomize.py"
+    assert site.exists() == (on_cpu or shared_gpus)
+    assert shared_gpus == (site.exists() and "torch.cuda.set_device = _shared" in site.read_text())
+
+
+def test_ranks_sharing_a_gpu_set_the_gpu_of_their_index_modulo_the_gpus(tmp_path, monkeypatch):
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    (tmp_path / "examples").mkdir()
+    root = runner.glued_copy(tmp_path, tmp_path / "scratch", False, True)
+    exec((root / "sitecustomize.py").read_text(), {})
+    for device in (0, 1, 3, "cuda:5", torch.device("cuda:2"), "cuda"):
+        torch.cuda.set_device(device)
+    assert chosen == [0, 1, 1, 1, 0, 0]
 
 
 def test_a_run_past_its_time_is_stopped_with_the_ranks_it_spawned(tmp_path):
