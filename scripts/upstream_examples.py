@@ -18,9 +18,10 @@ The glue, applied to the scratch copy only:
   interpreted launches the register counts the examples print; and ``tl.assume(pid_m > 0)``, false
   for the first tile (the interpreter checks it), becomes ``>= 0``;
 - on ranks sharing GPUs: every ``nccl`` process group becomes ``gloo`` (NCCL refuses two ranks on
-  one GPU), with no ``device_id``, and a ``sitecustomize`` module makes ``torch.cuda.set_device(r)``
-  take GPU ``r`` modulo the GPUs there are (the ranks' kernels then time-slice a GPU: slow, never
-  timed, but every memory access and wait is the hardware's).
+  one GPU), with no ``device_id``; ``cuda:{r}`` devices and a ``sitecustomize`` module's
+  ``torch.cuda.set_device(r)`` and ``get_device_properties(r)`` take GPU ``r`` modulo the GPUs
+  there are (the ranks' kernels then time-slice a GPU: slow, never timed, but every memory access
+  and wait is the hardware's).
 
 Each example's outcome is one of: ``validated`` (its success line, no failure line, exit code 0),
 ``failed``, ``ran`` (no check of its own: exit code 0), ``upstream check`` (exit code 0, and the
@@ -48,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from upstream_tests import CPU_TENSORS, LANES  # noqa: E402 - the glue both runners apply, found beside this script
 
 HEAP = {"gpu": 1 << 30, "cpu": 1 << 26}
+#: Lines of a failed example's output printed with its outcome.
+FAILED_TAIL = 12
 #: GEMM examples' small problem on CPU ranks.
 _SMALL_GEMM = "-m 256 -n 128 -k 128 --BLK_M 64 --BLK_N 32 --BLK_K 32 --heap_size {heap} -v --datatype fp32"
 _GPU_GEMM = "-m 1024 -n 1024 -k 1024 --heap_size {heap} -v"
@@ -211,7 +214,8 @@ _CPU_GLUE = (
     (r"tl\.assume\((pid_[mn]) > 0\)", r"tl.assume(\1 >= 0)"),
 )
 #: The glue for ranks that share GPUs (see the module's docstring).
-_SHARED_GPU_GLUE = (_NO_DEVICE_ID, (r"""["']nccl["']""", '"gloo"'))
+_SHARED_GPU_GLUE = (_NO_DEVICE_ID, (r"""["']nccl["']""", '"gloo"'),
+                    (r"""f(["'])cuda:\{(\w+)\}""", r"f\1cuda:{\2 % torch.cuda.device_count()}"))
 _SHARED_GPU_SITECUSTOMIZE = '''"""Launch glue for upstream's examples on ranks sharing GPUs
 (scripts/upstream_examples.py)."""
 import torch
@@ -219,12 +223,16 @@ import torch
 _set_device = torch.cuda.set_device
 
 
-def _shared(device):
+_properties = torch.cuda.get_device_properties
+
+
+def _shared_index(device):
     index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
-    _set_device((index or 0) % torch.cuda.device_count())
+    return (index or 0) % torch.cuda.device_count()
 
 
-torch.cuda.set_device = _shared
+torch.cuda.set_device = lambda device: _set_device(_shared_index(device))
+torch.cuda.get_device_properties = lambda device=None: _properties(_shared_index(device))
 '''
 
 _CPU_SITECUSTOMIZE = '''"""Launch glue for upstream's examples on CPU ranks (scripts/upstream_examples.py)."""
@@ -366,6 +374,8 @@ def main() -> int:
             if results[name]["outcome"] == "upstream check":
                 results[name]["why"] = example.upstream_check
         print(f"{name:52s} {results[name]['outcome']:15s} {results[name].get('why', '')}", flush=True)
+        if results[name]["outcome"] == "failed":  # what it said last, where the logs do not come back
+            print("".join(f"    {line}\n" for line in output.splitlines()[-FAILED_TAIL:]), end="", flush=True)
         (args.out / "examples.json").write_text(json.dumps({"ranks": ranks, "device": "cpu" if on_cpu else "cuda",
                                                            "gpus": gpus, "results": results}, indent=1))  # so far
     return 0 if all(r["outcome"] != "failed" for r in results.values()) else 1

@@ -41,6 +41,8 @@ MANY_CHUNKS = 2 * p2p.SLOTS + 1
 BACK_TO_BACK = max(5, len(DTYPES))
 #: Seconds a wait may take in the contexts whose calls are meant to fail.
 SHORT_TIMEOUT = 10
+#: Bytes of heap of the context whose chunks must shrink to fit (:func:`_check_small_heap`).
+SMALL_HEAP = 64 << 10
 #: What differs between a send and its recv in the mismatch checks.
 MISMATCHES = ("size", "dtype")
 
@@ -343,6 +345,22 @@ def _check_mismatches(rank: int, device: str, report: RankReport) -> None:
             pass  # a failed context is released without waiting for its peer
 
 
+def _check_small_heap(rank: int, device: str, report: RankReport) -> None:
+    """A heap too small for the regions' usual chunks (upstream iris's examples default to 64 KiB)
+    sets up with smaller ones, and a message of many of them arrives whole."""
+    with iris.create("triton", heap_size=SMALL_HEAP, device=device) as ctx:
+        chunk = ctx.p2p_regions.chunk_bytes
+        report.check("small_heap/smaller_chunks", chunk < p2p.CHUNK_BYTES[ctx.kernel_device_type] and
+                     2 * p2p.SLOTS * chunk <= SMALL_HEAP // p2p.HEAP_SHARE)
+        x = _data(torch.float32, MANY_CHUNKS * _per_chunk(ctx, torch.float32) + 17, "small heap").to(ctx.device)
+        got = torch.zeros_like(x)
+        if rank == 0:
+            ctx.ccl.send(x, 1)
+        else:
+            ctx.ccl.recv(got, 0)
+        report.check("small_heap/message", rank == 0 or _same_bits(got, x))
+
+
 def _p2p_worker(rank: int, device: str) -> bytes:
     report = RankReport(rank)
     ctx = iris.create("triton", heap_size="32MiB" if device == "cpu" else "256MiB", device=device)
@@ -358,6 +376,8 @@ def _p2p_worker(rank: int, device: str) -> bytes:
     if ctx.world_size == 2:
         with report.section("mismatch"):
             _check_mismatches(rank, device, report)
+        with report.section("small_heap"):
+            _check_small_heap(rank, device, report)
     return report.packed()
 
 
@@ -413,6 +433,13 @@ def test_messages_of_another_size_or_dtype_fail_both_calls(reports):
     assert_rank_checks(reports, "mismatch/", lambda rank: {f"mismatch/{what}/{check}" for what in MISMATCHES
                                                            for check in checks[rank]} | {
         "mismatch/debug_mode_pair_call", "mismatch/completed"})
+
+
+def test_a_small_heap_streams_through_smaller_chunks(reports):
+    if len(reports) != 2:
+        pytest.skip("checked on 2 ranks")
+    assert_rank_checks(reports, "small_heap/", {"small_heap/smaller_chunks", "small_heap/message",
+                                                "small_heap/completed"})
 
 
 # -- single-rank checks (the session context) -------------------------------------------------------------

@@ -55,28 +55,33 @@ def test_the_glue_rewrites_lanes_everywhere_and_devices_where_ranks_need_it(tmp_
     source.parent.mkdir(parents=True)
     source.write_text('layout = gl.BlockedLayout([1], [64], [1], [0])\nx = torch.zeros(4, device="cuda")\n'
                       'dist.init_process_group(backend="nccl", device_id=torch.device(f"cuda:{rank}"))\n'
+                      'y = torch.ones(2, device=f"cuda:{rank}")\n'
                       'backend = "nccl" if torch.cuda.is_available() else "gloo"\n')
     root = runner.glued_copy(tmp_path / "upstream", tmp_path / "scratch", on_cpu, shared_gpus)
     glued = (root / "examples" / "k.py").read_text()
     assert "gl.BlockedLayout([1], [32], [1], [0])" in glued
     assert ('device="cpu"' in glued) == on_cpu and ('device="cuda"' in glued) == (not on_cpu)
     assert ('backend="gloo", device_id=None' in glued) == (on_cpu or shared_gpus)
+    assert ('f"cuda:{rank % torch.cuda.device_count()}"' in glued) == shared_gpus
     assert ("nccl" in glued.splitlines()[-1]) == (not shared_gpus)  # on CPU ranks CUDA's absence chooses gloo
     site = root / "sitecustomize.py"
     assert site.exists() == (on_cpu or shared_gpus)
-    assert shared_gpus == (site.exists() and "torch.cuda.set_device = _shared" in site.read_text())
+    assert shared_gpus == (site.exists() and "_shared_index" in site.read_text())
 
 
-def test_ranks_sharing_a_gpu_set_the_gpu_of_their_index_modulo_the_gpus(tmp_path, monkeypatch):
-    chosen = []
+def test_ranks_sharing_a_gpu_take_the_gpu_of_their_index_modulo_the_gpus(tmp_path, monkeypatch):
+    chosen, asked = [], []
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", asked.append)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     (tmp_path / "examples").mkdir()
     root = runner.glued_copy(tmp_path, tmp_path / "scratch", False, True)
     exec((root / "sitecustomize.py").read_text(), {})
-    for device in (0, 1, 3, "cuda:5", torch.device("cuda:2"), "cuda"):
+    devices = (0, 1, 3, "cuda:5", torch.device("cuda:2"), "cuda")
+    for device in devices:
         torch.cuda.set_device(device)
-    assert chosen == [0, 1, 1, 1, 0, 0]
+        torch.cuda.get_device_properties(device)
+    assert chosen == asked == [0, 1, 1, 1, 0, 0]
 
 
 def test_a_run_past_its_time_is_stopped_with_the_ranks_it_spawned(tmp_path):

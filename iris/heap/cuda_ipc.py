@@ -54,6 +54,8 @@ class _DeviceMemory:
         self.size = size
         self.device = device
         self.imported = imported
+        # Kept: at interpreter exit, when the last tensor goes, the module can no longer be imported.
+        self._runtime = _runtime()
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -63,7 +65,7 @@ class _DeviceMemory:
         return torch.as_tensor(self, device=self.device)
 
     def __del__(self):
-        runtime = _runtime()
+        runtime = self._runtime
         if self.imported:
             runtime.cudaIpcCloseMemHandle(self.pointer)
         else:

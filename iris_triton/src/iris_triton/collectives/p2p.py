@@ -4,8 +4,9 @@
 Only the two ranks of a pair take part, so nothing here may grow collectively: every rank
 allocates at set-up, in the same order and sizes, a fixed region per peer (:class:`PeerRegions`),
 and messages of any size stream through it in *chunks* of ``PROGRAMS`` parts of ``BLOCK``
-elements (:data:`CHUNK_BYTES`), one part per program. Program ``p`` of the sender and program
-``p`` of the receiver form a lane, with its own words on the heap:
+elements (:data:`CHUNK_BYTES`; less in a small heap, :data:`HEAP_SHARE`), one part per program.
+Program ``p`` of the sender and program ``p`` of the receiver form a lane, with its own words on
+the heap:
 
 - ``delivered[src, p]`` on the receiver (written by the sender): chunks the sender delivered;
 - ``consumed[dst, p]`` on the sender (written by the receiver): chunks the receiver copied out,
@@ -51,6 +52,8 @@ SLOTS = 2
 CHUNK_BYTES = {"cuda": 64 << 10, "cpu": 4 << 10}
 #: Programs (lanes) of one transfer, by device type: each moves ``1 / PROGRAMS`` of every chunk.
 PROGRAMS = {"cuda": 16, "cpu": 1}
+#: The regions take at most ``1 / HEAP_SHARE`` of a context's heap: a small heap gets small chunks.
+HEAP_SHARE = 8
 #: What a receiver writes into the sender's ``consumed`` word when it refuses a message: above any count.
 REFUSED: tl.constexpr = tl.constexpr(1 << 62)
 #: Offsets are 32-bit: a larger message needs to be split.
@@ -81,13 +84,24 @@ class PeerRegions:
     @classmethod
     def allocate(cls, ctx) -> PeerRegions:
         """The regions of ``ctx`` (collective: called at set-up, on every rank)."""
-        world, chunk, programs = ctx.world_size, CHUNK_BYTES[ctx.kernel_device_type], PROGRAMS[ctx.kernel_device_type]
+        world, programs = ctx.world_size, PROGRAMS[ctx.kernel_device_type]
+        room = ctx.heap_size // (HEAP_SHARE * world * SLOTS)
+        chunk = _chunk_bytes(CHUNK_BYTES[ctx.kernel_device_type], programs, room)
         words = ctx.zeros(world * programs * (_PARTS.value + 2 * SLOTS), dtype=torch.int64)
         inbox = ctx.zeros(world * SLOTS * chunk, dtype=torch.uint8)
         if ctx.device.type == "cuda":
             # Zeroed before set-up's last host exchange, after which a peer may send here.
             torch.cuda.synchronize(ctx.device)
         return cls(inbox=inbox, words=words, chunk_bytes=chunk, programs=programs)
+
+
+def _chunk_bytes(largest: int, programs: int, room: int) -> int:
+    """Bytes of one chunk: ``largest``, halved while it passes ``room`` (bytes per slot the heap
+    spares), down to 16 bytes a program (a power of two either way, as the programs' blocks are)."""
+    chunk = largest
+    while chunk > room and chunk > 16 * programs:
+        chunk //= 2
+    return chunk
 
 
 # -- device helpers --------------------------------------------------------------------------------------
