@@ -238,6 +238,8 @@ def _partial_worker(rank: int) -> bytes:
                 report.check("view/shares_the_facts",
                              all(getattr(view, name) is getattr(ctx, name) for name in GroupView.SHARED))
                 report.check("view/reads_the_failure", view._failure is ctx._failure is not None and view.failed)
+                ctx.tuning = ctx.tuning.merged({})  # as tuning puts its table in force
+                report.check("view/reads_the_tuned_choices", view.tuning is ctx.tuning)
                 report.check("view/own_identity", (view.rank, view.world_size, view.group_ranks) == (0, 2, (0, 2))
                              and view.heap is not ctx.heap and view.comm is not ctx.comm)
         dist.barrier()  # rank 2 waits (on torch's group) until rank 0 gave up
@@ -277,7 +279,7 @@ def test_a_group_of_two_in_three_ranks():
     own = {0: {"partial/all_reduce", "partial/gave_up", "partial/poisoned"}, 1: {"partial/non_member_refused"},
            2: {"partial/all_reduce"}}
     assert_rank_checks(reports, "partial/", lambda rank: own[rank] | {"partial/membership", "partial/completed"})
-    view = {"view/shares_the_facts", "view/reads_the_failure", "view/own_identity"}
+    view = {"view/shares_the_facts", "view/reads_the_failure", "view/reads_the_tuned_choices", "view/own_identity"}
     assert_rank_checks(reports, "view/", lambda rank: view if rank == 0 else set())
     group_rank = {0: 0, 2: 1}
     assert_rank_checks(reports, "groups/pair/",

@@ -108,7 +108,8 @@ class GroupView:
 
     #: The context's attributes a view refers to as its own: each is set once, when the context is
     #: made, and never rebound, so the reference stays the context's; every call reads some of them.
-    SHARED = ("config", "backend_spec", "device", "kernel_device_type", "programs", "timeout_ns", "tracing", "tuning",
+    #: (The tuned choices are not among them: tuning (``ctx.ccl.tune``, ...) puts a new table in force.)
+    SHARED = ("config", "backend_spec", "device", "kernel_device_type", "programs", "timeout_ns", "tracing",
               "node_layout", "logger")
 
     @classmethod
