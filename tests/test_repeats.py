@@ -261,3 +261,18 @@ def test_a_reduction_named_otherwise_is_never_taken_for_the_kept_one(ctx):
         with pytest.raises((ValueError, IrisError)):
             ctx.ccl.all_reduce(x, 0, algorithm="test_recording")
         assert ran == ["run"]
+
+
+@pytest.mark.parametrize("name", ["group", "found", "_default0", "not an identifier"])
+def test_a_declared_parameter_the_generated_entry_cannot_take_is_refused(name):
+    # The generated source has names of its own; a parameter named so would silently become another value.
+    import attrs
+
+    from iris.calls import entries
+    from iris.calls.declarations import DECLARATIONS, Param
+
+    broadcast = DECLARATIONS["broadcast"]
+    declaration = attrs.evolve(broadcast, params=(*broadcast.params, Param(name, "int", 0)))
+    for make in (entries.keyer, lambda d: entries.entry(d, None)):
+        with pytest.raises(ValueError, match=f"{name!r}.*rename"):
+            make(declaration)

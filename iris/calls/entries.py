@@ -71,9 +71,20 @@ def _layout(tensor: torch.Tensor) -> tuple:
     return tensor.shape, tensor.stride(), tensor.dtype, tensor.device
 
 
+#: Names the generated source uses besides the declared parameters: none may be declared.
+_RESERVED = frozenset({"self", "group", "async_op", "_extra", "repeats", "found", "_in_full", "_is_compiling",
+                       "_NO_TENSOR", "keyed"})
+
+
 def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
     """``(parameters, key, tensors, defaults)``: the declared parameters as Python source, the key
-    expression, the tensors' tuple expression, and the defaults by the names the source uses."""
+    expression, the tensors' tuple expression, and the defaults by the names the source uses.
+    ValueError for a parameter the source could not take (a reserved name, not an identifier)."""
+    clashing = [p.name for p in declaration.params
+                if p.name in _RESERVED or p.name.startswith("_default") or not p.name.isidentifier()]
+    if clashing:
+        raise ValueError(f"declaration {declaration.name!r}: parameter(s) {clashing} cannot be taken by a generated "
+                         f"entry (reserved: {sorted(_RESERVED)} and _default*); rename them")
     parameters, key, tensors, defaults = [], [repr(declaration.name)], [], {}
     starred = False
     for index, param in enumerate(declaration.params):
