@@ -66,7 +66,12 @@ def tile_loop_kernel(a, b, c, a_desc, b_desc, M, N, K, tiles, stride_am, stride_
                     stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA, B_COLUMN_MAJOR)
 
 
-@triton.jit
+#: The kernels that take ``launch`` (:data:`_LAUNCHES`): one compiled kernel for every value of
+#: it, where Triton would otherwise specialize on a value of 1 or a multiple of 16.
+_COUNTED = triton.jit(do_not_specialize=["launch"])
+
+
+@_COUNTED
 def tail_split_kernel(c, a_desc, b_desc, partials, arrived, launch, whole, parts, M, N, K, stride_cm, stride_cn,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       B_COLUMN_MAJOR: tl.constexpr):
@@ -82,7 +87,7 @@ def tail_split_kernel(c, a_desc, b_desc, partials, arrived, launch, whole, parts
                  stride_cn, BLOCK_M, BLOCK_N)
 
 
-@triton.jit
+@_COUNTED
 def split_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, tiles, tail, parts, stride_cm,
                       stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
@@ -165,7 +170,7 @@ def _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn):
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
+@_COUNTED
 def stream_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, tiles, tail, stride_cm, stride_cn,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                        B_COLUMN_MAJOR: tl.constexpr):
