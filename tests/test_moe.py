@@ -348,7 +348,7 @@ def _check_device_errors(report: RankReport, rank: int) -> None:
         ctx.ops.moe_combine(made.tokens, made)
     h = stale.handle
     report.check("device_errors/stale_dispatch", _raises(
-        lambda: torch.ops.iris.moe_combine(stale.tokens, h.topk_ids, h.topk_weights, h.positions, h.call, h.counts,
+        lambda: torch.ops.iris.moe_combine(stale.tokens, h.topk_ids, h.topk_weights, h.pair_slots, h.call, h.counts,
                                            h.slot, ctx.ops._iris_handle, h.num_experts, h.capacity),
         f"world rank(s) [{rank}]", "a later dispatch reused", "combine before then", kind=IrisTimeoutError))
     report.check("device_errors/stale_dispatch/failed", ctx.failed)

@@ -60,7 +60,7 @@ class MoeHandle:
     capacity: int
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
-    positions: torch.Tensor
+    pair_slots: torch.Tensor
     """int32 [T, k]: each pair's slot among the ``[L, capacity]`` rows of its expert's rank (-1: sent
     nowhere), where combine finds its expert's output."""
     call: torch.Tensor
@@ -162,11 +162,11 @@ def dispatch(ops, tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
     ctx = ops._context
     _check_dispatch(ctx, tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
     rows = ctx.world_size * tokens.shape[0] if capacity is None else capacity
-    slot, counts, positions, call, sequence, plan = moe_kernels.dispatch(ops, tokens, topk_ids, topk_weights,
+    slot, counts, pair_slots, call, sequence, plan = moe_kernels.dispatch(ops, tokens, topk_ids, topk_weights,
                                                                          num_experts, rows, fp8)
     if plan is not None:
         plan.keep_for(tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
-    return _result(ops, tokens, topk_ids, topk_weights, num_experts, rows, fp8, slot, counts, positions, call,
+    return _result(ops, tokens, topk_ids, topk_weights, num_experts, rows, fp8, slot, counts, pair_slots, call,
                    sequence, plan)
 
 
@@ -174,13 +174,13 @@ def compiled_dispatch(ops, tokens, topk_ids, topk_weights, num_experts, *, capac
     """``ctx.ops.moe_dispatch`` under torch.compile: the operator ``torch.ops.iris.moe_dispatch``
     (which runs the eager call), its slot carved into the result as the eager call does."""
     capacity = ops._world_size * tokens.shape[0] if capacity is None else capacity
-    slot, counts, positions, call = torch.ops.iris.moe_dispatch(tokens, topk_ids, topk_weights, ops._iris_handle,
+    slot, counts, pair_slots, call = torch.ops.iris.moe_dispatch(tokens, topk_ids, topk_weights, ops._iris_handle,
                                                                 num_experts, capacity, fp8)
-    return _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
+    return _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, pair_slots, call,
                    None, None)
 
 
-def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, positions, call,
+def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slot, counts, pair_slots, call,
             sequence, plan) -> MoeDispatch:
     from iris_triton.operations.moe_kernels import carve_slot, carved
 
@@ -190,7 +190,7 @@ def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slo
     else:
         buffers = carved(ops, slot, ops._world_size, num_experts, capacity, tokens.shape[1], dtype)
     handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids,
-                       topk_weights=topk_weights, positions=positions, call=call, counts=counts, slot=slot,
+                       topk_weights=topk_weights, pair_slots=pair_slots, call=call, counts=counts, slot=slot,
                        sequence=sequence, plan=plan,
                        buffers=None if sequence is None else buffer_versions(ops._context))
     return MoeDispatch(tokens=buffers["data"], scales=buffers["scales"] if fp8 else None, counts=counts,
@@ -233,7 +233,7 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
     if expert_out.shape[:2] != (L, handle.capacity):
         raise IrisError(f"moe_combine: expert_out has shape {tuple(expert_out.shape)}; it needs [local experts, "
                         f"capacity, hidden] = [{L}, {handle.capacity}, hidden], as the dispatch's tokens")
-    out, launches = moe_kernels.combine(ops, expert_out, handle.topk_ids, handle.topk_weights, handle.positions,
+    out, launches = moe_kernels.combine(ops, expert_out, handle.topk_ids, handle.topk_weights, handle.pair_slots,
                                         handle.call, handle.counts, handle.slot, handle.num_experts, handle.capacity)
     if handle.plan is not None and expert_out.is_contiguous():  # its plan launches expert_out as it is
         handle.plan.keep_combine(expert_out, launches, handle, out)
@@ -244,7 +244,7 @@ def compiled_combine(ops, expert_out, handle) -> torch.Tensor:
     """``ctx.ops.moe_combine`` under torch.compile: the operator ``torch.ops.iris.moe_combine``
     (which runs the eager call) on the handle's tensors, checked as the eager call checks it."""
     handle = _handle_of(ops, handle)
-    return torch.ops.iris.moe_combine(expert_out, handle.topk_ids, handle.topk_weights, handle.positions, handle.call,
+    return torch.ops.iris.moe_combine(expert_out, handle.topk_ids, handle.topk_weights, handle.pair_slots, handle.call,
                                       handle.counts, handle.slot, ops._iris_handle, handle.num_experts,
                                       handle.capacity)
 
@@ -261,15 +261,15 @@ def _dispatch_operator(tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weight
                                                                             torch.Tensor]:
     ops = lookup(handle)
     made = ops.moe_dispatch(tokens, topk_ids, topk_weights, num_experts, capacity=capacity, fp8=fp8).handle
-    # A planned dispatch keeps its positions and number in a workspace: the operator's results may
+    # A planned dispatch keeps its pair slots and number in a workspace: the operator's results may
     # not alias one another, and a compiled combine tells a stale dispatch by its number alone.
-    return made.slot, made.counts, _fresh(made.positions), _fresh(made.call)
+    return made.slot, made.counts, _fresh(made.pair_slots), _fresh(made.call)
 
 
 def buffer_versions(ctx) -> tuple[int, int]:
     """The versions of the workspaces a dispatch's results view: its receive buffers and its
-    positions (:meth:`iris.collectives.workspaces.Workspaces.version`)."""
-    return ctx.workspaces.version("moe_slots"), ctx.workspaces.version("moe_positions")
+    pair slots (:meth:`iris.collectives.workspaces.Workspaces.version`)."""
+    return ctx.workspaces.version("moe_slots"), ctx.workspaces.version("moe_state")
 
 
 def _fresh(tensor: torch.Tensor) -> torch.Tensor:
@@ -289,16 +289,16 @@ def _dispatch_shapes(tokens, topk_ids, topk_weights, handle, num_experts, capaci
 
 @torch.library.custom_op("iris::moe_combine", mutates_args=())
 def _combine_operator(expert_out: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                      positions: torch.Tensor, call: torch.Tensor, counts: torch.Tensor, slot: torch.Tensor,
+                      pair_slots: torch.Tensor, call: torch.Tensor, counts: torch.Tensor, slot: torch.Tensor,
                       handle: int, num_experts: int, capacity: int) -> torch.Tensor:
     ops = lookup(handle)
     made = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids, topk_weights=topk_weights,
-                     positions=positions, call=call, counts=counts, slot=slot, sequence=None)
+                     pair_slots=pair_slots, call=call, counts=counts, slot=slot, sequence=None)
     return ops.moe_combine(expert_out, made)
 
 
 @_combine_operator.register_fake
-def _combine_shapes(expert_out, topk_ids, topk_weights, positions, call, counts, slot, handle, num_experts, capacity):
+def _combine_shapes(expert_out, topk_ids, topk_weights, pair_slots, call, counts, slot, handle, num_experts, capacity):
     return expert_out.new_empty((topk_ids.shape[0], expert_out.shape[2]))
 
 

@@ -360,7 +360,7 @@ def carved(ops, slot, world: int, experts: int, capacity: int, hidden: int, dtyp
 def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: int, fp8: bool):
     """``ctx.ops.moe_dispatch`` by the two kernels above (arguments checked:
     :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert: ``(slot, counts,
-    positions, call, sequence, plan)``: this call's slot of the receive buffers (uint8, valid until
+    pair_slots, call, sequence, plan)``: this call's slot of the receive buffers (uint8, valid until
     the dispatch after next; :func:`carve_slot` cuts it into the result's tensors), the rows each
     local expert received (int32 ``[L]``), each pair's slot among its expert's rank's rows
     (int32 ``[T, k]``, -1: sent nowhere), the call's number on the device (int32 ``[1]``) and on the host, and
@@ -378,7 +378,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     parity = sequence & 1
     counts = torch.empty(num_experts // ctx.world_size, dtype=torch.int32, device=ctx.device)
     call = torch.empty(1, dtype=torch.int32, device=ctx.device)
-    positions = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
+    pair_slots = torch.empty(T, k, dtype=torch.int32, device=ctx.device)
     x, token_scales, ids = tokens.contiguous(), None, topk_ids.contiguous()
     quantized = fp8 and ctx.kernel_device_type == "cpu"  # the interpreter's float8 conversion is wrong
     if quantized:
@@ -388,13 +388,13 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     with _announced_call(ctx, "moe_dispatch", (tokens, topk_ids, topk_weights), "direct") as signature:
         launches = DispatchLaunches.of(ops, T, H, k, num_experts, capacity, dtype, signature, quantized)
         with ctx._call("ops.moe_dispatch", launches.outputs(parity, counts)):
-            launches.launch(parity, x, token_scales, ids, positions, counts, call)
+            launches.launch(parity, x, token_scales, ids, pair_slots, counts, call)
     # Debug mode checks every call's ids on the host: no plan skips that.
     plannable = not (quantized or ctx.config.debug) and x is tokens and ids is topk_ids and \
         topk_weights.is_contiguous()
     plan = DispatchPlan.of(ops, launches, parity, x, ids, counts, num_experts, capacity, fp8) \
         if plannable else None
-    return launches.slots[parity], counts, positions, call, sequence, plan
+    return launches.slots[parity], counts, pair_slots, call, sequence, plan
 
 
 @attrs.define(eq=False)
@@ -422,7 +422,7 @@ class DispatchLaunches:
     push_constexprs: dict
     quantized: bool
     scratch: tuple
-    """Per parity, ``(positions, call)``: each pair's slot (int32 ``[T, k]``) and the call's
+    """Per parity, ``(pair_slots, call)``: each pair's slot (int32 ``[T, k]``) and the call's
     number (int32 ``[1]``) on the heap, what a planned call (:mod:`iris_triton.operations.moe_plans`)
     uses for its handle's state instead of allocating it: a handle is refused on the host once the
     dispatch after next reused its parity (:func:`iris_triton.operations.moe.combine`)."""
@@ -466,19 +466,20 @@ class DispatchLaunches:
         return (self.context, ids, *self.routing, control["routed"], control["calls"], call, control["headers"],
                 self.buffers[parity]["table"], control["table"], self.signature, T, E)
 
-    def push_arguments(self, parity: int, x, token_scales, ids, slots, counts) -> tuple:
+    def push_arguments(self, parity: int, x, token_scales, ids, pair_slots, counts) -> tuple:
         """:func:`push_kernel`'s runtime arguments for a call (``token_scales``: the quantized
-        tokens' scales, or None; ``slots``: the handle's pair slots)."""
+        tokens' scales, or None)."""
         control, b = self.control, self.buffers[parity]
-        return (self.context, x, b["scales"] if token_scales is None else token_scales, ids, self.routing[0], slots,
-                self.routing[1], control["calls"], control["headers"], b["table"], control["table"],
-                control["done"], control["pushed"], counts, b["data"], b["scales"], b["source_rank"],
-                b["source_index"], b["source_slot"], self.signature, *self.shape)
+        scales = b["scales"] if token_scales is None else token_scales
+        return (self.context, x, scales, ids, self.routing[0], pair_slots, self.routing[1], control["calls"],
+                control["headers"], b["table"], control["table"], control["done"], control["pushed"], counts,
+                b["data"], b["scales"], b["source_rank"], b["source_index"], b["source_slot"], self.signature,
+                *self.shape)
 
-    def launch(self, parity: int, x, token_scales, ids, slots, counts, call) -> None:
+    def launch(self, parity: int, x, token_scales, ids, pair_slots, counts, call) -> None:
         """Launch both kernels for a call (through the JIT's cache: :class:`LaunchCache`)."""
         _ROUTE.launch(self.route_grid, *self.route_arguments(parity, ids, call), **self.route_constexprs)
-        _PUSH.launch(self.push_grid, *self.push_arguments(parity, x, token_scales, ids, slots, counts),
+        _PUSH.launch(self.push_grid, *self.push_arguments(parity, x, token_scales, ids, pair_slots, counts),
                      **self.push_constexprs)
 
 
@@ -492,7 +493,7 @@ def _scratch(ops, T: int, k: int, chunks: int, E: int) -> tuple:
     import torch
 
     pairs = T * k
-    space, region = ops._context.workspaces.regions("moe_positions", 3, 4 * (pairs + max(1, chunks * (E + 1))))
+    space, region = ops._context.workspaces.regions("moe_state", 3, 4 * (pairs + max(1, chunks * (E + 1))))
 
     def cut() -> tuple:
         words = space.view(torch.int32)
@@ -531,7 +532,7 @@ def _control(ops) -> dict:
     return memo(ops, ("control", space.data_ptr()), cut)
 
 
-def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, slot, num_experts: int,
+def combine(ops, expert_out, topk_ids, topk_weights, pair_slots, call, counts, slot, num_experts: int,
             capacity: int):
     """``ctx.ops.moe_combine`` by :func:`return_kernel` and :func:`reduce_kernel` (arguments
     checked: :func:`iris_triton.operations.moe.combine`; the rest is the dispatch's, as
@@ -549,7 +550,7 @@ def combine(ops, expert_out, topk_ids, topk_weights, positions, call, counts, sl
     with ctx._call("ops.moe_combine", (out,)), _announced_call(ctx, "moe_combine", (expert_out, topk_ids,
                                                                                    topk_weights), "direct") as sig:
         launches = CombineLaunches.of(ops, expert_out, T, topk_ids.shape[1], num_experts, capacity, sig)
-        launches.launch(slot, out, x, ids, positions, weights, counts, call)
+        launches.launch(slot, out, x, ids, pair_slots, weights, counts, call)
     return out, launches
 
 
@@ -598,17 +599,17 @@ class CombineLaunches:
                 call, self.control["calls"], self.back, self.control["back"], self.back_stride,
                 self.control["combine_headers"], self.signature, H, L, capacity)
 
-    def reduce_arguments(self, out, x, ids, slots, weights, call) -> tuple:
-        """:func:`reduce_kernel`'s runtime arguments for a call (``slots``: the handle's pair slots)."""
+    def reduce_arguments(self, out, x, ids, pair_slots, weights, call) -> tuple:
+        """:func:`reduce_kernel`'s runtime arguments for a call."""
         T, H, E, L, capacity = self.shape
         return (self.context, out, x, self.back, self.control["back"], self.back_stride, self.grid[0], ids,
-                slots, weights, call, self.control["calls"], T, H, L)
+                pair_slots, weights, call, self.control["calls"], T, H, L)
 
-    def launch(self, slot, out, x, ids, positions, weights, counts, call) -> None:
+    def launch(self, slot, out, x, ids, pair_slots, weights, counts, call) -> None:
         """Launch both kernels for a call (through the JIT's cache: :class:`LaunchCache`)."""
         buffers = self.sources(slot)
         _RETURN.launch(self.grid, *self.return_arguments(buffers, x, counts, call), **self.return_constexprs)
-        _REDUCE.launch(self.grid, *self.reduce_arguments(out, x, ids, positions, weights, call),
+        _REDUCE.launch(self.grid, *self.reduce_arguments(out, x, ids, pair_slots, weights, call),
                        **self.reduce_constexprs)
 
 

@@ -115,10 +115,10 @@ class DispatchPlan:
 
         route, push = [], []
         for p in (parity, 1 - parity):
-            positions, call = launches.scratch[p]
+            pair_slots, call = launches.scratch[p]
             route.append(_bound(_ROUTE, launches.route_grid, launches.route_arguments(p, ids, call),
                                 launches.route_constexprs, ("ids",)))
-            push.append(_bound(_PUSH, launches.push_grid, launches.push_arguments(p, x, None, ids, positions, counts),
+            push.append(_bound(_PUSH, launches.push_grid, launches.push_arguments(p, x, None, ids, pair_slots, counts),
                                launches.push_constexprs, ("tokens", "ids", "counts")))
         if None in route or None in push:
             return None
@@ -152,12 +152,12 @@ class DispatchPlan:
         ops._moe_calls = sequence + 1
         parity = sequence & 1
         counts = torch.empty(L, dtype=torch.int32, device=tokens.device)
-        positions, call = self.launches.scratch[parity]
+        pair_slots, call = self.launches.scratch[parity]
         _launch(self.route[parity], (topk_ids,))
         _launch(self.push[parity], (tokens, topk_ids, counts))
         buffers = self.launches.buffers[parity]
         handle = _made(MoeHandle, ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
-                       topk_weights=topk_weights, positions=positions, call=call, counts=counts,
+                       topk_weights=topk_weights, pair_slots=pair_slots, call=call, counts=counts,
                        slot=self.launches.slots[parity], sequence=sequence, plan=self, buffers=self.buffers)
         return _made(MoeDispatch, tokens=buffers["data"], scales=buffers["scales"] if self.fp8 else None,
                      counts=counts, source_rank=buffers["source_rank"], source_index=buffers["source_index"],
@@ -188,7 +188,7 @@ class CombinePlan:
                                launches.return_constexprs, ("expert_out", "counts", "call_in"))
                         for slot in dispatch.launches.slots)
         reduce = _bound(_REDUCE, launches.grid,
-                        launches.reduce_arguments(out, x, handle.topk_ids, handle.positions, handle.topk_weights,
+                        launches.reduce_arguments(out, x, handle.topk_ids, handle.pair_slots, handle.topk_weights,
                                                   handle.call),
                         launches.reduce_constexprs, ("out", "expert_out", "ids", "pair_slots", "weights", "call_in"))
         if None in returns or reduce is None:
@@ -200,7 +200,7 @@ class CombinePlan:
         T, H = self.launches.shape[:2]
         out = torch.empty(T, H, dtype=expert_out.dtype, device=expert_out.device)
         _launch(self.returns[handle.sequence & 1], (expert_out, handle.counts, handle.call))
-        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.positions, handle.topk_weights,
+        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.pair_slots, handle.topk_weights,
                                        handle.call))
         return out
 
