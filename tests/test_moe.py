@@ -314,6 +314,16 @@ def _check_host_errors(ctx, report: RankReport) -> None:
     report.check("host_errors/replaced_buffers", _raises(
         lambda: ctx.ops.moe_combine(smaller.tokens, smaller), "receive buffers were replaced since by larger ones"))
     ctx.ops.moe_combine(larger.tokens, larger)
+    # More tokens at one capacity grow only the calls' state (a plan's handles', the routing's):
+    # a handle made in full, whose state is tensors of its own, still combines.
+    capacity = world * TOKENS * 128
+    own = dispatch(x, ids, w, world, capacity=capacity)
+    slots, state = ctx.workspaces.version("moe_slots"), ctx.workspaces.version("moe_state")
+    more = dispatch(x.repeat(128, 1), ids.repeat(128, 1), w.repeat(128, 1), world, capacity=capacity)
+    grew_state_only = ctx.workspaces.version("moe_slots") == slots and ctx.workspaces.version("moe_state") > state
+    combined = ctx.ops.moe_combine(own.tokens, own)  # the tokens come back: x times both weights
+    report.check("host_errors/state_grew_only", grew_state_only and torch.equal(combined, (x.float() * 2).to(x.dtype)))
+    ctx.ops.moe_combine(more.tokens, more)
     report.check("host_errors/context_still_usable", not ctx.failed)
 
 
@@ -457,7 +467,7 @@ def test_calls_of_a_shape_made_before_run_by_their_plans(reports):
 def test_bad_arguments_are_refused_on_the_host(reports):
     refused = ("tokens_dims", "tokens_dtype", "ids_dtype", "ids_rows", "weights_shape", "weights_dtype",
                "experts_not_divisible", "capacity", "no_tokens", "handle", "expert_out_shape", "reused_buffers",
-               "replaced_buffers", "buffers_grew")
+               "replaced_buffers", "buffers_grew", "state_grew_only")
     assert_rank_checks(reports, "host_errors/", {f"host_errors/{name}" for name in refused} | {
         "host_errors/context_still_usable", "host_errors/completed"})
 

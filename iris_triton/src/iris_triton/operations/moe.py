@@ -192,7 +192,7 @@ def _result(ops, tokens, topk_ids, topk_weights, num_experts, capacity, fp8, slo
     handle = MoeHandle(ops=ops, num_experts=num_experts, capacity=capacity, topk_ids=topk_ids,
                        topk_weights=topk_weights, pair_slots=pair_slots, call=call, counts=counts, slot=slot,
                        sequence=sequence, plan=plan,
-                       buffers=None if sequence is None else buffer_versions(ops._context))
+                       buffers=None if sequence is None else buffer_versions(ops._context, planned=False))
     return MoeDispatch(tokens=buffers["data"], scales=buffers["scales"] if fp8 else None, counts=counts,
                        source_rank=buffers["source_rank"], source_index=buffers["source_index"], handle=handle)
 
@@ -219,7 +219,7 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
 
     ctx = ops._context
     handle = _handle_of(ops, handle)
-    if handle.buffers is not None and handle.buffers != buffer_versions(ctx):
+    if handle.buffers is not None and handle.buffers != buffer_versions(ctx, handle.buffers[1] is not None):
         raise IrisError(f"moe_combine: its dispatch's receive buffers were replaced since by larger ones (dispatch "
                         f"{handle.sequence}; a later dispatch of more tokens, experts or capacity grew them); "
                         f"combine a dispatch before dispatching a larger one, or clone what must live longer")
@@ -266,10 +266,11 @@ def _dispatch_operator(tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     return made.slot, made.counts, _fresh(made.pair_slots), _fresh(made.call)
 
 
-def buffer_versions(ctx) -> tuple[int, int]:
-    """The versions of the workspaces a dispatch's results view: its receive buffers and its
-    pair slots (:meth:`iris.collectives.workspaces.Workspaces.version`)."""
-    return ctx.workspaces.version("moe_slots"), ctx.workspaces.version("moe_state")
+def buffer_versions(ctx, planned: bool = True) -> tuple[int, int | None]:
+    """The versions of the workspaces a dispatch's results view: its receive buffers and, for a
+    dispatch made by its plan (``planned``), its state (pair slots, number), which otherwise are
+    tensors of its own (:meth:`iris.collectives.workspaces.Workspaces.version`)."""
+    return ctx.workspaces.version("moe_slots"), ctx.workspaces.version("moe_state") if planned else None
 
 
 def _fresh(tensor: torch.Tensor) -> torch.Tensor:

@@ -483,6 +483,11 @@ class DispatchLaunches:
                      **self.push_constexprs)
 
 
+#: Where a parity's pair slots start in its region of the state workspace (int32 words, after the
+#: call's number; 16-byte aligned as the kernels are compiled for).
+_SLOTS_AT = 4
+
+
 def _scratch(ops, T: int, k: int, chunks: int, E: int) -> tuple:
     """``(scratch, routing)``: :attr:`DispatchLaunches.scratch` and :attr:`DispatchLaunches.routing`
     for ``T`` tokens of ``k`` pairs in ``chunks`` chunks, ``E`` experts (views cut once:
@@ -493,12 +498,13 @@ def _scratch(ops, T: int, k: int, chunks: int, E: int) -> tuple:
     import torch
 
     pairs = T * k
-    space, region = ops._context.workspaces.regions("moe_state", 3, 4 * (pairs + max(1, chunks * (E + 1))))
+    space, region = ops._context.workspaces.regions("moe_state", 3, 4 * (pairs + max(_SLOTS_AT, chunks * (E + 1))))
 
     def cut() -> tuple:
         words = space.view(torch.int32)
         first = [p * region // 4 for p in (0, 1, 2)]
-        state = tuple((words[f:f + pairs].view(T, k), words[f + pairs:f + pairs + 1]) for f in first[:2])
+        # The call's number first, where a later call of another shape puts its own, never a slot.
+        state = tuple((words[f + _SLOTS_AT:f + _SLOTS_AT + pairs].view(T, k), words[f:f + 1]) for f in first[:2])
         routing = words[first[2]:first[2] + pairs].view(T, k), \
             words[first[2] + pairs:first[2] + pairs + chunks * (E + 1)].view(chunks, E + 1)
         return state, routing
