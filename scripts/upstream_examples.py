@@ -228,7 +228,7 @@ _properties = torch.cuda.get_device_properties
 
 def _shared_index(device):
     index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
-    return (index or 0) % torch.cuda.device_count()
+    return index if index is None or index < 0 else index % torch.cuda.device_count()  # None, -1: the current GPU
 
 
 torch.cuda.set_device = lambda device: _set_device(_shared_index(device))

@@ -240,6 +240,11 @@ def _partial_worker(rank: int) -> bytes:
                 report.check("view/reads_the_failure", view._failure is ctx._failure is not None and view.failed)
                 ctx.tuning = ctx.tuning.merged({})  # as tuning puts its table in force
                 report.check("view/reads_the_tuned_choices", view.tuning is ctx.tuning)
+                try:
+                    view.ccl.tune(["all_reduce"], [torch.float32], [1 << 10], save=False)
+                    report.check("view/tuning_refused", False)
+                except IrisError as error:
+                    report.check("view/tuning_refused", "tune on the world context" in str(error))
                 report.check("view/own_identity", (view.rank, view.world_size, view.group_ranks) == (0, 2, (0, 2))
                              and view.heap is not ctx.heap and view.comm is not ctx.comm)
         dist.barrier()  # rank 2 waits (on torch's group) until rank 0 gave up
@@ -279,7 +284,8 @@ def test_a_group_of_two_in_three_ranks():
     own = {0: {"partial/all_reduce", "partial/gave_up", "partial/poisoned"}, 1: {"partial/non_member_refused"},
            2: {"partial/all_reduce"}}
     assert_rank_checks(reports, "partial/", lambda rank: own[rank] | {"partial/membership", "partial/completed"})
-    view = {"view/shares_the_facts", "view/reads_the_failure", "view/reads_the_tuned_choices", "view/own_identity"}
+    view = {"view/shares_the_facts", "view/reads_the_failure", "view/reads_the_tuned_choices", "view/tuning_refused",
+            "view/own_identity"}
     assert_rank_checks(reports, "view/", lambda rank: view if rank == 0 else set())
     group_rank = {0: 0, 2: 1}
     assert_rank_checks(reports, "groups/pair/",

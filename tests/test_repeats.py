@@ -263,7 +263,7 @@ def test_a_reduction_named_otherwise_is_never_taken_for_the_kept_one(ctx):
         assert ran == ["run"]
 
 
-@pytest.mark.parametrize("name", ["group", "found", "_default0", "not an identifier"])
+@pytest.mark.parametrize("name", ["group", "found", "_default0", "not an identifier", "lambda"])
 def test_a_declared_parameter_the_generated_entry_cannot_take_is_refused(name):
     # The generated source has names of its own; a parameter named so would silently become another value.
     import attrs

@@ -77,11 +77,11 @@ def test_ranks_sharing_a_gpu_take_the_gpu_of_their_index_modulo_the_gpus(tmp_pat
     (tmp_path / "examples").mkdir()
     root = runner.glued_copy(tmp_path, tmp_path / "scratch", False, True)
     exec((root / "sitecustomize.py").read_text(), {})
-    devices = (0, 1, 3, "cuda:5", torch.device("cuda:2"), "cuda")
+    devices = (0, 1, 3, "cuda:5", torch.device("cuda:2"), "cuda", None, -1)
     for device in devices:
         torch.cuda.set_device(device)
         torch.cuda.get_device_properties(device)
-    assert chosen == asked == [0, 1, 1, 1, 0, 0]
+    assert chosen == asked == [0, 1, 1, 1, 0, None, None, -1]  # no index: the current GPU, as torch takes it
 
 
 def test_a_run_past_its_time_is_stopped_with_the_ranks_it_spawned(tmp_path):

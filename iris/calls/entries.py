@@ -20,6 +20,7 @@ no repeat, arguments that cannot be keyed) goes to the call made in full (``in_f
 from __future__ import annotations
 
 import functools
+import keyword
 from typing import Any, Callable
 
 import torch
@@ -79,9 +80,10 @@ _RESERVED = frozenset({"self", "group", "async_op", "_extra", "repeats", "found"
 def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
     """``(parameters, key, tensors, defaults)``: the declared parameters as Python source, the key
     expression, the tensors' tuple expression, and the defaults by the names the source uses.
-    ValueError for a parameter the source could not take (a reserved name, not an identifier)."""
-    clashing = [p.name for p in declaration.params
-                if p.name in _RESERVED or p.name.startswith("_default") or not p.name.isidentifier()]
+    ValueError for a parameter the source could not take (a reserved name, a keyword, not an
+    identifier)."""
+    clashing = [p.name for p in declaration.params if p.name in _RESERVED or p.name.startswith("_default")
+                or not p.name.isidentifier() or keyword.iskeyword(p.name)]
     if clashing:
         raise ValueError(f"declaration {declaration.name!r}: parameter(s) {clashing} cannot be taken by a generated "
                          f"entry (reserved: {sorted(_RESERVED)} and _default*); rename them")

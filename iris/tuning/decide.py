@@ -108,6 +108,11 @@ def _nanoseconds(milliseconds: float, trial: Trial) -> int:
 
 def _decide(ctx, cases: list[_Case], timer: Callable[[Trial], float]) -> dict[tuple, Entry]:
     """Every case's decision, the same on every rank (see :mod:`iris.tuning`)."""
+    from iris.collectives.groups import GroupView
+
+    if isinstance(ctx, GroupView):
+        raise IrisError("tuning: a group's calls take the built-in choices (a tuned table is the world's, made for its "
+                        "world size); tune on the world context instead (ctx.ccl.tune(...), ctx.ops.tune_...)")
     _check_same_plan(ctx, cases)
     decided = {}
     for case in filter(lambda case: case.candidates, cases):  # the same on every rank, as checked
