@@ -42,8 +42,6 @@ def _tensor_guards():
 
 
 _TENSOR_GUARDS = _tensor_guards()
-#: What stands for an optional tensor left as None in the guard's arguments.
-_NO_TENSOR = torch.empty(0)
 
 
 def _always(*tensors) -> bool:
@@ -74,7 +72,7 @@ def _layout(tensor: torch.Tensor) -> tuple:
 
 #: Names the generated source uses besides the declared parameters: none may be declared.
 _RESERVED = frozenset({"self", "group", "async_op", "_extra", "repeats", "found", "_in_full", "_is_compiling",
-                       "_NO_TENSOR", "keyed"})
+                       "keyed"})
 
 
 def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
@@ -106,8 +104,10 @@ def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
             tensors.append(name)
         elif param.type == "Tensor?":
             key.append(f"None if {name} is None else ({identity},)")
-            tensors.append(f"_NO_TENSOR if {name} is None else {name}")
-        elif param.type in ("str", "str?"):  # a string needs no type (ReduceOp.SUM == 0 == False does)
+            tensors.append(f"*(() if {name} is None else ({name},))")  # None is in the key: the guard takes fewer
+        elif param.type == "str?":  # a string needs no type (ReduceOp.SUM == 0 == False does), nor does None
+            key.append(f"{name} if {name} is None or {name}.__class__ is str else ({name}.__class__, {name})")
+        elif param.type == "str":
             key.append(f"{name} if {name}.__class__ is str else ({name}.__class__, {name})")
         else:
             key.append(f"{name}.__class__, {name}")
@@ -121,7 +121,7 @@ def keyer(declaration: Declaration) -> Callable[..., tuple]:
     repeated)."""
     parameters, key, tensors, defaults = _pieces(declaration)
     source = f"def keyed({', '.join(parameters)}):\n    return {key}, {tensors}\n"
-    namespace = dict(defaults, _NO_TENSOR=_NO_TENSOR)
+    namespace = dict(defaults)
     exec(source, namespace)  # noqa: S102 - source written above from the declaration alone
     return namespace["keyed"]
 
@@ -148,6 +148,6 @@ def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bo
     return _in_full(self, ({''.join(f'{name}, ' for name in positional)}),
                     {{{''.join(f'{name!r}: {name}, ' for name in keywords)}**_extra}}, group, async_op)
 """
-    namespace = dict(defaults, _NO_TENSOR=_NO_TENSOR, _in_full=in_full, _is_compiling=torch.compiler.is_compiling)
+    namespace = dict(defaults, _in_full=in_full, _is_compiling=torch.compiler.is_compiling)
     exec(source, namespace)  # noqa: S102 - source written above from the declaration alone
     return namespace[declaration.name]
