@@ -7,9 +7,10 @@
 #   shared-gpu-3-4, shared-gpu-8   every multi-rank path at worlds 3 and 4, and 8 (tests/test_shared_gpu.py;
 #                                  $IRIS_SHARED_FAMILIES=moe,... re-runs some of its families)
 #   faults-a, faults-b, faults-c   the fault matrix (tests/test_failstop.py, worlds 2 and 3 on GPU ranks)
-#   upstream-a, upstream-b         upstream iris's own tests (x, ccl, ops; unittests) at world 1, from a
-#                                  checkout of upstream iris in .upstream/ (ignored; pass carry [".upstream"]),
-#                                  Gluon kernels' 64 lanes made 32 (scripts/upstream_tests.py)
+#   upstream-a, upstream-b         upstream iris's own tests (x, ccl, ops; unittests) at world 1 ($UPSTREAM_RANKS
+#                                  ranks sharing the GPU otherwise), from a checkout of upstream iris in
+#                                  .upstream/ (ignored; pass carry [".upstream"]), Gluon kernels' 64 lanes made
+#                                  32 (scripts/upstream_tests.py)
 #   upstream-examples              every example of that checkout at world 1 (scripts/upstream_examples.py)
 #   upstream-examples-2            every example at 2 ranks (on one GPU: sharing it)
 # The full check on one GPU is these steps: a call each.
@@ -57,7 +58,8 @@ if [ -n "$tests" ]; then
   grep -qE "(passed|skipped)" "$OUT/pytest.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/pytest.log" || status=1
 fi
 if [ ${#upstream[@]} -gt 0 ]; then
-  python3 scripts/upstream_tests.py --upstream .upstream --out "$OUT/upstream" "${upstream[@]}" 2>&1 \
+  python3 scripts/upstream_tests.py --upstream .upstream --ranks "${UPSTREAM_RANKS:-1}" --out "$OUT/upstream" \
+    "${upstream[@]}" 2>&1 \
     | tee "$OUT/upstream.log" | grep -v "^    " | tail -60 || status=1
 fi
 if [ -n "$examples" ]; then

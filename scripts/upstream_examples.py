@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from upstream_tests import CPU_TENSORS, LANES  # noqa: E402 - the glue both runners apply, found beside this script
+from upstream_tests import CPU_TENSORS, LANES, SHARED_DEVICES  # noqa: E402 - the glue both runners apply, beside this script
 
 HEAP = {"gpu": 1 << 30, "cpu": 1 << 26}
 #: Lines of a failed example's output printed with its outcome.
@@ -214,8 +214,7 @@ _CPU_GLUE = (
     (r"tl\.assume\((pid_[mn]) > 0\)", r"tl.assume(\1 >= 0)"),
 )
 #: The glue for ranks that share GPUs (see the module's docstring).
-_SHARED_GPU_GLUE = (_NO_DEVICE_ID, (r"""["']nccl["']""", '"gloo"'),
-                    (r"""f(["'])cuda:\{(\w+)\}""", r"f\1cuda:{\2 % torch.cuda.device_count()}"))
+_SHARED_GPU_GLUE = (_NO_DEVICE_ID, (r"""["']nccl["']""", '"gloo"'), SHARED_DEVICES)
 _SHARED_GPU_SITECUSTOMIZE = '''"""Launch glue for upstream's examples on ranks sharing GPUs
 (scripts/upstream_examples.py)."""
 import torch

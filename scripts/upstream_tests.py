@@ -2,13 +2,17 @@
 
 Upstream's tests (its ``tests/`` folder, from a checkout of upstream iris, passed as
 ``--upstream``) are copied to a scratch folder, adjusted by launch glue only, and run with pytest
-on ``--ranks`` ranks started by ``iris.spawn`` (CPU ranks without a GPU, with Triton's
-interpreter; one GPU per rank, or ranks sharing GPU 0 is not supported here). The glue:
+on ``--ranks`` ranks: started by ``iris.spawn`` (CPU ranks without a GPU, with Triton's
+interpreter; one GPU per rank), or, with more ranks than GPUs, processes sharing GPU 0 in a gloo
+process group (``iris.testing.run_sharing_one_gpu``: NCCL refuses two ranks on one GPU; the
+device time-slices their kernels). The glue:
 
 - Gluon kernels lay blocks out over AMD's 64-lane wavefronts (``gl.BlockedLayout([1], [64], ...)``):
   the lane count becomes 32, NVIDIA's warp;
 - on CPU ranks, tensors made on ``cuda`` devices are made on the CPU, ``torch.cuda.synchronize``
-  does nothing, and heaps are ``--cpu-heap`` bytes (upstream's 8 GiB per rank exceeds a laptop).
+  does nothing, and heaps are ``--cpu-heap`` bytes (upstream's 8 GiB per rank exceeds a laptop);
+- on ranks sharing a GPU, ``cuda:{rank}`` devices take the rank modulo the GPUs there are, and
+  ``torch.cuda.set_device`` leaves the rank on its GPU.
 
 Each rank writes a JUnit file; the summary lists passed, failed and skipped tests per file, and
 every distinct failure message. Example::
@@ -36,24 +40,31 @@ AMD_ONLY = re.compile(r"dmabuf|vmem|hip_apis|rocr")
 LANES = (r"(BlockedLayout\(\s*\[[^\]]*\],\s*\[)64(\])", r"\g<1>32\2")
 #: The glue on CPU ranks: tensors made on ``cuda`` devices are made on the CPU.
 CPU_TENSORS = (r"""device=f?["']cuda(:\{?\w*\}?)?["']""", 'device="cpu"')
+#: The glue on ranks sharing GPUs: rank ``r``'s ``cuda:{r}`` is GPU ``r`` modulo the GPUs there are.
+SHARED_DEVICES = (r"""f(["'])cuda:\{(\w+)\}""", r"f\1cuda:{\2 % torch.cuda.device_count()}")
 
 
-def _glue(folder: Path, on_cpu: bool, cpu_heap: int) -> None:
+def glue(folder: Path, on_cpu: bool, cpu_heap: int, shared_gpus: bool = False) -> None:
+    """The module's glue applied to every file under ``folder``."""
     for path in folder.rglob("*.py"):
         text = path.read_text()
         text = re.sub(*LANES, text)
         if on_cpu:
             text = re.sub(*CPU_TENSORS, text)
             text = re.sub(r"heap_size = 2\s*\*\*\s*33", f"heap_size = {cpu_heap}", text)
+        elif shared_gpus:
+            text = re.sub(*SHARED_DEVICES, text)
         path.write_text(text)
 
 
-def _rank(rank: int, world: int, folder: str, files: list[str], out: str) -> int:
+def _rank(rank: int, world: int, folder: str, files: list[str], out: str, shared_gpus: bool = False) -> int:
     import pytest
     import torch
 
     if not torch.cuda.is_available():
         torch.cuda.synchronize = lambda *args, **kwargs: None
+    elif shared_gpus:  # the rank stays on the GPU it was given
+        torch.cuda.set_device = lambda *args, **kwargs: None
     os.chdir(folder)
     sys.path.insert(0, folder)
     return int(pytest.main(["-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
@@ -87,6 +98,8 @@ def main() -> int:
     parser.add_argument("--upstream", required=True, type=Path, help="a checkout of upstream iris")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--cpu-heap", type=int, default=1 << 30, help="bytes of heap per CPU rank")
+    parser.add_argument("--bound", type=float, default=3600.0,
+                        help="seconds ranks sharing a GPU may take in all (then they are killed)")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "iris-upstream-tests")
     parser.add_argument("folders", nargs="+", help="folders under upstream's tests/ (x, ccl, ops, unittests)")
     args = parser.parse_args()
@@ -97,14 +110,22 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="iris-upstream-"))
     shutil.copytree(args.upstream / "tests", scratch / "tests")
     on_cpu = not torch.cuda.is_available()
-    _glue(scratch / "tests", on_cpu, args.cpu_heap)
+    shared_gpus = not on_cpu and args.ranks > torch.cuda.device_count()
+    glue(scratch / "tests", on_cpu, args.cpu_heap, shared_gpus)
     files = sorted(str(path.relative_to(scratch / "tests")) for folder in args.folders
                    for path in (scratch / "tests" / folder).glob("test_*.py") if not AMD_ONLY.search(path.name))
     args.out.mkdir(parents=True, exist_ok=True)
-    codes = iris.spawn(_rank, args.ranks, args.ranks, str(scratch / "tests"), files, str(args.out))
+    rank_args = (args.ranks, str(scratch / "tests"), files, str(args.out))
+    if shared_gpus:
+        from iris.testing import run_sharing_one_gpu
+
+        codes = run_sharing_one_gpu(_rank, *rank_args, True, world=args.ranks, bound=args.bound)
+    else:
+        codes = iris.spawn(_rank, args.ranks, *rank_args)
     for rank in range(args.ranks):
         print(f"== rank {rank} (pytest exit code {codes[rank]})")
-        print(_summary(args.out / f"rank{rank}.xml"))
+        junit = args.out / f"rank{rank}.xml"
+        print(_summary(junit) if junit.exists() else "no results")
     return 0 if not any(codes) else 1
 
 
