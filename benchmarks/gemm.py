@@ -272,18 +272,14 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
     if stream:
         steps = triton.cdiv(K, tile["BLOCK_K"])
         streamed = tiles % programs if tiles % programs * steps >= programs else 0  # every program has steps
-        partials, arrived = _split_state(a.device, programs, tile["BLOCK_M"] * tile["BLOCK_N"])
-        _LAUNCHES[0] += 1
-        stream_loop_kernel[(programs,)](c, loop["a_desc"], loop["b_desc"], partials, arrived, _LAUNCHES[0], M, N, K,
-                                        tiles, streamed, c.stride(0), c.stride(1),
+        stream_loop_kernel[(programs,)](c, loop["a_desc"], loop["b_desc"], *_split_arguments(a.device, programs, tile),
+                                        M, N, K, tiles, streamed, c.stride(0), c.stride(1),
                                         B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
         return c
     if one_launch:
         parts = programs // tail if tail else 1
-        partials, arrived = _split_state(a.device, programs, tile["BLOCK_M"] * tile["BLOCK_N"])
-        _LAUNCHES[0] += 1
         split_loop_kernel[(min(programs, whole + parts * tail),)](
-            c, loop["a_desc"], loop["b_desc"], partials, arrived, _LAUNCHES[0], M, N, K, tiles, tail, parts,
+            c, loop["a_desc"], loop["b_desc"], *_split_arguments(a.device, programs, tile), M, N, K, tiles, tail, parts,
             c.stride(0), c.stride(1), B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
         return c
     tile_loop_kernel[(min(programs, whole),)](a, b, c, M=M, N=N, K=K, tiles=whole, stride_am=a.stride(0),
@@ -292,17 +288,16 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
                                               EVEN_K=K % tile["BLOCK_K"] == 0, **loop, **tile)
     if tail:
         parts = programs // tail
-        partials, arrived = _split_state(a.device, programs, tile["BLOCK_M"] * tile["BLOCK_N"])
-        _LAUNCHES[0] += 1
-        tail_split_kernel[(parts * tail,)](c, loop["a_desc"], loop["b_desc"], partials, arrived, _LAUNCHES[0], whole,
-                                           parts, M, N, K, c.stride(0), c.stride(1),
+        split = _split_arguments(a.device, programs, tile)
+        tail_split_kernel[(parts * tail,)](c, loop["a_desc"], loop["b_desc"], *split, whole, parts, M, N, K,
+                                           c.stride(0), c.stride(1),
                                            B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
     return c
 
 
-#: Launches of :func:`tile_loop` so far: the value a split tile's parts announce their sums with
+#: Numbers of the launches that split tiles: the value a launch's parts announce their sums with
 #: (``arrived`` is never reset).
-_LAUNCHES = [0]
+_LAUNCHES = itertools.count(1)
 
 
 @functools.cache
@@ -311,6 +306,12 @@ def _split_state(device: torch.device, programs: int, block: int) -> tuple[torch
     split last wave."""
     return (torch.empty(programs * block, dtype=torch.float32, device=device),
             torch.zeros(programs, dtype=torch.int32, device=device))
+
+
+def _split_arguments(device: torch.device, programs: int, tile: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(partials, arrived, launch)`` of a launch that splits tiles (:func:`_split_state`, and the
+    launch's own number)."""
+    return (*_split_state(device, programs, tile["BLOCK_M"] * tile["BLOCK_N"]), next(_LAUNCHES))
 
 
 #: The tile loops compared with cuBLAS, by name: :func:`tile_loop`'s options, and whether B is
