@@ -324,6 +324,15 @@ def _check_host_errors(ctx, report: RankReport) -> None:
     combined = ctx.ops.moe_combine(own.tokens, own)  # the tokens come back: x times both weights
     report.check("host_errors/state_grew_only", grew_state_only and torch.equal(combined, (x.float() * 2).to(x.dtype)))
     ctx.ops.moe_combine(more.tokens, more)
+    # A handle made by its plan keeps its state in a workspace: once more tokens grew that, it is
+    # refused, saying so (tokens sent nowhere: no expert's capacity matters).
+    planned = [dispatch(x, ids, w, world, capacity=capacity) for _ in range(2)][-1]
+    nowhere = torch.full((TOKENS * 256, 2), -1, dtype=ids.dtype)
+    larger_state = dispatch(x.repeat(256, 1), nowhere, w.repeat(256, 1), world, capacity=capacity)
+    report.check("host_errors/replaced_state", planned.handle.plan is not None and _raises(
+        lambda: ctx.ops.moe_combine(planned.tokens, planned), "state (kept in a workspace by its plan) were replaced",
+        "more tokens or experts"))
+    ctx.ops.moe_combine(larger_state.tokens, larger_state)
     report.check("host_errors/context_still_usable", not ctx.failed)
 
 
@@ -467,7 +476,7 @@ def test_calls_of_a_shape_made_before_run_by_their_plans(reports):
 def test_bad_arguments_are_refused_on_the_host(reports):
     refused = ("tokens_dims", "tokens_dtype", "ids_dtype", "ids_rows", "weights_shape", "weights_dtype",
                "experts_not_divisible", "capacity", "no_tokens", "handle", "expert_out_shape", "reused_buffers",
-               "replaced_buffers", "buffers_grew", "state_grew_only")
+               "replaced_buffers", "buffers_grew", "state_grew_only", "replaced_state")
     assert_rank_checks(reports, "host_errors/", {f"host_errors/{name}" for name in refused} | {
         "host_errors/context_still_usable", "host_errors/completed"})
 

@@ -219,10 +219,13 @@ def combine(ops, expert_out: torch.Tensor, handle) -> torch.Tensor:
 
     ctx = ops._context
     handle = _handle_of(ops, handle)
-    if handle.buffers is not None and handle.buffers != buffer_versions(ctx, handle.buffers[1] is not None):
-        raise IrisError(f"moe_combine: its dispatch's receive buffers were replaced since by larger ones (dispatch "
-                        f"{handle.sequence}; a later dispatch of more tokens, experts or capacity grew them); "
-                        f"combine a dispatch before dispatching a larger one, or clone what must live longer")
+    current = None if handle.buffers is None else buffer_versions(ctx, handle.buffers[1] is not None)
+    if current != handle.buffers:
+        replaced, grew = ("receive buffers", "tokens, experts or capacity") if current[0] != handle.buffers[0] else \
+            ("state (kept in a workspace by its plan)", "tokens or experts")
+        raise IrisError(f"moe_combine: its dispatch's {replaced} were replaced since by larger ones (dispatch "
+                        f"{handle.sequence}; a later dispatch of more {grew} grew them); combine a dispatch before "
+                        f"dispatching a larger one, or clone what must live longer")
     if handle.sequence is not None and ops._moe_calls - handle.sequence > 2:
         raise IrisError(f"moe_combine: its dispatch's receive buffers were reused by the dispatch two calls after it "
                         f"(dispatch {handle.sequence}, {ops._moe_calls - handle.sequence - 1} dispatches since); a "

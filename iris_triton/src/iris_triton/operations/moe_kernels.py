@@ -12,11 +12,10 @@ buffers of the ranks that own its experts, in the expert-major layout, in two la
    nothing is sent, the failure recorded for the rank it concerns). Otherwise program ``p`` pushes
    tokens ``p, p + P, ...``: each routed pair's row goes to slot ``[l, offset]`` of its expert's
    rank (local expert ``l``; ``offset``: the rows of that expert from lower ranks, then the
-   pair's position; the handle keeps that slot, for combine), with its source rank, token
-   index and slot; it clears the sources of its
-   share of the slots past the rows its rank receives (-1) and sets its *done* flag on every
-   rank. The last program to finish waits for every rank's programs, then writes the counts, or
-   on a failure poisons every output (all-ones bits).
+   pair's position; the handle keeps that slot, for combine), with its source rank, token index
+   and slot; it clears the sources of its share of the slots past the rows its rank receives
+   (-1) and sets its *done* flag on every rank. The last program to finish waits for every
+   rank's programs, then writes the counts, or on a failure poisons every output (all-ones bits).
 
 Flags carry the call's number + 1, counted on the device (``calls``: advanced by the first
 kernel), so a captured call replays correctly; the slot's buffers alternate on the host by call
@@ -170,8 +169,7 @@ def push_kernel(context, tokens, token_scales, ids, positions, pair_slots, chunk
     (:func:`iris_triton.operations.moe_routing.final_positions`, by step 1's ``chunk_offsets``);
     every pair's row of ``tokens`` (``[T, H]``) into slot ``[l, offset]`` of ``data`` (``[L,
     capacity, H]``) on its expert's rank (``pair_slots[t, j]`` := that slot, for combine: int32
-    ``[T, K]``, -1 for a pair sent nowhere), its source into
-    ``source_rank``, ``source_index``,
+    ``[T, K]``, -1 for a pair sent nowhere), its source into ``source_rank``, ``source_index``,
     ``source_slot`` there (``[L, capacity]`` int32), and the sources of this rank's slots past its
     experts' rows := -1 (their ``scales`` 0); then this program's done flag on every rank. The last
     program to finish (``pushed``, as step 1's ``routed``) waits for every rank's programs, then
@@ -362,9 +360,9 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     :func:`iris_triton.operations.moe.dispatch`), ``capacity`` rows per expert: ``(slot, counts,
     pair_slots, call, sequence, plan)``: this call's slot of the receive buffers (uint8, valid until
     the dispatch after next; :func:`carve_slot` cuts it into the result's tensors), the rows each
-    local expert received (int32 ``[L]``), each pair's slot among its expert's rank's rows
-    (int32 ``[T, k]``, -1: sent nowhere), the call's number on the device (int32 ``[1]``) and on the host, and
-    the call's plan (:mod:`iris_triton.operations.moe_plans`; None where it has none)."""
+    local expert received (int32 ``[L]``), each pair's slot among its expert's rank's rows (int32
+    ``[T, k]``, -1: sent nowhere), the call's number on the device (int32 ``[1]``) and on the
+    host, and the call's plan (:mod:`iris_triton.operations.moe_plans`; None where it has none)."""
     import torch
 
     from iris_triton.operations.fused_ops import _announced_call
@@ -509,7 +507,7 @@ def _scratch(ops, T: int, k: int, chunks: int, E: int) -> tuple:
             words[first[2] + pairs:first[2] + pairs + chunks * (E + 1)].view(chunks, E + 1)
         return state, routing
 
-    return memo(ops, ("positions", space.data_ptr(), region, T, k, chunks, E), cut)
+    return memo(ops, ("state", space.data_ptr(), region, T, k, chunks, E), cut)
 
 
 def _control(ops) -> dict:

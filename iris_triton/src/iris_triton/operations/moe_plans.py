@@ -200,8 +200,7 @@ class CombinePlan:
         T, H = self.launches.shape[:2]
         out = torch.empty(T, H, dtype=expert_out.dtype, device=expert_out.device)
         _launch(self.returns[handle.sequence & 1], (expert_out, handle.counts, handle.call))
-        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.pair_slots, handle.topk_weights,
-                                       handle.call))
+        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.pair_slots, handle.topk_weights, handle.call))
         return out
 
 
