@@ -219,10 +219,7 @@ _SHARED_GPU_SITECUSTOMIZE = '''"""Launch glue for upstream's examples on ranks s
 (scripts/upstream_examples.py)."""
 import torch
 
-_set_device = torch.cuda.set_device
-
-
-_properties = torch.cuda.get_device_properties
+_set_device, _properties = torch.cuda.set_device, torch.cuda.get_device_properties
 
 
 def _shared_index(device):
