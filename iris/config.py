@@ -127,7 +127,7 @@ class ContextConfig:
     heap_size: int = attrs.field(converter=parse_size)
     """Bytes of symmetric heap per rank."""
     heap_provider: str | None = None
-    """Heap provider name (``"shm"``, ``"cuda-ipc"``); None picks the device's default."""
+    """Heap provider name (``"shm"``, ``"cuda-ipc"``, ``"cuda-vmm"``); None picks the device's default."""
     debug: bool = False
     """Check allocations for symmetry across ranks (``IRIS_DEBUG=1``)."""
     log_level: int | None = attrs.field(default=None, converter=_log_level)

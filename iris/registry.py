@@ -321,5 +321,6 @@ def is_backend_available(name: str) -> bool:
 heap_providers = PluginRegistry(
     "heap provider",
     "iris.heap_providers",
-    builtins={"shm": "iris.heap.shm:provider", "cuda-ipc": "iris.heap.cuda_ipc:provider"},
+    builtins={"shm": "iris.heap.shm:provider", "cuda-ipc": "iris.heap.cuda_ipc:provider",
+              "cuda-vmm": "iris.heap.cuda_vmm:provider"},
 )

@@ -209,7 +209,7 @@ def test_autoload_opt_out_leaves_only_in_process_registrations(tmp_path):
     assert "pip install iris-gluon" in result["gluon_error"]
     assert result["after"] == ["mine"]
     assert result["mine_available"] is True
-    assert result["heap_providers"] == ["cuda-ipc", "shm"]  # built-ins are in-process registrations
+    assert result["heap_providers"] == ["cuda-ipc", "cuda-vmm", "shm"]  # built-ins are in-process registrations
 
 
 # -- errors -------------------------------------------------------------------------------------

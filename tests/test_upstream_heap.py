@@ -7,12 +7,10 @@ Single rank, in process (the session ``ctx``), on the GPU when one is visible, e
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
 
-import iris
 import iris.allocators as allocators
 import iris.tensor_creation as tc
 from iris.errors import IrisError
@@ -141,23 +139,3 @@ def test_a_heap_without_its_context_says_so(ctx, monkeypatch):
         ctx.heap.allocate(4, torch.float32)
     with pytest.raises(IrisError, match="belongs to no context"):
         tc.zeros(ctx.heap, ctx.device, (2,))
-
-
-def test_an_upstream_contexts_as_symmetric_copies_with_a_warning_that_says_why():
-    shmem = iris.iris(1 << 22)
-    try:
-        plain = torch.arange(6.0, device=shmem.get_device())
-        with pytest.warns(UserWarning, match="copies the tensor .* cannot be mapped into it"):
-            copy = shmem.as_symmetric(plain)
-        assert shmem.is_symmetric(copy) and torch.equal(copy, plain)
-        copy.fill_(7.0)
-        assert torch.equal(plain.cpu(), torch.arange(6.0)), "the copy is memory of its own"
-        on_heap = shmem.zeros(4)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert shmem.as_symmetric(on_heap) is on_heap
-        elsewhere = torch.empty(3, device="meta")
-        with pytest.raises(RuntimeError, match=r"heap's device .* got one on meta; move it there first"):
-            shmem.as_symmetric(elsewhere)
-    finally:
-        shmem.destroy()

@@ -21,7 +21,6 @@ Everything else is the context of :func:`iris.create`.
 from __future__ import annotations
 
 import functools
-import warnings
 from numbers import Number
 from typing import Any
 
@@ -174,25 +173,15 @@ class Iris:
         return UpstreamOps(self, ops)
 
     def as_symmetric(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` on the heap. Upstream maps the tensor's own memory into the heap, so that the
-        tensor and the result are the same memory; iris's heap is one allocation per rank, mapped
-        into the peers when the context is made, and memory from torch's allocator cannot join it:
-        the result is a copy, and a warning says so (a tensor already on the heap comes back as it
-        is). A tensor on another kind of device than the heap's is refused, as upstream refuses
-        one that is not on its GPU."""
-        if self.is_symmetric(tensor):
-            return tensor
+        """``tensor`` on the heap, its own memory mapped in place as upstream maps it
+        (:meth:`iris.mixins.tensors.TensorsMixin.as_symmetric` with ``in_place=True``: where the
+        memory cannot be mapped, a copy with a warning that says why). A tensor on another kind of
+        device than the heap's is refused, as upstream refuses one that is not on its GPU."""
         if isinstance(tensor, torch.Tensor) and tensor.device.type != self.device.type:
             kind = "a CUDA device" if self.device.type == "cuda" else f"the {self.device.type} device"
             raise RuntimeError(f"as_symmetric takes a tensor on the heap's device ({self.device}: {kind}), got one on "
                                f"{tensor.device}; move it there first (tensor.to(ctx.get_device()))")
-        warnings.warn(
-            f"as_symmetric copies the tensor (shape {tuple(tensor.shape)}, {tensor.dtype}) onto the symmetric heap: "
-            f"the heap is one allocation per rank, mapped into every peer when the context is made, and memory "
-            f"from torch's allocator cannot be mapped into it, so writes to the original and to the copy are not "
-            f"seen by the other; allocate the tensor on the heap (ctx.zeros/empty/...) to share it in place",
-            UserWarning, stacklevel=2)
-        return super().as_symmetric(tensor)
+        return self._as_symmetric(tensor, in_place=True, warn_at=3)
 
     # Upstream's private helpers that its tests call (``ctx._Iris__allocate(...)``).
     def __allocate(self, num_elements: int, dtype: torch.dtype | None = None) -> torch.Tensor:

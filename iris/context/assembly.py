@@ -333,8 +333,9 @@ def _check_group(group) -> None:
                         f"group of ranks {ranks}; only its members create a context over it")
 
 
-#: Upstream iris's heap allocators; iris's heap is one allocation of its own provider either way.
-UPSTREAM_ALLOCATORS = ("torch", "vmem")
+#: Upstream iris's heap allocators, and the heap provider each one's GPU heap is made by (on CPU
+#: ranks, ``shm`` for both): virtual memory is what memory can be mapped into in place.
+UPSTREAM_ALLOCATORS = {"torch": "cuda-ipc", "vmem": "cuda-vmm"}
 
 
 def iris(heap_size: int | str | None = None, allocator_type: str = "torch", *, backend: str = "triton",
@@ -343,8 +344,9 @@ def iris(heap_size: int | str | None = None, allocator_type: str = "torch", *, b
     fused operations, ``device``, ``broadcast`` and ``barrier`` follow upstream iris's conventions
     (:mod:`iris.compat.context`), and the ``iris`` logger set up as upstream's (:mod:`iris.logging`);
     ``options`` as for :func:`create`. ``allocator_type``
-    (``"torch"`` or ``"vmem"``) chooses upstream's heap allocator on AMD GPUs; it is checked, and
-    iris's heap provider serves both. This is a collective operation."""
+    (``"torch"`` or ``"vmem"``) chooses upstream's heap allocator on AMD GPUs; here it chooses the
+    heap provider of a GPU heap (``cuda-ipc`` or ``cuda-vmm``, the one ``as_symmetric`` maps tensors
+    into in place) unless ``heap_provider=...`` names one. This is a collective operation."""
     import iris.compat.logging  # noqa: F401 (upstream's logger set-up: its programs' ctx.info(...) lines are shown)
     from iris.compat.context import upstream_class
 
@@ -352,6 +354,8 @@ def iris(heap_size: int | str | None = None, allocator_type: str = "torch", *, b
         raise ValueError(f"allocator_type must be one of {', '.join(map(repr, UPSTREAM_ALLOCATORS))}, got "
                          f"{allocator_type!r}")
     device = options.pop("device", None)
+    if _resolve_device(device).type == "cuda":
+        options.setdefault("heap_provider", UPSTREAM_ALLOCATORS[allocator_type])
     context = _create(backend, heap_size, device, options, conventions=upstream_class)
     context.accept_upstream_launch_options(context.get_device())
     return context

@@ -62,7 +62,7 @@ class NodesMixin:
         absent = torch.empty(0, dtype=torch.uint8, device=mapping.peers[0].device)
         peers = tuple(mapping.peers[r - first] if self.node_layout.node_of(r) == self.node_layout.node_of(self.rank)
                       else absent for r in range(self.world_size))
-        return HeapMapping(size=mapping.size, peers=peers)
+        return HeapMapping(size=mapping.size, peers=peers, importer=mapping.importer)
 
     def _join_nodes(self) -> None:
         """Make the hierarchy of a world that spans nodes (collective; the context is complete)."""

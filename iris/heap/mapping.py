@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import attrs
 import torch
@@ -10,7 +10,34 @@ import torch
 if TYPE_CHECKING:
     from iris.context.bootstrap import Communicator
 
-__all__ = ["HeapMapping", "HeapProvider"]
+__all__ = ["HeapMapping", "HeapProvider", "MemoryImporter", "Shareable"]
+
+
+@attrs.frozen(kw_only=True)
+class Shareable:
+    """The memory under a tensor, as a provider can map it into the heap: ``length`` bytes
+    from a place ``lead`` bytes before the tensor's first byte."""
+
+    lead: int
+    length: int
+    source: Any
+    """What the provider exports to the peers and maps (descriptors, allocation handles)."""
+
+
+class MemoryImporter(Protocol):
+    """A provider's way to map memory that is not the heap's into the heap of every rank, at
+    the same offset in each (``ctx.as_symmetric`` in place)."""
+
+    granule: int
+    """Bytes that offsets and lengths of mapped memory are multiples of."""
+
+    def shareable(self, tensor: torch.Tensor) -> Shareable | str:
+        """The memory under ``tensor``, or why it cannot be mapped. Local to this rank."""
+
+    def attach(self, mine: Shareable, offset: int, comm: "Communicator") -> Callable[[], None]:
+        """Map every rank's ``Shareable`` over its heap from ``offset`` (a free block of whole
+        granules, as long as the longest) in this process, and return what maps the heap's own
+        memory back. Collective over ``comm``, the communicator the heap was made over."""
 
 
 @attrs.frozen(kw_only=True)
@@ -24,6 +51,8 @@ class HeapMapping:
     entry is its own heap. Host code can read and write peers' heaps through them. The memory
     lives as long as any tensor viewing it: dropping the mapping never invalidates a tensor. A
     rank on another node has an empty tensor (base 0): its heap is not mapped here."""
+    importer: MemoryImporter | None = None
+    """How other memory is mapped into these heaps in place, where the provider can."""
 
     @property
     def bases(self) -> tuple[int, ...]:

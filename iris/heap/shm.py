@@ -5,30 +5,27 @@ moment a rank dies at, nothing is left behind; the kernel frees the memory when 
 descriptor and mapping of it go. It is made 0600 and sealed against shrinking and growing, so a
 peer that maps it can never fault on pages cut from under it.
 
-Descriptors travel to the peers over Unix-domain sockets in the abstract namespace (no file
-either) with ``SCM_RIGHTS``. Each rank listens under a random name and publishes the name and a
-random token through the process group; it hands its descriptor only to connections of this
-user that present the token, and checks every descriptor it receives (a sealed memfd of this
-user, unnamed, of exactly the heap size) before mapping it.
+Descriptors travel to the peers as :mod:`iris.heap.descriptors` hands them over; every rank
+checks each one it receives (a sealed memfd of this user, unnamed, of exactly the heap size)
+before mapping it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
-import hmac
 import mmap
 import os
-import secrets
-import socket
 import stat
-import struct
-import time
+
+from typing import Callable
 
 import torch
 
 from iris.context.bootstrap import Communicator
-from iris.errors import IrisError, IrisTimeoutError, format_bytes
-from iris.heap.mapping import HeapMapping, HeapProvider
+from iris.errors import IrisError, format_bytes
+from iris.heap.descriptors import exchange
+from iris.heap.mapping import HeapMapping, HeapProvider, Shareable
 
 __all__ = ["SHM_DIR", "provider"]
 
@@ -36,7 +33,6 @@ SHM_DIR = "/dev/shm"
 #: What ``/proc/<pid>/maps`` shows for a heap: ``/memfd:iris-heap (deleted)``.
 SEGMENT_NAME = "iris-heap"
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-_TOKEN_BYTES = 16
 
 
 # -- room for the heaps ------------------------------------------------------------------------------
@@ -118,115 +114,97 @@ def _check_segment(fd: int, size: int, peer: int) -> None:
                         f"every rank must be an iris rank of the same job, run by the same user")
 
 
-# -- handing descriptors to peers --------------------------------------------------------------------
-
-
-def _listen(backlog: int) -> socket.socket:
-    """A socket listening in the abstract namespace under a random name (nothing on disk)."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    server.bind(b"\0iris-heap-" + secrets.token_hex(16).encode())
-    server.listen(max(backlog, socket.SOMAXCONN))  # room for strangers' connections beside the peers'
-    return server
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    """The effective uid of the process at the other end of a Unix-domain connection."""
-    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return uid
-
-
-def _serve(server: socket.socket, fd: int, token: bytes, peers: int, deadline: float, rank: int) -> None:
-    """Send ``fd`` to ``peers`` connections that come from this user and present ``token``;
-    other connections are closed unanswered."""
-    served = 0
-    while served < peers:
-        server.settimeout(max(deadline - time.monotonic(), 0.001))
-        try:
-            conn, _ = server.accept()
-        except TimeoutError:
-            raise IrisTimeoutError(
-                f"heap set-up on rank {rank}: {peers - served} of {peers} peer(s) did not fetch this rank's heap "
-                f"in time. Check that every rank is alive and calls iris.create(), or raise the timeout with "
-                f"create(timeout=...) / IRIS_TIMEOUT") from None
-        with conn:
-            if _peer_uid(conn) != os.geteuid():
-                continue
-            conn.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                presented = conn.recv(_TOKEN_BYTES, socket.MSG_WAITALL)
-            except OSError:
-                continue
-            if not hmac.compare_digest(presented, token):
-                continue
-            try:
-                socket.send_fds(conn, [b"h"], [fd], socket.MSG_NOSIGNAL)
-            except OSError as error:
-                raise IrisError(f"heap set-up on rank {rank}: a peer closed its connection before it received this "
-                                f"rank's heap ({error}); did a rank exit?") from error
-            served += 1
-
-
-def _connect(address: bytes, token: bytes, deadline: float, peer: int) -> socket.socket:
-    """A connection to ``peer``'s listener that has presented ``peer``'s token."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        conn.settimeout(max(deadline - time.monotonic(), 0.001))
-        conn.connect(address)
-        conn.sendall(token)
-    except OSError as error:
-        conn.close()
-        raise IrisError(f"heap set-up: could not reach rank {peer}'s heap listener ({error}); check that rank "
-                        f"{peer} is alive and runs on this machine") from error
-    return conn
-
-
-def _receive(conn: socket.socket, deadline: float, peer: int, rank: int) -> int:
-    """The one descriptor ``peer`` sends over ``conn``."""
-    conn.settimeout(max(deadline - time.monotonic(), 0.001))
-    try:
-        _, fds, flags, _ = socket.recv_fds(conn, 1, 1, socket.MSG_CMSG_CLOEXEC)
-    except TimeoutError:
-        raise IrisTimeoutError(
-            f"heap set-up on rank {rank}: rank {peer} did not send its heap in time. Check that every rank is "
-            f"alive and calls iris.create(), or raise the timeout with create(timeout=...) / IRIS_TIMEOUT") from None
-    finally:
-        conn.close()
-    if len(fds) != 1 or flags & socket.MSG_CTRUNC:
-        for extra in fds:
-            os.close(extra)
-        raise IrisError(f"heap set-up on rank {rank}: rank {peer} sent {len(fds)} descriptor(s) where one heap "
-                        f"was expected (did it exit?)")
-    return fds[0]
-
-
-def _exchange(fd: int, comm: Communicator) -> list[int]:
-    """Every rank's heap descriptor, in rank order; this rank's entry is ``fd`` itself, the
-    others are new descriptors the caller closes."""
-    deadline = time.monotonic() + comm.timeout
-    received: list[int] = []
-    with _listen(comm.world_size) as server:
-        token = secrets.token_bytes(_TOKEN_BYTES)
-        listeners = comm.all_gather_object((server.getsockname(), token))
-        peers = [r for r in range(comm.world_size) if r != comm.rank]
-        conns = {}
-        try:
-            for peer in peers:  # each connection waits in the peer's backlog: no peer blocks another
-                conns[peer] = _connect(*listeners[peer], deadline, peer)
-            _serve(server, fd, token, len(peers), deadline, comm.rank)
-            for peer in peers:
-                received.append(_receive(conns.pop(peer), deadline, peer, comm.rank))
-        except BaseException:
-            for conn in conns.values():
-                conn.close()
-            for other in received:
-                os.close(other)
-            raise
-    received.insert(comm.rank, fd)
-    return received
-
-
 def _map(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+# -- memory mapped in place (as_symmetric) -----------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_MAP_FIXED = 0x10  # Linux
+
+
+def _map_over(address: int, length: int, fd: int, file_offset: int) -> None:
+    """Map ``length`` bytes of ``fd`` from ``file_offset`` at exactly ``address``, in place of
+    whatever was mapped there."""
+    placed = _libc.mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd,
+                        file_offset)
+    if placed != address:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mmap at {address:#x} of {length} bytes: {os.strerror(errno)}")
+
+
+def _check_shared_file(fd: int, needed: int, peer: int) -> None:
+    """IrisError unless ``fd``, received from ``peer``, is a file of this user, private to it,
+    with at least ``needed`` bytes."""
+    info = os.fstat(fd)
+    problems = [
+        (not stat.S_ISREG(info.st_mode), f"is not a regular file (mode {oct(info.st_mode)})"),
+        (info.st_uid != os.geteuid(), f"belongs to uid {info.st_uid}, not to this process's uid {os.geteuid()}"),
+        (info.st_mode & 0o077 != 0, f"is accessible to other users (mode {oct(info.st_mode & 0o777)})"),
+        (info.st_size < needed, f"has {info.st_size} bytes where {needed} are mapped"),
+    ]
+    found = [what for bad, what in problems if bad]
+    if found:
+        raise IrisError(f"as_symmetric: the memory received from rank {peer} {'; it '.join(found)}. Refusing to "
+                        f"map it: every rank must be an iris rank of the same job, run by the same user")
+
+
+class _SharedFileImporter:
+    """Maps a CPU tensor's storage, moved to shared memory as ``Tensor.share_memory_()`` moves
+    it, over a block of every rank's heap; the heaps' own files map back when it is released."""
+
+    granule = mmap.PAGESIZE
+
+    def __init__(self, heap_fds: list[int], mapping_bases: tuple[int, ...]):
+        self._heap_fds = heap_fds
+        self._bases = mapping_bases
+
+    def __del__(self):
+        for fd in self._heap_fds:
+            os.close(fd)
+
+    def shareable(self, tensor: torch.Tensor) -> Shareable | str:
+        if tensor.device.type != "cpu":
+            return f"it is on {tensor.device}, and this heap is in CPU memory"
+        storage = tensor.untyped_storage()
+        try:
+            # Moves the storage to a shared-memory file (unless it is in one): every tensor over
+            # the storage, this one included, then views that file, with its values unchanged.
+            fd, nbytes = storage._share_fd_cpu_()
+        except RuntimeError as error:
+            return f"torch could not put its storage in a shared-memory file ({error})"
+        start = tensor.storage_offset() * tensor.element_size()
+        span = (1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))) * tensor.element_size()
+        first = start - start % self.granule
+        stop = min(-(-(start + span) // self.granule) * self.granule, -(-nbytes // self.granule) * self.granule)
+        return Shareable(lead=start - first, length=stop - first, source=(fd, first, storage))
+
+    def attach(self, mine: Shareable, offset: int, comm: Communicator) -> Callable[[], None]:
+        fd, first, _ = mine.source
+        places = comm.all_gather_object((first, mine.length))
+        fds = exchange([fd], [1] * comm.world_size, comm, "as_symmetric")
+        mapped = []
+        try:
+            for rank, ((file_offset, length), (received,)) in enumerate(zip(places, fds)):
+                if rank != comm.rank:
+                    _check_shared_file(received, file_offset + length - self.granule + 1, rank)
+                _map_over(self._bases[rank] + offset, length, received, file_offset)
+                mapped.append((rank, length))
+        except BaseException:
+            self._restore(mapped, offset)
+            raise
+        finally:
+            for rank, (received,) in enumerate(fds):
+                if rank != comm.rank:
+                    os.close(received)
+        return lambda: self._restore(mapped, offset)
+
+    def _restore(self, mapped: list[tuple[int, int]], offset: int) -> None:
+        for rank, length in mapped:
+            _map_over(self._bases[rank] + offset, length, self._heap_fds[rank], offset)
 
 
 def create(size: int, comm: Communicator, device: torch.device) -> HeapMapping:
@@ -235,17 +213,21 @@ def create(size: int, comm: Communicator, device: torch.device) -> HeapMapping:
     own = _new_segment(size)
     fds = [own]
     try:
-        fds = _exchange(own, comm)
+        fds = [received for (received,) in exchange([own], [1] * comm.world_size, comm, "heap set-up")]
         for peer, fd in enumerate(fds):
             if peer != comm.rank:
                 _check_segment(fd, size, peer)
         maps = [_map(fd, size) for fd in fds]
-    finally:
+    except BaseException:
         for fd in fds:
             os.close(fd)
+        raise
     # Each tensor keeps its mmap alive; the memory is unmapped when the last tensor viewing it
-    # is collected, so it never disappears under a live tensor.
-    return HeapMapping(size=size, peers=tuple(torch.frombuffer(m, dtype=torch.uint8) for m in maps))
+    # is collected, so it never disappears under a live tensor. The descriptors stay open for
+    # the importer, which maps the heaps back where memory was mapped over them in place.
+    peers = tuple(torch.frombuffer(m, dtype=torch.uint8) for m in maps)
+    return HeapMapping(size=size, peers=peers,
+                       importer=_SharedFileImporter(fds, tuple(p.data_ptr() for p in peers)))
 
 
 provider = HeapProvider(name="shm", device_type="cpu", create=create)

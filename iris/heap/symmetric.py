@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 import torch
 
 from iris.compat.heap import UpstreamHeapMethods
 from iris.context.bootstrap import Communicator
-from iris.errors import AsymmetricHeapError, IrisError, NotOnHeapError
+from iris.errors import AsymmetricHeapError, IrisError, NotOnHeapError, format_bytes
 from iris.heap.allocator import HeapAllocator
-from iris.heap.mapping import HeapMapping
+from iris.heap.mapping import HeapMapping, Shareable
 
 if TYPE_CHECKING:
     from iris.collectives.hierarchical import NodeLayout
 
-__all__ = ["MAP_GRANULE", "MAP_HEADER", "HeapCall", "SymmetricHeap"]
+__all__ = ["MAP_GRANULE", "MAP_HEADER", "HeapCall", "MappedInPlace", "SymmetricHeap"]
 
 #: Bytes of heap per byte of the debug allocation map (one byte per granule, 1 = allocated).
 #: The Triton backend's write checks read the map with the same granule.
@@ -50,6 +50,20 @@ class HeapCall:
     def __str__(self) -> str:
         where = "" if self.offset is None else f" at offset {self.offset}"
         return f"call #{self.index}: {self.op}({self.nbytes} bytes{where}{', ' + self.detail if self.detail else ''})"
+
+
+@attrs.frozen
+class MappedInPlace:
+    """A tensor's memory mapped over a heap block by :meth:`SymmetricHeap.map_in_place`."""
+
+    block: int
+    """The block's offset."""
+    restore: Callable[[], None]
+    """Maps the heap's own memory back over the block in this process."""
+    storage: torch.UntypedStorage
+    """The tensor's storage, kept so that its memory is never handed to another tensor while mapped."""
+    signature: tuple
+    """(shape, strides, dtype) of the tensor made over it: what ``ctx.free`` accepts."""
 
 
 class SymmetricHeap(UpstreamHeapMethods):
@@ -89,6 +103,8 @@ class SymmetricHeap(UpstreamHeapMethods):
         #: (shape, stride, dtype) of the tensor each live block was allocated as, by offset:
         #: ``free`` accepts that tensor only, never a view of it.
         self.allocated_as: dict[int, tuple] = {}
+        #: Memory mapped in place by :meth:`map_in_place`, by the offset of the tensor made over it.
+        self.imports: dict[int, MappedInPlace] = {}
         #: The allocation map (by default in debug mode): in the heap's first block, offset 0 on every
         #: rank, after the header holding the heap size.
         self.allocation_map: torch.Tensor | None = None
@@ -173,6 +189,52 @@ class SymmetricHeap(UpstreamHeapMethods):
         self._mark(offset, self.allocator.free(offset), 0)
         self._log(call, offset)
         self.allocated_as.pop(offset, None)
+
+    # -- memory mapped in place -------------------------------------------------------------------
+
+    def map_in_place(self, tensor: torch.Tensor) -> torch.Tensor | str:
+        """``tensor``'s own memory mapped over a new block of every rank's heap: a tensor of
+        the same shape, strides and dtype over it, which shares writes with ``tensor`` and which
+        peers reach as any heap tensor; or, where any rank cannot map its tensor so, why not
+        (nothing is allocated then). Collective: every rank passes its tensor."""
+        importer = self.mapping.importer
+        if importer is None:
+            found: Shareable | str = "this heap's provider cannot map other memory into the heap"
+        elif self.node_layout is not None:
+            found = "the ranks span several nodes, and memory is mapped in place only within one"
+        elif tensor.numel() == 0:
+            found = "it has no elements"
+        else:
+            found = importer.shareable(tensor)
+        verdicts = self.comm.all_gather_object(found if isinstance(found, str) else (found.lead, found.length))
+        refusals = [f"rank {rank}: {verdict}" for rank, verdict in enumerate(verdicts) if isinstance(verdict, str)]
+        if refusals:
+            return "; ".join(refusals)
+        if len({lead for lead, _ in verdicts}) > 1:
+            return (f"the tensor lies at different offsets within its memory's {format_bytes(importer.granule)} "
+                    f"pages on the ranks ({', '.join(str(lead) for lead, _ in verdicts)} bytes), so it cannot "
+                    f"have the same heap offset on every rank")
+        granule = importer.granule
+        nbytes = -(-max(length for _, length in verdicts) // granule) * granule
+        detail = f"as_symmetric {tuple(tensor.shape)} {tensor.dtype}"
+        offset = self.allocate_bytes(nbytes, detail, alignment=granule)
+        try:
+            restore = importer.attach(found, offset, self.comm)
+        except BaseException:
+            self.free_offset(offset, detail)
+            raise
+        start = offset + found.lead
+        shape, stride = tuple(tensor.shape), tuple(tensor.stride())
+        self.imports[start] = MappedInPlace(offset, restore, tensor.untyped_storage(), (shape, stride, tensor.dtype))
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        return self.view(start, span * tensor.element_size()).view(tensor.dtype).as_strided(shape, stride)
+
+    def unmap_in_place(self, offset: int) -> None:
+        """Map the heap's own memory back over what :meth:`map_in_place` mapped for the tensor
+        at ``offset``, and free its block. Collective, as every free."""
+        mapped = self.imports.pop(offset)
+        mapped.restore()
+        self.free_offset(mapped.block, "as_symmetric")
 
     def view(self, offset: int, nbytes: int, rank: int | None = None) -> torch.Tensor:
         """``nbytes`` of the heap of ``rank`` (default: this rank) from ``offset``, as uint8."""

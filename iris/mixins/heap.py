@@ -131,6 +131,10 @@ class HeapMixin:
     def _free(self, tensor: torch.Tensor) -> None:
         offset = self._heap_offset(tensor)
         signature = (tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        mapped = self.heap.imports.get(offset)
+        if mapped is not None and mapped.signature == signature:
+            self.heap.unmap_in_place(offset)
+            return
         if self.heap.allocator.block_size(offset) is None or self.heap.allocated_as.get(offset) != signature:
             raise ValueError(
                 f"tensor at heap offset {offset} is not the start of a live allocation: free only "

@@ -401,11 +401,35 @@ class TensorMixin:
 
     # -- copies -----------------------------------------------------------------------------
 
-    def as_symmetric(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy of ``tensor`` on the heap (same shape, dtype and strides where dense).
-        Collective: every rank passes a tensor of the same shape and dtype."""
+    def as_symmetric(self, tensor: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
+        """``tensor`` on the heap: by default a copy (same shape, dtype and strides where dense).
+
+        With ``in_place=True``, ``tensor``'s own memory is mapped into every rank's heap where the
+        heap's provider can map it (``shm`` on CPU ranks, after moving the storage to shared memory
+        as ``Tensor.share_memory_()`` does; ``cuda-vmm`` on GPUs, for memory from torch's expandable
+        segments): the result and ``tensor`` then share writes, and peers reach the result as any
+        heap tensor. Where any rank cannot map its tensor so, every rank copies instead, with a
+        warning that says why. A tensor already on the heap comes back as it is.
+
+        Collective: every rank passes a tensor of the same shape and dtype. ``ctx.free`` takes the
+        result back (unmapping memory mapped in place; the original tensor stays as it is)."""
+        return self._as_symmetric(tensor, in_place, warn_at=3)
+
+    def _as_symmetric(self, tensor: torch.Tensor, in_place: bool, warn_at: int) -> torch.Tensor:
+        """:meth:`as_symmetric`; a warning names the caller ``warn_at`` frames up."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"as_symmetric expects a torch.Tensor, got {type(tensor).__name__}")
+        if in_place:
+            if self.is_symmetric(tensor):
+                return tensor
+            with self._call("as_symmetric"):
+                mapped = self.heap.map_in_place(tensor)
+            if isinstance(mapped, torch.Tensor):
+                return mapped
+            warnings.warn(
+                f"as_symmetric copies the tensor (shape {tuple(tensor.shape)}, {tensor.dtype}) onto the symmetric "
+                f"heap instead of mapping its memory there, so writes to the original and to the copy are not seen "
+                f"by the other ({mapped})", UserWarning, stacklevel=warn_at)
         copy = self.empty_like(tensor, device=self.device)
         with torch.no_grad():
             copy.copy_(tensor)
