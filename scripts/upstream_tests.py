@@ -12,7 +12,9 @@ device time-slices their kernels). The glue:
 - on CPU ranks, tensors made on ``cuda`` devices are made on the CPU, ``torch.cuda.synchronize``
   does nothing, and heaps are ``--cpu-heap`` bytes (upstream's 8 GiB per rank exceeds a laptop);
 - on ranks sharing a GPU, ``cuda:{rank}`` devices take the rank modulo the GPUs there are, and
-  ``torch.cuda.set_device`` leaves the rank on its GPU.
+  ``torch.cuda.set_device`` leaves the rank on its GPU;
+- on GPU ranks, ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (unless set): memory torch
+  allocates can then be mapped into the heap in place, as ``as_symmetric`` does with AMD's.
 
 Each rank writes a JUnit file; the summary lists passed, failed and skipped tests per file, and
 every distinct failure message. Example::
@@ -32,8 +34,13 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-#: Upstream test files that exercise HIP/ROCr-only APIs (DMA-BUF, virtual memory): not run.
-AMD_ONLY = re.compile(r"dmabuf|vmem|hip_apis|rocr")
+#: Upstream test files that exercise HIP/ROCr-only APIs, by name (DMA-BUF, ROCr's behaviour, HIP's
+#: calls) or by what they call (HIP's virtual-memory primitives): not run.
+AMD_ONLY_NAMES = re.compile(r"dmabuf|hip_apis|rocr")
+AMD_ONLY_CALLS = re.compile(r"hipMem|mem_create|mem_address_reserve")
+#: The environment glue on GPU ranks: torch's caching allocator makes memory that can be mapped into
+#: a heap in place (upstream's ``as_symmetric``), as AMD's allocator makes by default.
+GPU_ALLOCATOR = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 #: The glue every upstream file gets: Gluon blocks over AMD's 64 lanes get NVIDIA's 32.
@@ -55,6 +62,10 @@ def glue(folder: Path, on_cpu: bool, cpu_heap: int, shared_gpus: bool = False) -
         elif shared_gpus:
             text = re.sub(*SHARED_DEVICES, text)
         path.write_text(text)
+
+
+def _amd_only(path: Path) -> bool:
+    return bool(AMD_ONLY_NAMES.search(path.name) or AMD_ONLY_CALLS.search(path.read_text()))
 
 
 def _rank(rank: int, world: int, folder: str, files: list[str], out: str, shared_gpus: bool = False,
@@ -116,8 +127,10 @@ def main() -> int:
     on_cpu = not torch.cuda.is_available()
     shared_gpus = not on_cpu and args.ranks > torch.cuda.device_count()
     glue(scratch / "tests", on_cpu, args.cpu_heap, shared_gpus)
+    if not on_cpu:
+        os.environ.setdefault(*GPU_ALLOCATOR)
     files = sorted(str(path.relative_to(scratch / "tests")) for folder in args.folders
-                   for path in (scratch / "tests" / folder).glob("test_*.py") if not AMD_ONLY.search(path.name))
+                   for path in (scratch / "tests" / folder).glob("test_*.py") if not _amd_only(path))
     args.out.mkdir(parents=True, exist_ok=True)
     rank_args = (args.ranks, str(scratch / "tests"), files, str(args.out))
     if shared_gpus:

@@ -141,6 +141,7 @@ def test_gpu_ranks_map_expandable_segments_in_place(world, monkeypatch):
 def test_an_upstream_context_maps_in_place_and_copies_with_the_reason_where_it_cannot():
     shmem = iris.iris(1 << 22)
     try:
+        assert shmem.gpu_id == shmem.get_device().index
         plain = torch.arange(6.0, device=shmem.get_device())
         with warnings.catch_warnings():
             warnings.simplefilter("error")

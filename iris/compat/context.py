@@ -92,6 +92,11 @@ class Iris:
     def get_device(self) -> torch.device:
         return self._device_name.torch_device
 
+    @property
+    def gpu_id(self) -> int | None:
+        """The index of this rank's GPU (None on CPU ranks)."""
+        return self._device_name.index
+
     def broadcast(self, value: Any, source_rank: int = 0, *, src_rank: int | None = None) -> Any:
         """Rank ``source_rank``'s ``value`` on every rank (the others pass anything, None
         typically): tensors, arrays and sequences of numbers as a NumPy array, other values as

@@ -153,14 +153,20 @@ def _chunks(pointer: int, nbytes: int) -> list[tuple[int, int]] | str:
     that memory cannot be mapped into the heap."""
     driver = _driver()
     attribute = driver.CUpointer_attribute
+    success = driver.CUresult.CUDA_SUCCESS
     chunks = []
     address = pointer
     while address < pointer + nbytes:
-        err, base = driver.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, address)
-        err_size, size = driver.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_MAPPING_SIZE, address)
-        err_types, types = driver.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, address)
-        if any(e != driver.CUresult.CUDA_SUCCESS for e in (err, err_size, err_types)) or not int(size):
+        err, handle = driver.cuMemRetainAllocationHandle(address)  # fails for memory not made by cuMemCreate
+        if err != success:
             return _NOT_VIRTUAL
+        driver.cuMemRelease(handle)
+        answers = [driver.cuPointerGetAttribute(name, address) for name in (
+            attribute.CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, attribute.CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
+            attribute.CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES)]
+        if any(err != success for err, _ in answers) or not int(answers[1][1]):
+            return _NOT_VIRTUAL
+        base, size, types = (value for _, value in answers)
         if not int(types) & int(_posix_fd()):
             return ("torch made its memory without a POSIX descriptor to share it by (torch older than 2.5, or "
                     "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0)")

@@ -199,7 +199,8 @@ class SymmetricHeap(UpstreamHeapMethods):
         (nothing is allocated then). Collective: every rank passes its tensor."""
         importer = self.mapping.importer
         if importer is None:
-            found: Shareable | str = "this heap's provider cannot map other memory into the heap"
+            found: Shareable | str = ("this heap's provider cannot map other memory into it (on GPUs, create("
+                                      "heap_provider='cuda-vmm') can; upstream's spelling: allocator_type='vmem')")
         elif self.node_layout is not None:
             found = "the ranks span several nodes, and memory is mapped in place only within one"
         elif tensor.numel() == 0:
