@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import iris
-from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator, spawn_reports
+from iris.testing import (RankReport, assert_rank_checks, interpreted_device, reports_on_available_ranks,
+                          seeded_generator, spawn_reports)
 
 ROWS = 1000
 #: Where the tensor starts inside its memory: not at the start of a page or of an allocation.
@@ -120,7 +121,7 @@ def _expected(world: int, section: int):
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_cpu_ranks_map_a_tensor_in_place(world):
-    reports = spawn_reports(_mapped, world, "shm", device="cpu")
+    reports = spawn_reports(_mapped, world, "shm", device=interpreted_device())
     for section, prefix in enumerate(("mapped/", "freed/", "refused/")):
         if world == 1 and prefix == "refused/":
             continue  # one rank has one offset: nothing to refuse
@@ -138,6 +139,8 @@ def test_gpu_ranks_map_expandable_segments_in_place(world, monkeypatch):
         assert_rank_checks(reports, prefix, _expected(world, section))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this process's CUDA memory is torch's default, which cannot be "
+                    "mapped; GPU ranks set up for it are checked above")
 def test_an_upstream_context_maps_in_place_and_copies_with_the_reason_where_it_cannot():
     shmem = iris.iris(1 << 22)
     try:

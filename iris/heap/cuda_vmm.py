@@ -152,7 +152,6 @@ def _chunks(pointer: int, nbytes: int) -> list[tuple[int, int]] | str:
     """(address, bytes) of each allocation mapped over ``[pointer, pointer + nbytes)``, or why
     that memory cannot be mapped into the heap."""
     driver = _driver()
-    attribute = driver.CUpointer_attribute
     success = driver.CUresult.CUDA_SUCCESS
     chunks = []
     address = pointer
@@ -161,12 +160,12 @@ def _chunks(pointer: int, nbytes: int) -> list[tuple[int, int]] | str:
         if err != success:
             return _NOT_VIRTUAL
         driver.cuMemRelease(handle)
-        answers = [driver.cuPointerGetAttribute(name, address) for name in (
-            attribute.CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, attribute.CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
-            attribute.CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES)]
-        if any(err != success for err, _ in answers) or not int(answers[1][1]):
+        # For virtual memory, the range of the one allocation mapped at ``address``.
+        err, base, size = driver.cuMemGetAddressRange(address)
+        err_types, types = driver.cuPointerGetAttribute(
+            driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, address)
+        if err != success or err_types != success or not int(size):
             return _NOT_VIRTUAL
-        base, size, types = (value for _, value in answers)
         if not int(types) & int(_posix_fd()):
             return ("torch made its memory without a POSIX descriptor to share it by (torch older than 2.5, or "
                     "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0)")
