@@ -11,8 +11,7 @@ descriptors with ``B`` row-major and column-major; plain loads, which they run w
 cannot address the operands), and by two candidates the fused kernels do not run, which split
 the tiles of a last wave that fills at most half the programs along K among the idle programs
 (``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
-through one product loop; ``stream``: every program the same number of K steps of those tiles,
-stream-K), and by a third (``flat``: the tile and K loops flattened into one pipelined loop, tiles
+through one product loop), and by a third (``flat``: the tile and K loops flattened into one pipelined loop, tiles
 stored by descriptor), is checked against ``torch.matmul`` and timed beside it with
 ``triton.testing.do_bench`` (median), on the per-rank products of Llama-3-70B at TP=2 (bf16):
 
@@ -170,50 +169,6 @@ def _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn):
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@_COUNTED
-def stream_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, tiles, tail, stride_cm, stride_cn,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                       B_COLUMN_MAJOR: tl.constexpr):
-    """``c := a @ b`` (by descriptors) in one persistent launch: the first ``tiles - tail`` tiles
-    whole (program ``p`` takes ``p, p + P, ...``), then the K steps of the last ``tail`` tiles dealt
-    evenly over every program (stream-K): program ``p`` takes steps ``[p S / P, (p + 1) S / P)`` of
-    their ``S``, tile by tile. Only a program's last piece can end inside a tile: it publishes its
-    sum (:func:`_publish_partial`, in the program's slot); the piece that ends a tile adds those of
-    the lower programs that began it and stores the tile. Waits point only at lower programs, which
-    every program reaches first where programs run in order (the interpreter); on a GPU every
-    program is resident, one per multiprocessor."""
-    row_tiles = tl.cdiv(M, BLOCK_M)
-    col_tiles = tl.cdiv(N, BLOCK_N)
-    steps = tl.cdiv(K, BLOCK_K)
-    programs = tl.num_programs(0)
-    me = tl.program_id(0)
-    whole = tiles - tail
-    for t in range(me, whole, programs):
-        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, 0, steps, tile_row, tile_col, BLOCK_M, BLOCK_N,
-                                               BLOCK_K, B_COLUMN_MAJOR)
-        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-    streamed = tail * steps
-    end = (me + 1) * streamed // programs
-    step = me * streamed // programs
-    while step < end:
-        local = step // steps
-        first = step - local * steps
-        last = tl.minimum(steps, first + end - step)
-        tile_row, tile_col = tile_coordinates(whole + local, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, last, tile_row, tile_col, BLOCK_M,
-                                               BLOCK_N, BLOCK_K, B_COLUMN_MAJOR)
-        if last < steps:
-            _publish_partial(acc, partials, arrived, me, launch, BLOCK_M, BLOCK_N)
-        else:
-            other = me - 1
-            while (other >= 0) & ((other + 1) * streamed // programs > local * steps):
-                acc = _add_partial(acc, partials, arrived, other, launch, BLOCK_M, BLOCK_N)
-                other -= 1
-            _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-        step += last - first
-
-
 @triton.jit
 def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
@@ -247,14 +202,12 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              split_tail: bool = False, one_launch: bool = False, flat: bool = False,
-              stream: bool = False) -> torch.Tensor:
+              split_tail: bool = False, one_launch: bool = False, flat: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
     its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
-    whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`; with
-    ``stream`` :func:`stream_loop_kernel`, the tiles past the last whole wave dealt out by K steps."""
+    whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -268,13 +221,6 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         c_desc = TensorDescriptor(c, list(c.shape), list(c.stride()), [tile["BLOCK_M"], tile["BLOCK_N"] // 2])
         flat_loop_kernel[(min(programs, tiles),)](loop["a_desc"], loop["b_desc"], c_desc, M, N, K,
                                                   B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
-        return c
-    if stream:
-        steps = triton.cdiv(K, tile["BLOCK_K"])
-        streamed = tiles % programs if tiles % programs * steps >= programs else 0  # every program has steps
-        stream_loop_kernel[(programs,)](c, loop["a_desc"], loop["b_desc"], *_split_arguments(a.device, programs, tile),
-                                        M, N, K, tiles, streamed, c.stride(0), c.stride(1),
-                                        B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
         return c
     if one_launch:
         parts = programs // tail if tail else 1
@@ -320,8 +266,7 @@ def _split_arguments(device: torch.device, programs: int, tile: dict) -> tuple[t
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
          "tma split ": (dict(tma=True, split_tail=True), False),
          "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
-         "tma flat ": (dict(tma=True, flat=True), False),
-         "tma stream ": (dict(tma=True, stream=True), False)}
+         "tma flat ": (dict(tma=True, flat=True), False)}
 
 
 def _loops(device: torch.device) -> list[str]:
