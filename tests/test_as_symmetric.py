@@ -73,14 +73,15 @@ def _mapped(rank: int, provider: str) -> bytes:
         report.check("mapped/neighbours_untouched", not whole[:LEAD].any() and not whole[LEAD + ROWS:].any())
     with report.section("freed"):
         kept = original.clone()
+        offset, nbytes = ctx.heap.offset_of(x), x.numel() * x.element_size()
         ctx.free(x)
-        again = ctx.zeros(ROWS)
-        again.fill_(rank + 0.5)
+        # The heap's own memory is back where the tensor was mapped, in every rank's view of it.
+        ctx.heap.view(offset, nbytes).fill_(rank + 1)
         sync()
         ctx.barrier()
         report.check("freed/original_unchanged", torch.equal(original, kept))
-        seen = [ctx.heap.peer_view(again, peer).cpu() for peer in range(world)]
-        filled = [torch.full((ROWS,), peer + 0.5) for peer in range(world)]
+        seen = [ctx.heap.view(offset, nbytes, rank=peer).cpu() for peer in range(world)]
+        filled = [torch.full((nbytes,), peer + 1, dtype=torch.uint8) for peer in range(world)]
         report.check("freed/heap_memory_again", all(map(torch.equal, seen, filled)))
     if world > 1:
         _refused(report, ctx, rank, device, sync)
