@@ -171,15 +171,18 @@ def _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn):
 
 @triton.jit
 def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
+                     WARP_SPECIALIZE: tl.constexpr):
     """``c := a @ b`` by descriptors, the tile loop and the K loop flattened into one pipelined loop
     (``tl.range(..., flatten=True)``: the next tile's first blocks are loaded while this one's
-    epilogue runs), each tile stored through ``c_desc`` in two halves of its columns (less shared
-    memory for the epilogue)."""
+    epilogue runs), or with ``WARP_SPECIALIZE`` the tile loop split by the compiler between warps
+    that load and warps that multiply (``warp_specialize=True``, not flattened); each tile stored
+    through ``c_desc`` in two halves of its columns (less shared memory for the epilogue)."""
     row_tiles = tl.cdiv(M, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     steps = tl.cdiv(K, BLOCK_K)
-    for t in tl.range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0), flatten=True):
+    for t in tl.range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0), flatten=not WARP_SPECIALIZE,
+                      warp_specialize=WARP_SPECIALIZE):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
         acc, _, _ = tile_product_tma(a_desc, b_desc, 0, 0, 0, steps, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
                                      B_COLUMN_MAJOR)
@@ -202,12 +205,14 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              split_tail: bool = False, one_launch: bool = False, flat: bool = False) -> torch.Tensor:
+              split_tail: bool = False, one_launch: bool = False, flat: bool = False,
+              warp_specialize: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
     its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
-    whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`."""
+    whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`
+    (``warp_specialize``: its warp-specialized form)."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -220,7 +225,8 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
     if flat:
         c_desc = TensorDescriptor(c, list(c.shape), list(c.stride()), [tile["BLOCK_M"], tile["BLOCK_N"] // 2])
         flat_loop_kernel[(min(programs, tiles),)](loop["a_desc"], loop["b_desc"], c_desc, M, N, K,
-                                                  B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
+                                                  B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"],
+                                                  WARP_SPECIALIZE=warp_specialize, **tile)
         return c
     if one_launch:
         parts = programs // tail if tail else 1
@@ -266,12 +272,23 @@ def _split_arguments(device: torch.device, programs: int, tile: dict) -> tuple[t
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
          "tma split ": (dict(tma=True, split_tail=True), False),
          "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
-         "tma flat ": (dict(tma=True, flat=True), False)}
+         "tma flat ": (dict(tma=True, flat=True), False),
+         "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False)}
 
 
-def _loops(device: torch.device) -> list[str]:
-    """The names of the timed loops: each tile, plainly loaded and by tensor descriptors."""
-    return [loop + tile for loop in LOOPS for tile in GEMM_TILES[device.type]]
+def _combinations(device: torch.device, loops: dict) -> list[tuple[str, dict, bool, dict]]:
+    """``(name, options, B column-major, tile)`` of each timed loop: each of ``loops`` with each
+    tile, but warp specialization only with two warp groups (8 warps: Triton 3.6 refuses to
+    specialize a 4-warp kernel for Hopper)."""
+    return [(loop + tile_name, options, column_major, tile)
+            for loop, (options, column_major) in loops.items()
+            for tile_name, tile in GEMM_TILES[device.type].items()
+            if not options.get("warp_specialize") or tile.get("num_warps", 4) >= 8]
+
+
+def _loops(device: torch.device, loops: dict) -> list[str]:
+    """The names of the timed loops (:func:`_combinations`)."""
+    return [name for name, *_ in _combinations(device, loops)]
 
 
 def _median_ms(fn, device: torch.device) -> float:
@@ -282,8 +299,18 @@ def _median_ms(fn, device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def measure(device: torch.device, rows: list[int]) -> list[dict]:
-    """One result row per (shape, M): cuBLAS and every tile, checked, then timed."""
+def _named_loops(text: str) -> list[str]:
+    """The keys of :data:`LOOPS` named in ``text`` (comma-separated; ``plain`` is the loop of plain loads)."""
+    by_name = {key.strip() or "plain": key for key in LOOPS}
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise SystemExit(f"--loops: no loop named {', '.join(map(repr, unknown))}; the loops: {', '.join(by_name)}")
+    return [by_name[name] for name in names]
+
+
+def measure(device: torch.device, rows: list[int], loops: dict = LOOPS) -> list[dict]:
+    """One result row per (shape, M): cuBLAS and each of ``loops`` with every tile, checked, then timed."""
     programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     results = []
     for name, K, N in SHAPES[device.type]:
@@ -297,14 +324,13 @@ def measure(device: torch.device, rows: list[int]) -> list[dict]:
             row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
                    "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
             b_t = b.t().contiguous().t()
-            for (loop_name, (options, column_major)), (tile_name, tile) in itertools.product(
-                    LOOPS.items(), GEMM_TILES[device.type].items()):
+            for loop_name, options, column_major, tile in _combinations(device, loops):
                 b_loop = b_t if column_major else b
                 out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, **options)
                 error = (out.float() - reference.float()).abs().max().item()
                 scale = reference.float().abs().max().item()
                 timed = functools.partial(tile_loop, a, b_loop, c, tile, programs, **options)
-                row[loop_name + tile_name] = {"ms": _median_ms(timed, device), "max_error": error,
+                row[loop_name] = {"ms": _median_ms(timed, device), "max_error": error,
                                               "correct": error <= 1e-2 * scale}
             for entry in row.values():
                 if isinstance(entry, dict):
@@ -313,7 +339,7 @@ def measure(device: torch.device, rows: list[int]) -> list[dict]:
             results.append(row)
             print(f"{name:9s} M {M:6d}: cuBLAS {row['cublas']['tflops']:6.1f} TFLOP/s; "
                   + ", ".join(f"{t} {row[t]['tflops']:6.1f} ({row[t]['cublas_share']:.0%}"
-                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(device)))
+                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(device, loops)))
     return results
 
 
@@ -321,15 +347,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gemm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=None, help="rows M of each product, comma-separated")
+    parser.add_argument("--loops", default=None,
+                        help="the loops timed beside cuBLAS, comma-separated: plain, tma, tma b_t, tma split, "
+                             "tma split1, tma flat, tma ws (default: all)")
     parser.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter")
     parser.add_argument("--out", default=None, help="directory for the JSON result")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.cpu or not torch.cuda.is_available() else "cuda")
     rows = [int(r) for r in (args.rows or ROWS[device.type]).split(",")]
-    results = measure(device, rows)
+    loops = LOOPS if args.loops is None else {name: LOOPS[name] for name in _named_loops(args.loops)}
+    results = measure(device, rows, loops)
     path = write_results("gemm", {"tiles": GEMM_TILES[device.type], "results": results}, args.out, device.type)
     print(f"wrote {path}")
-    if not all(row[t]["correct"] for row in results for t in _loops(device)):
+    if not all(row[t]["correct"] for row in results for t in _loops(device, loops)):
         raise SystemExit("a tile loop's product differs from torch.matmul (INCORRECT above)")
 
 
