@@ -152,6 +152,8 @@ def test_an_upstream_context_maps_in_place_and_copies_with_the_reason_where_it_c
             mapped = shmem.as_symmetric(plain)
         mapped.fill_(7.0)
         assert shmem.is_symmetric(mapped) and torch.equal(plain.cpu(), torch.full((6,), 7.0)), "one memory"
+        weights = torch.ones(3, device=shmem.get_device(), requires_grad=True)
+        assert shmem.as_symmetric(weights).requires_grad, "as the copy does"
         empty = torch.empty(0, device=shmem.get_device())
         reason = r"copies the tensor .* instead of mapping its memory there.*\(rank 0: it has no elements\)"
         with pytest.warns(UserWarning, match=reason):

@@ -425,7 +425,7 @@ class TensorMixin:
             with self._call("as_symmetric"):
                 mapped = self.heap.map_in_place(tensor)
             if isinstance(mapped, torch.Tensor):
-                return mapped
+                return mapped.requires_grad_(tensor.requires_grad)
             warnings.warn(
                 f"as_symmetric copies the tensor (shape {tuple(tensor.shape)}, {tensor.dtype}) onto the symmetric "
                 f"heap instead of mapping its memory there, so writes to the original and to the copy are not seen "
