@@ -360,9 +360,10 @@ def test_heaps_are_unnamed_memfds_and_the_launcher_listens_on_loopback_only(monk
     # What this process listened on already (on a GPU machine, the session context's NCCL group).
     listening_before = set(_listening(os.getpid()))
     for report in iris.spawn(_heap_worker, 2, device="cpu"):
-        # Each rank maps both heaps, unnamed; the only descriptors are its mmap objects' own.
+        # Each rank maps both heaps, unnamed; the only descriptors are two per heap: its mmap
+        # object's own, and the one kept to map the heap back where as_symmetric mapped a tensor.
         assert report["maps"] == ["/memfd:iris-heap (deleted)"] * 2, report["maps"]
-        assert report["fds"] == ["/memfd:iris-heap (deleted)"] * 2, report["fds"]
+        assert report["fds"] == ["/memfd:iris-heap (deleted)"] * 4, report["fds"]
         # The launch's store listens on 127.0.0.1, and nothing new listens anywhere else.
         launcher = set(report["launcher_listens_on"])
         assert "0100007F" in launcher and launcher - listening_before <= {"0100007F"}, report
