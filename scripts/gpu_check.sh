@@ -11,6 +11,9 @@
 #                                  ranks sharing the GPU otherwise), from a checkout of upstream iris in
 #                                  .upstream/ (ignored; pass carry [".upstream"]), Gluon kernels' 64 lanes made
 #                                  32 (scripts/upstream_tests.py)
+#   as-symmetric                   tensors mapped into cuda-vmm heaps in place (tests/test_as_symmetric.py,
+#                                  worlds 1 to 3), then upstream's tests of as_symmetric and its virtual-memory
+#                                  allocator at world 1 and on 2 ranks sharing the GPU (needs .upstream/)
 #   upstream-examples              every example of that checkout at world 1 (scripts/upstream_examples.py)
 #   upstream-examples-2            every example at 2 ranks (on one GPU: sharing it)
 # The full check on one GPU is these steps: a call each.
@@ -26,6 +29,8 @@ mkdir -p "$OUT"
 tests="-q tests"
 benches=()
 upstream=()
+upstream_select=""
+upstream_ranks="${UPSTREAM_RANKS:-1}"
 examples=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,6 +44,8 @@ while [ $# -gt 0 ]; do
         faults-c) tests="-q tests/test_failstop.py -k 'killed_during or late_by_more or threads'" ;;
         upstream-a) tests=""; upstream=(x ccl ops) ;;
         upstream-b) tests=""; upstream=(unittests) ;;
+        as-symmetric) tests="-q tests/test_as_symmetric.py tests/test_descriptors.py"; upstream=(unittests)
+                      upstream_select="as_symmetric or vmem or is_symmetric_imported"; upstream_ranks="1 2" ;;
         upstream-examples) tests=""; examples=1 ;;
         upstream-examples-2) tests=""; examples=2 ;;
         *) echo "unknown step $2" >&2; exit 2 ;;
@@ -57,11 +64,11 @@ if [ -n "$tests" ]; then
   eval "python3 -m pytest $tests" 2>&1 | tee "$OUT/pytest.log" | tail -40 || true
   grep -qE "(passed|skipped)" "$OUT/pytest.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/pytest.log" || status=1
 fi
-if [ ${#upstream[@]} -gt 0 ]; then
-  python3 scripts/upstream_tests.py --upstream .upstream --ranks "${UPSTREAM_RANKS:-1}" --out "$OUT/upstream" \
-    "${upstream[@]}" 2>&1 \
-    | tee "$OUT/upstream.log" | grep -v "^    " | tail -60 || status=1
-fi
+for ranks in $([ ${#upstream[@]} -gt 0 ] && echo "$upstream_ranks"); do
+  python3 scripts/upstream_tests.py --upstream .upstream --ranks "$ranks" --out "$OUT/upstream-$ranks" \
+    ${upstream_select:+-k "$upstream_select"} "${upstream[@]}" 2>&1 \
+    | tee "$OUT/upstream-$ranks.log" | grep -v "^    " | tail -60 || status=1
+done
 if [ -n "$examples" ]; then
   python3 scripts/upstream_examples.py --upstream .upstream --ranks "$examples" --out "$OUT/examples-$examples" 2>&1 \
     | tee "$OUT/examples-$examples.log" || status=1
