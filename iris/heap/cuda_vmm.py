@@ -220,6 +220,27 @@ class _VirtualMemoryImporter:
                 view.map(index * self.granule, own_pieces[index], self.granule)
 
 
+def _pieces(size: int, granularity: int) -> tuple[int, int]:
+    """Bytes per piece (a multiple of ``granularity``) and pieces of a heap of ``size`` bytes:
+    at most :data:`MAX_PIECES`, each as small as that allows."""
+    piece = -(-max(-(-size // MAX_PIECES), 1) // granularity) * granularity
+    return piece, -(-size // piece)
+
+
+def _views(own: list, piece: int, comm: Communicator, device: torch.device) -> tuple[list[_Range], list[list]]:
+    """Every rank's heap mapped here, its pieces one after another in a range of its own, and
+    each rank's pieces' handles here (``own``: this rank's). Collective."""
+    pieces = _exported(own, comm, "heap set-up")
+    ranges = []
+    for handles in pieces:
+        view = _Range(len(handles) * piece, piece, device)
+        view.owned.extend(handles)
+        for index, handle in enumerate(handles):
+            view.map(index * piece, handle, piece)
+        ranges.append(view)
+    return ranges, pieces
+
+
 def create(size: int, comm: Communicator, device: torch.device) -> HeapMapping:
     driver = _driver()
     torch.cuda.set_device(device)
@@ -233,8 +254,7 @@ def create(size: int, comm: Communicator, device: torch.device) -> HeapMapping:
     granularity = int(_check(driver.cuMemGetAllocationGranularity(
         _properties(device), driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         "cuMemGetAllocationGranularity"))
-    piece = -(-max(-(-size // MAX_PIECES), 1) // granularity) * granularity
-    count = -(-size // piece)
+    piece, count = _pieces(size, granularity)
     sizes = comm.all_gather_object(size)
     if len(set(sizes)) > 1:
         raise IrisError(f"heap set-up: the ranks asked for heaps of {', '.join(map(format_bytes, sizes))}; all ranks "
@@ -247,14 +267,7 @@ def create(size: int, comm: Communicator, device: torch.device) -> HeapMapping:
         for handle in own:
             driver.cuMemRelease(handle)
         raise
-    pieces = _exported(own, comm, "heap set-up")
-    ranges = []
-    for handles in pieces:
-        view = _Range(count * piece, piece, device)
-        view.owned.extend(handles)
-        for index, handle in enumerate(handles):
-            view.map(index * piece, handle, piece)
-        ranges.append(view)
+    ranges, pieces = _views(own, piece, comm, device)
     own_range = ranges[comm.rank]
     # Zeroed like a fresh shared-memory segment, so every provider starts from the same state.
     _check(driver.cuMemsetD8(own_range.pointer, 0, own_range.size), "cuMemsetD8")
