@@ -39,9 +39,10 @@ class FakeDriver:
 
     def __init__(self):
         self.allocations: dict[int, dict] = {}  # id -> size, handle types, references (handles and mappings)
-        self.handles: dict[int, int] = {}  # live handle -> allocation
+        self.handles: dict[int, int] = {}  # handle value -> allocation
         self.reserved: dict[int, int] = {}  # base -> size
         self.mapped: dict[int, tuple[int, int]] = {}  # address -> (size, allocation)
+        self.mapped_by: dict[int, int] = {}  # address -> the handle value that mapped it
         self.exported: dict[int, int] = {}  # inode of an exported descriptor -> allocation
         self._next = 1
         self._next_address = 1 << 40
@@ -70,15 +71,18 @@ class FakeDriver:
         return self._handle(allocation)
 
     def cuMemRelease(self, handle):
-        assert handle in self.handles, f"release of a handle not held: {handle}"
-        self.allocations[self.handles.pop(handle)]["refs"] -= 1
+        allocation = self.allocations[self.handles[handle]]
+        assert allocation["refs"] > 0, f"release of a handle not held: {handle}"
+        allocation["refs"] -= 1
         return (CUresult.CUDA_SUCCESS,)
 
     def cuMemRetainAllocationHandle(self, address):
+        """The handle value the allocation at ``address`` was mapped with, one more reference held."""
         found = self._mapping_at(address)
         if found is None:
             return CUresult.CUDA_ERROR_INVALID_VALUE, None
-        return CUresult.CUDA_SUCCESS, self._handle(found[2])
+        self.allocations[found[2]]["refs"] += 1
+        return CUresult.CUDA_SUCCESS, self.mapped_by[found[0]]
 
     def cuMemExportToShareableHandle(self, handle, kind, flags):
         allocation = self.handles[handle]
@@ -109,12 +113,14 @@ class FakeDriver:
         assert any(b <= address and address + size <= b + s for b, s in self.reserved.items()), "not reserved"
         assert not any(a < address + size and address < a + s for a, (s, _) in self.mapped.items()), "overlap"
         self.mapped[address] = (size, allocation)
+        self.mapped_by[address] = handle
         self.allocations[allocation]["refs"] += 1
         return (CUresult.CUDA_SUCCESS,)
 
     def cuMemUnmap(self, address, size):
         assert self.mapped.get(address, (None,))[0] == size, "unmap of other than one whole mapping"
         self.allocations[self.mapped.pop(address)[1]]["refs"] -= 1
+        del self.mapped_by[address]
         return (CUresult.CUDA_SUCCESS,)
 
     def cuMemSetAccess(self, address, size, descriptions, count):
@@ -124,12 +130,6 @@ class FakeDriver:
 
     def _mapping_at(self, address):
         return next(((a, s, allocation) for a, (s, allocation) in self.mapped.items() if a <= address < a + s), None)
-
-    def cuMemGetAddressRange(self, address):
-        found = self._mapping_at(address)
-        if found is None:
-            return CUresult.CUDA_ERROR_INVALID_VALUE, None, None
-        return CUresult.CUDA_SUCCESS, found[0], found[1]
 
     def cuPointerGetAttribute(self, attribute, address):
         found = self._mapping_at(address)
@@ -180,11 +180,12 @@ def test_a_heap_is_at_most_64_pieces_of_whole_granules(size, pieces):
 
 def test_chunks_are_found_per_allocation_or_refused_with_the_reason(driver):
     base, _ = _torch_segment(driver, [2 * MiB, 20 * MiB])
-    assert cuda_vmm._chunks(base + MiB, 3 * MiB) == [(base, 2 * MiB), (base + 2 * MiB, 20 * MiB)]
-    assert cuda_vmm._chunks(base + 3 * MiB, 10) == [(base + 2 * MiB, 20 * MiB)]
-    assert cuda_vmm._chunks(12345, 8) == cuda_vmm._NOT_VIRTUAL
+    assert cuda_vmm._chunks(base + MiB, 3 * MiB, GRANULE) == [(base, 2 * MiB), (base + 2 * MiB, 20 * MiB)]
+    assert cuda_vmm._chunks(base + 13 * MiB, 10, GRANULE) == [(base + 2 * MiB, 20 * MiB)]
+    assert cuda_vmm._chunks(12345, 8, GRANULE) == cuda_vmm._NOT_VIRTUAL
     unshared, _ = _torch_segment(driver, [2 * MiB], types=0)
-    assert "without a POSIX descriptor" in cuda_vmm._chunks(unshared, 8)
+    assert "without a POSIX descriptor" in cuda_vmm._chunks(unshared, 8, GRANULE)
+    assert driver.live() == {a: 2 for a in driver.live()}, "torch's references only: the probes released theirs"
 
 
 @pytest.mark.parametrize("chunks, lead", [([2 * MiB], 4096), ([2 * MiB, 2 * MiB], 2 * MiB - 64), ([20 * MiB], 0)])
@@ -194,9 +195,9 @@ def test_a_tensor_is_mapped_over_whole_pieces_and_the_pieces_mapped_back(driver,
     own = [driver.create(piece) for _ in range(count)]
     ranges, pieces = cuda_vmm._views(own, piece, OneRank(), device)
     view = ranges[0]
-    importer = cuda_vmm._VirtualMemoryImporter(ranges, pieces, piece)
+    importer = cuda_vmm._VirtualMemoryImporter(ranges, pieces, piece, GRANULE)
     segment, torch_handles = _torch_segment(driver, chunks)
-    mine = Shareable(lead=lead, length=sum(chunks), source=cuda_vmm._chunks(segment + lead, 128))
+    mine = Shareable(lead=lead, length=sum(chunks), source=cuda_vmm._chunks(segment + lead, 128, GRANULE))
     offset = 6 * piece
     restore = importer.attach(mine, offset, OneRank())
     covered = range(offset // piece, (offset + sum(chunks)) // piece)

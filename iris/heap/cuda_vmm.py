@@ -148,38 +148,53 @@ def _exported(handles: list, comm: Communicator, what: str) -> list[list]:
     return imported
 
 
-def _chunks(pointer: int, nbytes: int) -> list[tuple[int, int]] | str:
-    """(address, bytes) of each allocation mapped over ``[pointer, pointer + nbytes)``, or why
-    that memory cannot be mapped into the heap."""
+def _allocation_at(address: int) -> int | None:
+    """The handle value of the allocation mapped at ``address`` (CUDA gives the same value for
+    every address of one allocation), or None where no ``cuMemCreate`` memory is mapped."""
     driver = _driver()
-    success = driver.CUresult.CUDA_SUCCESS
+    err, handle = driver.cuMemRetainAllocationHandle(address)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return None
+    driver.cuMemRelease(handle)
+    return int(handle)
+
+
+def _chunks(pointer: int, nbytes: int, granularity: int) -> list[tuple[int, int]] | str:
+    """(address, bytes) of each allocation mapped over ``[pointer, pointer + nbytes)``, or why
+    that memory cannot be mapped into the heap. Allocations are mapped at multiples of
+    ``granularity``: each one's extent is found granule by granule, by its handle's value."""
+    driver = _driver()
+    address = pointer - pointer % granularity
+    allocation = _allocation_at(address)
+    if allocation is None:
+        return _NOT_VIRTUAL
+    while address >= granularity and _allocation_at(address - granularity) == allocation:
+        address -= granularity
     chunks = []
-    address = pointer
     while address < pointer + nbytes:
-        err, handle = driver.cuMemRetainAllocationHandle(address)  # fails for memory not made by cuMemCreate
-        if err != success:
-            return _NOT_VIRTUAL
-        driver.cuMemRelease(handle)
-        # For virtual memory, the range of the one allocation mapped at ``address``.
-        err, base, size = driver.cuMemGetAddressRange(address)
-        err_types, types = driver.cuPointerGetAttribute(
+        allocation = _allocation_at(address)
+        err, types = driver.cuPointerGetAttribute(
             driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, address)
-        if err != success or err_types != success or not int(size):
+        if allocation is None or err != driver.CUresult.CUDA_SUCCESS:
             return _NOT_VIRTUAL
         if not int(types) & int(_posix_fd()):
             return ("torch made its memory without a POSIX descriptor to share it by (torch older than 2.5, or "
                     "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0)")
-        chunks.append((int(base), int(size)))
-        address = int(base) + int(size)
+        end = address + granularity
+        while _allocation_at(end) == allocation:
+            end += granularity
+        chunks.append((address, end - address))
+        address = end
     return chunks
 
 
 class _VirtualMemoryImporter:
     """Maps a tensor's allocations over whole pieces of every rank's heap, and the pieces back."""
 
-    def __init__(self, ranges: list[_Range], pieces: list[list], piece: int):
+    def __init__(self, ranges: list[_Range], pieces: list[list], piece: int, granularity: int):
         self._ranges = ranges
         self._pieces = pieces  # each rank's pieces' handles, kept to map them back
+        self._granularity = granularity
         self.granule = piece
 
     def shareable(self, tensor: torch.Tensor) -> Shareable | str:
@@ -188,7 +203,7 @@ class _VirtualMemoryImporter:
             return f"it is on {tensor.device}, and this heap on {device}"
         pointer = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
         span = (1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))) * tensor.element_size()
-        chunks = _chunks(pointer, span)
+        chunks = _chunks(pointer, span, self._granularity)
         if isinstance(chunks, str):
             return chunks
         return Shareable(lead=pointer - chunks[0][0], length=sum(size for _, size in chunks), source=chunks)
@@ -274,7 +289,7 @@ def create(size: int, comm: Communicator, device: torch.device) -> HeapMapping:
     torch.cuda.synchronize(device)
     comm.barrier()
     peers = tuple(torch.as_tensor(view, device=device)[:size] for view in ranges)
-    return HeapMapping(size=size, peers=peers, importer=_VirtualMemoryImporter(ranges, pieces, piece))
+    return HeapMapping(size=size, peers=peers, importer=_VirtualMemoryImporter(ranges, pieces, piece, granularity))
 
 
 provider = HeapProvider(name="cuda-vmm", device_type="cuda", create=create)
