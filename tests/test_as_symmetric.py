@@ -105,12 +105,14 @@ def _refused(report: RankReport, ctx, rank: int, device: torch.device, sync) -> 
         copy[:5] = -1.0
         sync()
         report.check("refused/a_copy", ctx.is_symmetric(copy) and torch.equal(skewed.cpu(), _values(rank)))
+        moved = device.type == "cpu" and skewed.untyped_storage().is_shared()
+        report.check("refused/storage_left_where_it_was", not moved)
 
 
 CHECKS = ({"mapped/no_copy", "mapped/on_heap", "mapped/values", "mapped/shared_both_ways", "mapped/read_by_kernels",
            "mapped/peer_write_lands_in_original", "mapped/neighbours_untouched", "mapped/completed"},
           {"freed/original_unchanged", "freed/heap_memory_again", "freed/completed"},
-          {"refused/warned_why", "refused/a_copy", "refused/completed"})
+          {"refused/warned_why", "refused/a_copy", "refused/storage_left_where_it_was", "refused/completed"})
 
 
 def _expected(world: int, section: int):
@@ -152,6 +154,10 @@ def test_an_upstream_context_maps_in_place_and_copies_with_the_reason_where_it_c
             mapped = shmem.as_symmetric(plain)
         mapped.fill_(7.0)
         assert shmem.is_symmetric(mapped) and torch.equal(plain.cpu(), torch.full((6,), 7.0)), "one memory"
+        shared = torch.arange(4.0).share_memory_()
+        where = shared.data_ptr()
+        shmem.as_symmetric(shared).fill_(-1.0)
+        assert shared.data_ptr() == where and torch.equal(shared, torch.full((4,), -1.0)), "mapped where it was"
         weights = torch.ones(3, device=shmem.get_device(), requires_grad=True)
         assert shmem.as_symmetric(weights).requires_grad, "as the copy does"
         empty = torch.empty(0, device=shmem.get_device())

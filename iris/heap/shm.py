@@ -170,20 +170,25 @@ class _SharedFileImporter:
         if tensor.device.type != "cpu":
             return f"it is on {tensor.device}, and this heap is in CPU memory"
         storage = tensor.untyped_storage()
-        try:
-            # Moves the storage to a shared-memory file (unless it is in one): every tensor over
-            # the storage, this one included, then views that file, with its values unchanged.
-            fd, nbytes = storage._share_fd_cpu_()
-        except RuntimeError as error:
-            return f"torch could not put its storage in a shared-memory file ({error})"
+        if storage.is_shared():
+            try:
+                storage._share_fd_cpu_()  # its shared-memory file, by descriptor: nothing moves
+            except RuntimeError as error:
+                return f"its storage is in shared memory that torch does not share by descriptor ({error})"
+        # The storage starts its file (where attach moves it, if it is not in one yet).
         start = tensor.storage_offset() * tensor.element_size()
         span = (1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))) * tensor.element_size()
         first = start - start % self.granule
-        stop = min(-(-(start + span) // self.granule) * self.granule, -(-nbytes // self.granule) * self.granule)
-        return Shareable(lead=start - first, length=stop - first, source=(fd, first, storage))
+        end_of_file = -(-storage.nbytes() // self.granule) * self.granule
+        stop = min(-(-(start + span) // self.granule) * self.granule, end_of_file)
+        return Shareable(lead=start - first, length=stop - first, source=(first, storage))
 
     def attach(self, mine: Shareable, offset: int, comm: Communicator) -> Callable[[], None]:
-        fd, first, _ = mine.source
+        first, storage = mine.source
+        # Moves the storage to a shared-memory file unless it is in one (only now that every rank
+        # maps in place): every tensor over the storage, the caller's too, then views that file,
+        # with its values unchanged.
+        fd, _ = storage._share_fd_cpu_()
         places = comm.all_gather_object((first, mine.length))
         fds = exchange([fd], [1] * comm.world_size, comm, "as_symmetric")
         mapped = []

@@ -405,8 +405,8 @@ class TensorMixin:
         """``tensor`` on the heap: by default a copy (same shape, dtype and strides where dense).
 
         With ``in_place=True``, ``tensor``'s own memory is mapped into every rank's heap where the
-        heap's provider can map it (``shm`` on CPU ranks, after moving the storage to shared memory
-        as ``Tensor.share_memory_()`` does; ``cuda-vmm`` on GPUs, for memory from torch's expandable
+        heap's provider can map it (``shm`` on CPU ranks, moving the storage to shared memory as
+        ``Tensor.share_memory_()`` does once every rank can map its tensor; ``cuda-vmm`` on GPUs, for memory from torch's expandable
         segments): the result and ``tensor`` then share writes, and peers reach the result as any
         heap tensor. Where any rank cannot map its tensor so, every rank copies instead, with a
         warning that says why. A tensor already on the heap comes back as it is.
