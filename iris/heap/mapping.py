@@ -10,7 +10,12 @@ import torch
 if TYPE_CHECKING:
     from iris.context.bootstrap import Communicator
 
-__all__ = ["HeapMapping", "HeapProvider", "MemoryImporter", "Shareable"]
+__all__ = ["HeapMapping", "HeapProvider", "MemoryImporter", "Shareable", "span_bytes"]
+
+
+def span_bytes(tensor: torch.Tensor) -> int:
+    """Bytes from a non-empty tensor's first element to the end of its last, by its strides."""
+    return (1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))) * tensor.element_size()
 
 
 @attrs.frozen(kw_only=True)

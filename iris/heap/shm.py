@@ -25,7 +25,7 @@ import torch
 from iris.context.bootstrap import Communicator
 from iris.errors import IrisError, format_bytes
 from iris.heap.descriptors import exchange
-from iris.heap.mapping import HeapMapping, HeapProvider, Shareable
+from iris.heap.mapping import HeapMapping, HeapProvider, Shareable, span_bytes
 
 __all__ = ["SHM_DIR", "provider"]
 
@@ -177,7 +177,7 @@ class _SharedFileImporter:
                 return f"its storage is in shared memory that torch does not share by descriptor ({error})"
         # The storage starts its file (where attach moves it, if it is not in one yet).
         start = tensor.storage_offset() * tensor.element_size()
-        span = (1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))) * tensor.element_size()
+        span = span_bytes(tensor)
         first = start - start % self.granule
         end_of_file = -(-storage.nbytes() // self.granule) * self.granule
         stop = min(-(-(start + span) // self.granule) * self.granule, end_of_file)

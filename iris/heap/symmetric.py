@@ -13,7 +13,7 @@ from iris.compat.heap import UpstreamHeapMethods
 from iris.context.bootstrap import Communicator
 from iris.errors import AsymmetricHeapError, IrisError, NotOnHeapError, format_bytes
 from iris.heap.allocator import HeapAllocator
-from iris.heap.mapping import HeapMapping, Shareable
+from iris.heap.mapping import HeapMapping, Shareable, span_bytes
 
 if TYPE_CHECKING:
     from iris.collectives.hierarchical import NodeLayout
@@ -227,8 +227,7 @@ class SymmetricHeap(UpstreamHeapMethods):
         start = offset + found.lead
         shape, stride = tuple(tensor.shape), tuple(tensor.stride())
         self.imports[start] = MappedInPlace(offset, restore, tensor.untyped_storage(), (shape, stride, tensor.dtype))
-        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-        return self.view(start, span * tensor.element_size()).view(tensor.dtype).as_strided(shape, stride)
+        return self.view(start, span_bytes(tensor)).view(tensor.dtype).as_strided(shape, stride)
 
     def unmap_in_place(self, offset: int) -> None:
         """Map the heap's own memory back over what :meth:`map_in_place` mapped for the tensor
@@ -284,8 +283,7 @@ class SymmetricHeap(UpstreamHeapMethods):
             return False
         if tensor.numel() == 0:
             return True
-        span = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
-        return offset + span * tensor.element_size() <= self.size
+        return offset + span_bytes(tensor) <= self.size
 
     def peer_view(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
         """The tensor at the same offset, shape and strides on ``rank``'s heap (host access).
