@@ -22,7 +22,8 @@ for M = 2048, 8192 and 16384. Each row gives TFLOP/s and the share of cuBLAS's t
 ``--cpu`` (with ``TRITON_INTERPRET=1``) runs a tiny shape in Triton's interpreter: the check and
 the JSON, not speed.
 
-    python -m benchmarks.gemm [--rows 2048,8192,16384] [--out DIR]
+    python -m benchmarks.gemm [--rows 2048,8192,16384] [--loops "tma,tma flat"] [--shapes qkv]
+                              [--tiles 64x256x64:4:4,...] [--programs N] [--out DIR]
     TRITON_INTERPRET=1 python -m benchmarks.gemm --cpu
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import re
 import time
 
 import torch
@@ -276,19 +278,33 @@ LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma
          "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False)}
 
 
-def _combinations(device: torch.device, loops: dict) -> list[tuple[str, dict, bool, dict]]:
+def _combinations(tiles: dict, loops: dict) -> list[tuple[str, dict, bool, dict]]:
     """``(name, options, B column-major, tile)`` of each timed loop: each of ``loops`` with each
-    tile, but warp specialization only with two warp groups (8 warps: Triton 3.6 refuses to
+    of ``tiles``, but warp specialization only with two warp groups (8 warps: Triton 3.6 refuses to
     specialize a 4-warp kernel for Hopper)."""
     return [(loop + tile_name, options, column_major, tile)
             for loop, (options, column_major) in loops.items()
-            for tile_name, tile in GEMM_TILES[device.type].items()
+            for tile_name, tile in tiles.items()
             if not options.get("warp_specialize") or tile.get("num_warps", 4) >= 8]
 
 
-def _loops(device: torch.device, loops: dict) -> list[str]:
+def _loops(tiles: dict, loops: dict) -> list[str]:
     """The names of the timed loops (:func:`_combinations`)."""
-    return [name for name, *_ in _combinations(device, loops)]
+    return [name for name, *_ in _combinations(tiles, loops)]
+
+
+def _named_tiles(text: str) -> dict:
+    """Tiles named ``MxNxK:warps:stages`` (comma-separated), e.g. ``64x256x64:4:4``: candidates
+    timed beside the fused kernels' own."""
+    tiles = {}
+    for spec in text.split(","):
+        match = re.fullmatch(r"(\d+)x(\d+)x(\d+):(\d+):(\d+)", spec.strip())
+        if match is None:
+            raise SystemExit(f"--tiles: {spec.strip()!r} is not MxNxK:warps:stages (e.g. 64x256x64:4:4)")
+        m, n, k, warps, stages = map(int, match.groups())
+        tiles[f"{m}x{n}x{k}w{warps}s{stages}"] = dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=8, num_warps=warps,
+                                                      num_stages=stages)
+    return tiles
 
 
 def _median_ms(fn, device: torch.device) -> float:
@@ -309,11 +325,18 @@ def _named_loops(text: str) -> list[str]:
     return [by_name[name] for name in names]
 
 
-def measure(device: torch.device, rows: list[int], loops: dict = LOOPS) -> list[dict]:
-    """One result row per (shape, M): cuBLAS and each of ``loops`` with every tile, checked, then timed."""
-    programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+def measure(device: torch.device, rows: list[int], loops: dict = LOOPS, tiles: dict | None = None,
+            shapes: list[str] | None = None, programs: int | None = None) -> list[dict]:
+    """One result row per (shape, M): cuBLAS and each of ``loops`` with every tile (default: the
+    fused kernels' own), checked, then timed, on ``programs`` persistent programs (default: one per
+    multiprocessor)."""
+    tiles = GEMM_TILES[device.type] if tiles is None else tiles
+    if programs is None:
+        programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     results = []
     for name, K, N in SHAPES[device.type]:
+        if shapes is not None and name not in shapes:
+            continue
         for M in rows:
             g = torch.Generator(device).manual_seed(M + K + N)
             a = torch.randn(M, K, generator=g, device=device).to(torch.bfloat16)
@@ -324,7 +347,7 @@ def measure(device: torch.device, rows: list[int], loops: dict = LOOPS) -> list[
             row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
                    "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
             b_t = b.t().contiguous().t()
-            for loop_name, options, column_major, tile in _combinations(device, loops):
+            for loop_name, options, column_major, tile in _combinations(tiles, loops):
                 b_loop = b_t if column_major else b
                 out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, **options)
                 error = (out.float() - reference.float()).abs().max().item()
@@ -339,7 +362,7 @@ def measure(device: torch.device, rows: list[int], loops: dict = LOOPS) -> list[
             results.append(row)
             print(f"{name:9s} M {M:6d}: cuBLAS {row['cublas']['tflops']:6.1f} TFLOP/s; "
                   + ", ".join(f"{t} {row[t]['tflops']:6.1f} ({row[t]['cublas_share']:.0%}"
-                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(device, loops)))
+                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(tiles, loops)))
     return results
 
 
@@ -350,16 +373,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loops", default=None,
                         help="the loops timed beside cuBLAS, comma-separated: plain, tma, tma b_t, tma split, "
                              "tma split1, tma flat, tma ws (default: all)")
+    parser.add_argument("--shapes", default=None,
+                        help="the products timed, comma-separated: " + ", ".join(name for name, *_ in SHAPES["cuda"]))
+    parser.add_argument("--tiles", default=None,
+                        help="tiles timed instead of the fused kernels' own, as MxNxK:warps:stages, comma-separated")
+    parser.add_argument("--programs", type=int, default=None,
+                        help="persistent programs (default: one per multiprocessor)")
     parser.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter")
     parser.add_argument("--out", default=None, help="directory for the JSON result")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.cpu or not torch.cuda.is_available() else "cuda")
     rows = [int(r) for r in (args.rows or ROWS[device.type]).split(",")]
     loops = LOOPS if args.loops is None else {name: LOOPS[name] for name in _named_loops(args.loops)}
-    results = measure(device, rows, loops)
-    path = write_results("gemm", {"tiles": GEMM_TILES[device.type], "results": results}, args.out, device.type)
+    tiles = GEMM_TILES[device.type] if args.tiles is None else _named_tiles(args.tiles)
+    shapes = None if args.shapes is None else [name.strip() for name in args.shapes.split(",")]
+    unknown = set(shapes or ()) - {name for name, *_ in SHAPES[device.type]}
+    if unknown:
+        raise SystemExit(f"--shapes: no product named {', '.join(sorted(unknown))} on {device.type}")
+    results = measure(device, rows, loops, tiles, shapes, args.programs)
+    path = write_results("gemm", {"tiles": tiles, "programs": args.programs, "results": results}, args.out,
+                         device.type)
     print(f"wrote {path}")
-    if not all(row[t]["correct"] for row in results for t in _loops(device, loops)):
+    if not all(row[t]["correct"] for row in results for t in _loops(tiles, loops)):
         raise SystemExit("a tile loop's product differs from torch.matmul (INCORRECT above)")
 
 

@@ -1,5 +1,5 @@
 """``benchmarks.gemm``: every loop it times (plain loads, tensor descriptors, the last wave split
-along K or dealt out by K steps) computes ``a @ b`` as torch does, in Triton's interpreter."""
+along K, flattened, warp-specialized) computes ``a @ b`` as torch does, in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ TILE = GEMM_TILES["cpu"]["16x16x16"]
     (24, 48, 40, 4),   # 6 tiles on 4 programs: a last wave of 2, split in 2 parts
     (40, 40, 48, 8),   # 9 tiles on 8 programs: a last wave of 1, split in 8 parts (uneven along K)
     (32, 32, 32, 4),   # 4 tiles, no last wave
-    (16, 48, 112, 4),  # 7 tiles on 4 programs: streamed, a program ends one tile and begins the next
-    (16, 48, 112, 5),  # 7 tiles on 5 programs: streamed, a tile summed from three programs' pieces
+    (16, 48, 112, 4),  # 7 tiles on 4 programs: a last wave of 3, more than half, not split
+    (16, 48, 112, 5),  # 7 tiles on 5 programs: a last wave of 2, split in 2 parts
 ])
 def test_every_loop_matches_torch(loop, M, K, N, programs):
     if torch.cuda.is_available():

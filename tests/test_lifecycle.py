@@ -1,10 +1,11 @@
 """Process lifecycle: nothing outlives a launch, whatever is killed when.
 
 A rank, or ``iris.spawn``'s parent, is SIGKILLed at seeded random moments of ``iris.create()``,
-``ctx.free``, an all_reduce and a plain wait; afterwards no ``/dev/shm/iris-*`` segment, no iris
-temporary directory and no rank process is left. SIGTERM and SIGINT of the parent end ranks
-that ignore both. A rank that exits early is reported by rank and exit status, and a rank's
-exception reaches the caller as its own type with the rank's traceback.
+``ctx.free``, an all_reduce, ``as_symmetric`` mapping a tensor in place and a plain wait;
+afterwards no ``/dev/shm/iris-*`` segment, no iris temporary directory and no rank process is
+left. SIGTERM and SIGINT of the parent end ranks that ignore both. A rank that exits early is
+reported by rank and exit status, and a rank's exception reaches the caller as its own type with
+the rank's traceback.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ START_TIMEOUT = 180
 GONE_TIMEOUT = 60
 
 LAUNCH_SCRIPT = textwrap.dedent('''
-    import os, signal, sys, time
+    import os, signal, sys, time, warnings
+    import torch
     import iris
+
+    warnings.simplefilter("ignore", UserWarning)  # an as_symmetric that copies says why
 
     def work(rank, operation, ignore_signals):
         if ignore_signals:  # the parent must end its ranks without their help
@@ -56,6 +60,8 @@ LAUNCH_SCRIPT = textwrap.dedent('''
                 ctx.free(ctx.zeros(1000))
             elif operation == "all_reduce":
                 ctx.ccl.all_reduce(x)
+            elif operation == "as_symmetric":
+                ctx.free(ctx.as_symmetric(torch.arange(5000.0), in_place=True))
             else:
                 time.sleep(0.05)
 
@@ -196,7 +202,7 @@ def _kill_at_random_moments(tmp_path, operation: str, victim: str, seed: int, mo
         _assert_nothing_new(before, launch.tmp)
 
 
-@pytest.mark.parametrize("operation, seed", [("create", 1), ("free", 2), ("all_reduce", 3)])
+@pytest.mark.parametrize("operation, seed", [("create", 1), ("free", 2), ("all_reduce", 3), ("as_symmetric", 5)])
 def test_a_rank_killed_at_any_moment_leaves_nothing(tmp_path, operation, seed):
     if operation == "all_reduce":
         interpreted_device()  # its CPU ranks run the kernel: skips where the interpreter cannot
