@@ -25,7 +25,7 @@ import torch
 from iris.context.bootstrap import Communicator
 from iris.errors import IrisError, format_bytes
 from iris.heap.descriptors import exchange
-from iris.heap.mapping import HeapMapping, HeapProvider, Shareable, span_bytes
+from iris.heap.mapping import HeapMapping, HeapProvider, Shareable, element_address, span_bytes
 
 __all__ = ["MAX_PIECES", "provider"]
 
@@ -201,7 +201,7 @@ class _VirtualMemoryImporter:
         device = self._ranges[0].device
         if tensor.device != device:
             return f"it is on {tensor.device}, and this heap on {device}"
-        pointer = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
+        pointer = element_address(tensor)
         span = span_bytes(tensor)
         chunks = _chunks(pointer, span, self._granularity)
         if isinstance(chunks, str):

@@ -10,7 +10,14 @@ import torch
 if TYPE_CHECKING:
     from iris.context.bootstrap import Communicator
 
-__all__ = ["HeapMapping", "HeapProvider", "MemoryImporter", "Shareable", "span_bytes"]
+__all__ = ["HeapMapping", "HeapProvider", "MemoryImporter", "Shareable", "element_address", "span_bytes"]
+
+
+def element_address(tensor: torch.Tensor) -> int:
+    """The address of ``tensor``'s first element. Not ``tensor.data_ptr()``, which torch reports as
+    0 for a tensor with no elements (a zero-size heap tensor would then lie off the heap, and could
+    not be freed): the storage's address plus the storage offset holds for every tensor."""
+    return tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
 
 
 def span_bytes(tensor: torch.Tensor) -> int:

@@ -13,7 +13,7 @@ from iris.compat.heap import UpstreamHeapMethods
 from iris.context.bootstrap import Communicator
 from iris.errors import AsymmetricHeapError, IrisError, NotOnHeapError, format_bytes
 from iris.heap.allocator import HeapAllocator
-from iris.heap.mapping import HeapMapping, Shareable, span_bytes
+from iris.heap.mapping import HeapMapping, Shareable, element_address, span_bytes
 
 if TYPE_CHECKING:
     from iris.collectives.hierarchical import NodeLayout
@@ -264,11 +264,7 @@ class SymmetricHeap(UpstreamHeapMethods):
         local = self.local
         if tensor.device != local.device:
             return None
-        # Not tensor.data_ptr(): torch reports 0 for a tensor with no elements, which would put
-        # every zero-size heap tensor off the heap (and make it impossible to free). The storage
-        # pointer plus the storage offset is the element address for every tensor, empty or not.
-        address = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
-        offset = address - local.data_ptr()
+        offset = element_address(tensor) - local.data_ptr()
         return offset if 0 <= offset < self.size else None
 
     def is_symmetric(self, tensor: torch.Tensor) -> bool:
