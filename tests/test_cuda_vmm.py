@@ -9,12 +9,15 @@ The GPU runs of ``tests/test_as_symmetric.py`` check the memory itself.
 from __future__ import annotations
 
 import enum
+import importlib
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from iris.errors import IrisError
 from iris.heap import cuda_vmm
 from iris.heap.mapping import Shareable
 
@@ -218,3 +221,18 @@ def test_a_tensor_is_mapped_over_whole_pieces_and_the_pieces_mapped_back(driver,
         driver.cuMemUnmap(address, driver.mapped[address][0])  # torch frees its segment
         driver.cuMemRelease(handle)
     assert driver.live() == {}, "every allocation released"
+
+
+@pytest.mark.parametrize("provider, get", [("cuda-vmm", "iris.heap.cuda_vmm._driver"),
+                                           ("cuda-ipc", "iris.heap.cuda_ipc._runtime")])
+def test_without_cuda_bindings_the_gpu_heaps_say_how_to_install_it(monkeypatch, provider, get):
+    name = "driver" if provider == "cuda-vmm" else "runtime"
+    monkeypatch.setitem(sys.modules, f"cuda.bindings.{name}", None)  # importing it raises ImportError
+    module_name, function = get.rsplit(".", 1)
+    with pytest.raises(IrisError, match=rf"the {provider} heap needs the cuda-bindings package: pip install"):
+        getattr(importlib.import_module(module_name), function)()
+
+
+def test_a_failed_driver_call_names_the_call_and_the_error(driver):
+    with pytest.raises(IrisError, match=r"cuMemMap of a piece failed: CUDA_ERROR_INVALID_VALUE \(CUDA_ERROR_INVALID_VALUE\)"):
+        cuda_vmm._check((CUresult.CUDA_ERROR_INVALID_VALUE,), "cuMemMap of a piece")

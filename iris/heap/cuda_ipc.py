@@ -15,6 +15,7 @@ import torch
 
 from iris.context.bootstrap import Communicator
 from iris.errors import IrisError, format_bytes
+from iris.heap.cuda_bindings import checked, module
 from iris.heap.mapping import HeapMapping, HeapProvider
 
 __all__ = ["provider"]
@@ -23,23 +24,12 @@ IPC_HANDLE_BYTES = 64
 
 
 def _runtime():
-    try:
-        from cuda.bindings import runtime
-    except ImportError as exc:
-        raise IrisError(
-            "the cuda-ipc heap needs the cuda-bindings package: pip install 'iris[cuda]' "
-            "(or pip install cuda-bindings)"
-        ) from exc
-    return runtime
+    return module("runtime", "cuda-ipc")
 
 
 def _check(result, what: str):
     runtime = _runtime()
-    err, *values = result
-    if err != runtime.cudaError_t.cudaSuccess:
-        _, message = runtime.cudaGetErrorString(err)
-        raise IrisError(f"{what} failed: {err.name} ({message.decode()})")
-    return values[0] if len(values) == 1 else values
+    return checked(result, what, runtime.cudaError_t.cudaSuccess, runtime.cudaGetErrorString)
 
 
 class _DeviceMemory:

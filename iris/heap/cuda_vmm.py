@@ -24,6 +24,7 @@ import torch
 
 from iris.context.bootstrap import Communicator
 from iris.errors import IrisError, format_bytes
+from iris.heap.cuda_bindings import checked, module
 from iris.heap.descriptors import exchange
 from iris.heap.mapping import HeapMapping, HeapProvider, Shareable, element_address, span_bytes
 
@@ -36,23 +37,12 @@ _NOT_VIRTUAL = ("its memory is not CUDA virtual memory: torch's caching allocato
 
 
 def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise IrisError(
-            "the cuda-vmm heap needs the cuda-bindings package: pip install 'iris[cuda]' "
-            "(or pip install cuda-bindings)"
-        ) from exc
-    return driver
+    return module("driver", "cuda-vmm")
 
 
 def _check(result, what: str):
     driver = _driver()
-    err, *values = result
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _, message = driver.cuGetErrorString(err)
-        raise IrisError(f"{what} failed: {err.name} ({message.decode() if message else 'no description'})")
-    return values[0] if len(values) == 1 else values
+    return checked(result, what, driver.CUresult.CUDA_SUCCESS, driver.cuGetErrorString)
 
 
 def _posix_fd():
