@@ -234,5 +234,6 @@ def test_without_cuda_bindings_the_gpu_heaps_say_how_to_install_it(monkeypatch, 
 
 
 def test_a_failed_driver_call_names_the_call_and_the_error(driver):
-    with pytest.raises(IrisError, match=r"cuMemMap of a piece failed: CUDA_ERROR_INVALID_VALUE \(CUDA_ERROR_INVALID_VALUE\)"):
+    expected = r"cuMemMap of a piece failed: CUDA_ERROR_INVALID_VALUE \(CUDA_ERROR_INVALID_VALUE\)"
+    with pytest.raises(IrisError, match=expected):
         cuda_vmm._check((CUresult.CUDA_ERROR_INVALID_VALUE,), "cuMemMap of a piece")
