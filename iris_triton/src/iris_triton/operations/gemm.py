@@ -21,7 +21,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from iris_triton.device.compiled import INTERPRETING
 
-__all__ = ["PLAIN_LOOP", "descriptors", "row_block_tile", "tile_coordinates", "tile_product", "tile_product_tma"]
+__all__ = ["PLAIN_LOOP", "descriptors", "dot_step", "row_block_tile", "tile_coordinates", "tile_product",
+           "tile_product_tma"]
 
 #: Whether a descriptor loop orders its copies after what the program acquired before
 #: (``fence.proxy.async``): compiled, yes; the interpreter has no asynchronous proxy.
@@ -30,6 +31,15 @@ FENCE_ASYNC_PROXY: tl.constexpr = tl.constexpr(not INTERPRETING)
 #: Triton 3.6's interpreter returns garbage from ``tl.dot`` of bf16 operands (fp16 and fp32 are
 #: right), so interpreted products widen bf16 to fp32 first; compiled ones never do.
 WIDEN_BF16_PRODUCTS: tl.constexpr = tl.constexpr(INTERPRETING)
+
+
+@triton.jit
+def dot_step(x, y, acc):
+    """``acc + x @ y``: one step of a tile's product (bf16 widened to fp32 where interpreted,
+    :data:`WIDEN_BF16_PRODUCTS`)."""
+    if WIDEN_BF16_PRODUCTS and x.dtype == tl.bfloat16:
+        x, y = x.to(tl.float32), y.to(tl.float32)
+    return tl.dot(x, y, acc)
 
 
 @triton.jit
@@ -64,9 +74,7 @@ def tile_product(a, b, rows, cols, K, stride_am, stride_ak, stride_bk, stride_bn
             k_left = K - k * BLOCK_K
             x = tl.load(a_tile, mask=(offs_m[:, None] < rows) & (offs_k[None, :] < k_left), other=0.0)
             y = tl.load(b_tile, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < cols), other=0.0)
-        if WIDEN_BF16_PRODUCTS and x.dtype == tl.bfloat16:
-            x, y = x.to(tl.float32), y.to(tl.float32)
-        acc = tl.dot(x, y, acc)
+        acc = dot_step(x, y, acc)
         a_tile += BLOCK_K * stride_ak
         b_tile += BLOCK_K * stride_bk
     return acc, offs_m, offs_n
@@ -99,9 +107,7 @@ def tile_product_tma(a_desc, b_desc, a_slot, a_block, first_step, end_step, tile
             y = b_desc.load([first_col, k * BLOCK_K]).T
         else:
             y = b_desc.load([k * BLOCK_K, first_col])
-        if WIDEN_BF16_PRODUCTS and x.dtype == tl.bfloat16:
-            x, y = x.to(tl.float32), y.to(tl.float32)
-        acc = tl.dot(x, y, acc)
+        acc = dot_step(x, y, acc)
     return acc, first_row + tl.arange(0, BLOCK_M), first_col + tl.arange(0, BLOCK_N)
 
 
