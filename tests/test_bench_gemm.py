@@ -1,7 +1,14 @@
 """``benchmarks.gemm``: every loop it times (plain loads, tensor descriptors, the last wave split
-along K, flattened, warp-specialized) computes ``a @ b`` as torch does, in Triton's interpreter."""
+along K, flattened, warp-specialized, wide tiles) computes ``a @ b`` as torch does, in Triton's
+interpreter, and compiles for sm_90 (which the interpreter does not prove)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,3 +61,43 @@ def test_a_wide_tile_is_split_into_two_powers_of_two_or_refused():
     assert wide_parts(320) == (256, 64) and wide_parts(24) == (16, 8) and wide_parts(256) == (128, 128)
     with pytest.raises(ValueError, match="not two powers of two"):
         wide_parts(352)  # 256 + 96
+
+
+COMPILE_EVERY_LOOP = '''
+import json
+import torch
+from benchmarks.gemm import LOOPS, tile_loop
+from iris.tools.compile_check.recorder import compile_launch, parse_arch, recording
+
+target = parse_arch("sm_90")
+small = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+a = torch.randn(256, 256).to(torch.bfloat16)
+b = torch.randn(256, 192).to(torch.bfloat16)
+compiled = {}
+for name, (options, column_major) in LOOPS.items():
+    tile = (dict(small, BLOCK_N=96) if options.get("wide")  # 64 + 32 columns
+            else dict(small, BLOCK_N=128, num_warps=8) if options.get("warp_specialize") else small)
+    where = [name]
+    with recording(target, where) as launches:  # 12 tiles on 8 programs: a last wave of 4, split
+        tile_loop(a, b.t().contiguous().t() if column_major else b, torch.empty(256, 192, dtype=torch.bfloat16),
+                  tile, 8, **options)
+    compiled[name] = {launch.kernel.fn.__name__: len(compile_launch(launch, target)) for launch in launches}
+print(json.dumps(compiled))
+'''
+
+
+def test_every_loop_compiles_for_sm_90(tmp_path):
+    """The interpreter accepts code the compiler refuses: each loop's kernels compiled for sm_90
+    as the benchmark launches them (no GPU needed; the interpreter off in a process of its own)."""
+    script = tmp_path / "compile_every_loop.py"
+    script.write_text(COMPILE_EVERY_LOOP)
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    compiled = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(compiled) == set(LOOPS)
+    assert set(compiled["tma split "]) == {"tile_loop_kernel", "tail_split_kernel"}, compiled
+    assert compiled["tma wide "] and all(chars > 0 for kernels in compiled.values() for chars in kernels.values())
