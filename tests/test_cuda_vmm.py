@@ -9,7 +9,6 @@ The GPU runs of ``tests/test_as_symmetric.py`` check the memory itself.
 from __future__ import annotations
 
 import enum
-import importlib
 import os
 import sys
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from iris.errors import IrisError
-from iris.heap import cuda_vmm
+from iris.heap import cuda_ipc, cuda_vmm
 from iris.heap.mapping import Shareable
 
 MiB = 1 << 20
@@ -223,14 +222,12 @@ def test_a_tensor_is_mapped_over_whole_pieces_and_the_pieces_mapped_back(driver,
     assert driver.live() == {}, "every allocation released"
 
 
-@pytest.mark.parametrize("provider, get", [("cuda-vmm", "iris.heap.cuda_vmm._driver"),
-                                           ("cuda-ipc", "iris.heap.cuda_ipc._runtime")])
-def test_without_cuda_bindings_the_gpu_heaps_say_how_to_install_it(monkeypatch, provider, get):
-    name = "driver" if provider == "cuda-vmm" else "runtime"
-    monkeypatch.setitem(sys.modules, f"cuda.bindings.{name}", None)  # importing it raises ImportError
-    module_name, function = get.rsplit(".", 1)
+@pytest.mark.parametrize("provider, bindings, get", [("cuda-vmm", "driver", cuda_vmm._driver),
+                                                     ("cuda-ipc", "runtime", cuda_ipc._runtime)])
+def test_without_cuda_bindings_the_gpu_heaps_say_how_to_install_it(monkeypatch, provider, bindings, get):
+    monkeypatch.setitem(sys.modules, f"cuda.bindings.{bindings}", None)  # importing it raises ImportError
     with pytest.raises(IrisError, match=rf"the {provider} heap needs the cuda-bindings package: pip install"):
-        getattr(importlib.import_module(module_name), function)()
+        get()
 
 
 def test_a_failed_driver_call_names_the_call_and_the_error(driver):

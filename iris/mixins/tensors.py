@@ -409,7 +409,8 @@ class TensorMixin:
         ``Tensor.share_memory_()`` does once every rank can map its tensor; ``cuda-vmm`` on GPUs,
         for memory from torch's expandable segments): the result and ``tensor`` then share writes,
         and peers reach the result as any heap tensor. Where any rank cannot map its tensor so,
-        every rank copies instead, with a warning that says why. A tensor already on the heap comes back as it is.
+        every rank copies instead, with a warning that says why. A tensor already on the heap comes
+        back as it is.
 
         Collective: every rank passes a tensor of the same shape and dtype. ``ctx.free`` takes the
         result back (unmapping memory mapped in place; the original tensor stays as it is)."""
