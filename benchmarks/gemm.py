@@ -12,8 +12,8 @@ cannot address the operands), and by candidates the fused kernels do not run: tw
 tiles of a last wave that fills at most half the programs along K among the idle programs
 (``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
 through one product loop); ``flat`` flattens the tile and K loops into one pipelined loop, tiles
-stored by descriptor (``ws``: its tile loop warp-specialized); ``wide`` runs tiles whose width is
-two powers of two (``--tiles 128x320x64:8:3``: 256 + 64 columns). Each is checked against
+stored by descriptor (``ws``: its tile loop warp-specialized); ``stream`` takes the tiles past the
+last whole wave by stream-K (every program the same number of their K steps). Each is checked against
 ``torch.matmul`` and timed beside it with ``triton.testing.do_bench`` (median), on the per-rank
 products of Llama-3-70B at TP=2 (bf16):
 
@@ -45,7 +45,7 @@ from benchmarks.common import write_results
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from iris_triton.operations.gemm import (PLAIN_LOOP, descriptors, dot_step, row_block_tile, tile_coordinates,
+from iris_triton.operations.gemm import (PLAIN_LOOP, descriptors, row_block_tile, tile_coordinates,
                                          tile_product_tma)
 from iris_triton.tuning import GEMM_TILES
 
@@ -197,56 +197,53 @@ def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLO
         c_desc.store([first_row, first_col + BLOCK_N // 2], halves[1].to(c_desc.dtype))
 
 
-@triton.jit
-def wide_loop_kernel(a_desc, b_desc, b_rest_desc, c_desc, c_rest_desc, M, N, K, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """``c := a @ b`` by descriptors in tiles ``BLOCK_N + BLOCK_REST`` columns wide, a width that
-    need not be a power of two (Triton's blocks are): each step of K multiplies A's block by two
-    blocks of B, ``BLOCK_N`` and ``BLOCK_REST`` columns, into two accumulators. A width that divides
-    N into nearly whole waves of tiles leaves no near-empty last wave. The tile and K loops are
-    flattened into one pipelined loop, and the tile stored in parts, as in :func:`flat_loop_kernel`."""
-    WIDTH: tl.constexpr = BLOCK_N + BLOCK_REST
+@_COUNTED
+def stream_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, tiles, streamed, stride_cm, stride_cn,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                       B_COLUMN_MAJOR: tl.constexpr):
+    """``c := a @ b`` (by descriptors) in one persistent launch: the first ``tiles - streamed`` tiles
+    whole (program ``p`` takes ``p, p + P, ...``), then the K steps of the last ``streamed`` tiles
+    dealt evenly over every program (stream-K): program ``p`` takes steps ``[p S / P, (p + 1) S /
+    P)`` of their ``S``, as pieces that each lie in one tile.
+
+    A program walks its pieces from its last to its first. Its last piece is the only one that
+    can end inside a tile, and it goes first: it publishes its sum (:func:`_publish_partial`, in
+    the program's slot) before the program waits for anything. The piece that ends a tile comes
+    after, adds the sums of the lower programs that began the tile and stores it. So each wait is
+    for what another program did first (walking forwards, each program's first piece would wait
+    for the lower program's last, a chain through every program); waits point only at lower
+    programs, which run first where programs run in order (the interpreter); on a GPU every
+    program is resident, one per multiprocessor."""
     row_tiles = tl.cdiv(M, BLOCK_M)
-    col_tiles = tl.cdiv(N, WIDTH)
-    for t in tl.range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0), flatten=True):
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    steps = tl.cdiv(K, BLOCK_K)
+    programs = tl.num_programs(0)
+    me = tl.program_id(0)
+    whole = tiles - streamed
+    for t in range(me, whole, programs):
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        first_row, first_col = tile_row * BLOCK_M, tile_col * WIDTH
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        rest = tl.zeros((BLOCK_M, BLOCK_REST), dtype=tl.float32)
-        for k in range(tl.cdiv(K, BLOCK_K)):
-            x = a_desc.load([first_row, k * BLOCK_K])
-            acc = dot_step(x, b_desc.load([k * BLOCK_K, first_col]), acc)
-            rest = dot_step(x, b_rest_desc.load([k * BLOCK_K, first_col + BLOCK_N]), rest)
-        halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-        c_desc.store([first_row, first_col], halves[0].to(c_desc.dtype))
-        c_desc.store([first_row, first_col + BLOCK_N // 2], halves[1].to(c_desc.dtype))
-        c_rest_desc.store([first_row, first_col + BLOCK_N], rest.to(c_rest_desc.dtype))
-
-
-def wide_parts(width: int) -> tuple[int, int]:
-    """``(BLOCK_N, BLOCK_REST)`` of a tile ``width`` columns wide (:func:`wide_loop_kernel`): the
-    largest power of two below ``width`` and the rest, which must be a power of two too."""
-    first = 1 << ((width - 1).bit_length() - 1)
-    rest = width - first
-    if rest & (rest - 1):
-        raise ValueError(f"a wide tile of {width} columns is not two powers of two (e.g. 320 = 256 + 64)")
-    return first, rest
-
-
-def _wide_tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int) -> torch.Tensor:
-    """Launch :func:`wide_loop_kernel` for ``c := a @ b`` (``b`` row-major) with ``tile``."""
-    (M, K), N = a.shape, b.shape[1]
-    width = tile["BLOCK_N"]
-    block_n, rest = wide_parts(width)
-    block_m, block_k = tile["BLOCK_M"], tile["BLOCK_K"]
-    options = {key: value for key, value in tile.items() if key.startswith("num_")}
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, width)
-    wide_loop_kernel[(min(programs, tiles),)](
-        TensorDescriptor.from_tensor(a, [block_m, block_k]), TensorDescriptor.from_tensor(b, [block_k, block_n]),
-        TensorDescriptor.from_tensor(b, [block_k, rest]), TensorDescriptor.from_tensor(c, [block_m, block_n // 2]),
-        TensorDescriptor.from_tensor(c, [block_m, rest]), M, N, K, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_REST=rest,
-        BLOCK_K=block_k, GROUP_M=tile["GROUP_M"], **options)
-    return c
+        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, 0, steps, tile_row, tile_col, BLOCK_M, BLOCK_N,
+                                               BLOCK_K, B_COLUMN_MAJOR)
+        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
+    total = streamed * steps
+    begin = me * total // programs
+    step = (me + 1) * total // programs  # the end of the piece to do next
+    while step > begin:
+        local = (step - 1) // steps
+        tile_begin = local * steps
+        first = tl.maximum(begin, tile_begin)
+        tile_row, tile_col = tile_coordinates(whole + local, row_tiles, col_tiles, GROUP_M)
+        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first - tile_begin, step - tile_begin, tile_row,
+                                               tile_col, BLOCK_M, BLOCK_N, BLOCK_K, B_COLUMN_MAJOR)
+        if step - tile_begin < steps:
+            _publish_partial(acc, partials, arrived, me, launch, BLOCK_M, BLOCK_N)
+        else:
+            other = me - 1
+            while (other + 1) * total // programs > tile_begin:  # false for other = -1
+                acc = _add_partial(acc, partials, arrived, other, launch, BLOCK_M, BLOCK_N)
+                other -= 1
+            _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
+        step = first
 
 
 @triton.jit
@@ -263,15 +260,13 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
               split_tail: bool = False, one_launch: bool = False, flat: bool = False,
-              warp_specialize: bool = False, wide: bool = False) -> torch.Tensor:
+              warp_specialize: bool = False, stream: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
     its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
     whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`
-    (``warp_specialize``: its warp-specialized form), with ``wide`` :func:`wide_loop_kernel`."""
-    if wide:
-        return _wide_tile_loop(a, b, c, tile, programs)
+    (``warp_specialize``: its warp-specialized form), with ``stream`` :func:`stream_loop_kernel`."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -286,6 +281,13 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         flat_loop_kernel[(min(programs, tiles),)](loop["a_desc"], loop["b_desc"], c_desc, M, N, K,
                                                   B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"],
                                                   WARP_SPECIALIZE=warp_specialize, **tile)
+        return c
+    if stream:
+        streamed = tiles % programs  # each program gets at least one step, or none is streamed
+        streamed = streamed if streamed * triton.cdiv(K, tile["BLOCK_K"]) >= programs else 0
+        stream_loop_kernel[(programs if streamed else min(programs, tiles),)](
+            c, loop["a_desc"], loop["b_desc"], *_split_arguments(a.device, programs, tile), M, N, K, tiles, streamed,
+            c.stride(0), c.stride(1), B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
         return c
     if one_launch:
         parts = programs // tail if tail else 1
@@ -333,23 +335,17 @@ LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma
          "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
          "tma flat ": (dict(tma=True, flat=True), False),
          "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False),
-         "tma wide ": (dict(wide=True), False)}
+         "tma stream ": (dict(tma=True, stream=True), False)}
 
 
 def _combinations(tiles: dict, loops: dict) -> list[tuple[str, dict, bool, dict]]:
     """``(name, options, B column-major, tile)`` of each timed loop: each of ``loops`` with each
     of ``tiles``, but warp specialization only with two warp groups (8 warps: Triton 3.6 refuses to
-    specialize a 4-warp kernel for Hopper), and tiles whose width is not a power of two only in
-    the wide loop (which needs one: the others take power-of-two widths only)."""
+    specialize a 4-warp kernel for Hopper)."""
     return [(loop + tile_name, options, column_major, tile)
             for loop, (options, column_major) in loops.items()
             for tile_name, tile in tiles.items()
-            if (not options.get("warp_specialize") or tile.get("num_warps", 4) >= 8)
-            and (options.get("wide") or _power_of_two(tile["BLOCK_N"]))]
-
-
-def _power_of_two(n: int) -> bool:
-    return n & (n - 1) == 0
+            if not options.get("warp_specialize") or tile.get("num_warps", 4) >= 8]
 
 
 def _loops(tiles: dict, loops: dict) -> list[str]:
@@ -366,6 +362,8 @@ def _named_tiles(text: str) -> dict:
         if match is None:
             raise SystemExit(f"--tiles: {spec.strip()!r} is not MxNxK:warps:stages (e.g. 64x256x64:4:4)")
         m, n, k, warps, stages = map(int, match.groups())
+        if any(size & (size - 1) for size in (m, n, k)):
+            raise SystemExit(f"--tiles: {spec.strip()!r}: Triton's blocks are powers of two")
         tiles[f"{m}x{n}x{k}w{warps}s{stages}"] = dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=8, num_warps=warps,
                                                       num_stages=stages)
     return tiles
@@ -436,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default=None, help="rows M of each product, comma-separated")
     parser.add_argument("--loops", default=None,
                         help="the loops timed beside cuBLAS, comma-separated: plain, tma, tma b_t, tma split, "
-                             "tma split1, tma flat, tma ws, tma wide (default: all)")
+                             "tma split1, tma flat, tma ws, tma stream (default: all)")
     parser.add_argument("--shapes", default=None,
                         help="the products timed, comma-separated: " + ", ".join(name for name, *_ in SHAPES["cuda"]))
     parser.add_argument("--tiles", default=None,
