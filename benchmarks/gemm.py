@@ -12,8 +12,7 @@ cannot address the operands), and by candidates the fused kernels do not run: tw
 tiles of a last wave that fills at most half the programs along K among the idle programs
 (``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
 through one product loop); ``flat`` flattens the tile and K loops into one pipelined loop, tiles
-stored by descriptor (``ws``: its tile loop warp-specialized); ``stream`` takes the tiles past the
-last whole wave by stream-K (every program the same number of their K steps). Each is checked against
+stored by descriptor (``ws``: its tile loop warp-specialized). Each is checked against
 ``torch.matmul`` and timed beside it with ``triton.testing.do_bench`` (median), on the per-rank
 products of Llama-3-70B at TP=2 (bf16):
 
@@ -197,55 +196,6 @@ def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLO
         c_desc.store([first_row, first_col + BLOCK_N // 2], halves[1].to(c_desc.dtype))
 
 
-@_COUNTED
-def stream_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, tiles, streamed, stride_cm, stride_cn,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                       B_COLUMN_MAJOR: tl.constexpr):
-    """``c := a @ b`` (by descriptors) in one persistent launch: the first ``tiles - streamed`` tiles
-    whole (program ``p`` takes ``p, p + P, ...``), then the K steps of the last ``streamed`` tiles
-    dealt evenly over every program (stream-K): program ``p`` takes steps ``[p S / P, (p + 1) S /
-    P)`` of their ``S``, as pieces that each lie in one tile.
-
-    A program walks its pieces from its last to its first. Its last piece is the only one that
-    can end inside a tile, and it goes first: it publishes its sum (:func:`_publish_partial`, in
-    the program's slot) before the program waits for anything. The piece that ends a tile comes
-    after, adds the sums of the lower programs that began the tile and stores it. So each wait is
-    for what another program did first (walking forwards, each program's first piece would wait
-    for the lower program's last, a chain through every program); waits point only at lower
-    programs, which run first where programs run in order (the interpreter); on a GPU every
-    program is resident, one per multiprocessor."""
-    row_tiles = tl.cdiv(M, BLOCK_M)
-    col_tiles = tl.cdiv(N, BLOCK_N)
-    steps = tl.cdiv(K, BLOCK_K)
-    programs = tl.num_programs(0)
-    me = tl.program_id(0)
-    whole = tiles - streamed
-    for t in range(me, whole, programs):
-        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, 0, steps, tile_row, tile_col, BLOCK_M, BLOCK_N,
-                                               BLOCK_K, B_COLUMN_MAJOR)
-        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-    total = streamed * steps
-    begin = me * total // programs
-    step = (me + 1) * total // programs  # the end of the piece to do next
-    while step > begin:
-        local = (step - 1) // steps
-        tile_begin = local * steps
-        first = tl.maximum(begin, tile_begin)
-        tile_row, tile_col = tile_coordinates(whole + local, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first - tile_begin, step - tile_begin, tile_row,
-                                               tile_col, BLOCK_M, BLOCK_N, BLOCK_K, B_COLUMN_MAJOR)
-        if step - tile_begin < steps:
-            _publish_partial(acc, partials, arrived, me, launch, BLOCK_M, BLOCK_N)
-        else:
-            other = me - 1
-            while (other + 1) * total // programs > tile_begin:  # false for other = -1
-                acc = _add_partial(acc, partials, arrived, other, launch, BLOCK_M, BLOCK_N)
-                other -= 1
-            _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-        step = first
-
-
 @triton.jit
 def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                 stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -260,13 +210,13 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
               split_tail: bool = False, one_launch: bool = False, flat: bool = False,
-              warp_specialize: bool = False, stream: bool = False) -> torch.Tensor:
+              warp_specialize: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
     its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
     whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`
-    (``warp_specialize``: its warp-specialized form), with ``stream`` :func:`stream_loop_kernel`."""
+    (``warp_specialize``: its warp-specialized form)."""
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -281,13 +231,6 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         flat_loop_kernel[(min(programs, tiles),)](loop["a_desc"], loop["b_desc"], c_desc, M, N, K,
                                                   B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"],
                                                   WARP_SPECIALIZE=warp_specialize, **tile)
-        return c
-    if stream:
-        streamed = tiles % programs  # each program gets at least one step, or none is streamed
-        streamed = streamed if streamed * triton.cdiv(K, tile["BLOCK_K"]) >= programs else 0
-        stream_loop_kernel[(programs if streamed else min(programs, tiles),)](
-            c, loop["a_desc"], loop["b_desc"], *_split_arguments(a.device, programs, tile), M, N, K, tiles, streamed,
-            c.stride(0), c.stride(1), B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
         return c
     if one_launch:
         parts = programs // tail if tail else 1
@@ -334,8 +277,7 @@ LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma
          "tma split ": (dict(tma=True, split_tail=True), False),
          "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
          "tma flat ": (dict(tma=True, flat=True), False),
-         "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False),
-         "tma stream ": (dict(tma=True, stream=True), False)}
+         "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False)}
 
 
 def _combinations(tiles: dict, loops: dict) -> list[tuple[str, dict, bool, dict]]:
@@ -434,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default=None, help="rows M of each product, comma-separated")
     parser.add_argument("--loops", default=None,
                         help="the loops timed beside cuBLAS, comma-separated: plain, tma, tma b_t, tma split, "
-                             "tma split1, tma flat, tma ws, tma stream (default: all)")
+                             "tma split1, tma flat, tma ws (default: all)")
     parser.add_argument("--shapes", default=None,
                         help="the products timed, comma-separated: " + ", ".join(name for name, *_ in SHAPES["cuda"]))
     parser.add_argument("--tiles", default=None,
