@@ -26,17 +26,23 @@ ranks that fills a :class:`RankReport`; :func:`assert_rank_checks` asserts on ev
 The plugin pytest loads is the top-level module ``iris_pytest_plugin``: it registers the marker
 and the ``rank_ctx`` fixture without importing torch or iris, and imports this module only when
 a marked test runs (:func:`run_marked_test`), so projects that do not use the marker pay nothing.
+
+For checks of what kernels compile to: :func:`run_without_interpreter` runs a script in a process
+of its own with Triton's interpreter off and returns the JSON it printed.
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
+import json
 import multiprocessing
 import os
 import pickle
 import queue
 import socket
+import subprocess
+import sys
 import time
 import traceback
 import zlib
@@ -64,12 +70,15 @@ __all__ = [
     "run_marked_test",
     "run_on_ranks",
     "run_sharing_one_gpu",
+    "run_without_interpreter",
     "seeded_generator",
     "spawn_reports",
 ]
 
 #: Longest traceback text a rank sends back (results pass through one pipe).
 MAX_TRACEBACK = 8000
+#: How much of the end of a failed script's stderr :func:`run_without_interpreter` shows.
+MAX_STDERR = 5000
 
 
 # -- where ranks run --------------------------------------------------------------------------------------
@@ -134,6 +143,35 @@ def mapped_heap_segments() -> list[str]:
     gc.collect()
     with open("/proc/self/maps") as maps:
         return [line.strip() for line in maps if f"/memfd:{SEGMENT_NAME}" in line]
+
+
+# -- compiled, not interpreted ----------------------------------------------------------------------------
+
+
+def run_without_interpreter(*argv: str | os.PathLike, timeout: float, cwd: str | os.PathLike | None = None,
+                            pythonpath: str | os.PathLike | None = None, whole_stdout: bool = False) -> Any:
+    """The JSON value that ``python *argv`` (a script and its arguments, or ``-c`` and a source)
+    printed on the last line of its stdout (on all of it with ``whole_stdout``: JSON printed
+    indented), run in a process of its own with Triton's interpreter off; asserts that it exited
+    0, showing the end of its stderr when it did not.
+
+    The interpreter accepts code the compiler refuses (a constexpr reassigned, say), so a check
+    that kernels compile, or of what they compile to, has to compile them; and ``triton.jit``
+    returns interpreted functions in a process that imported Triton with ``TRITON_INTERPRET`` set
+    (as tests on CPU-only machines do), hence the fresh process without it. Kernels to compile
+    belong in a file, not a ``-c`` source: Triton reads a kernel's source from its file.
+    ``pythonpath`` is put first on ``PYTHONPATH`` (a folder of packages the script imports that
+    are not installed); the process runs in ``cwd`` and is killed after ``timeout`` seconds
+    (``subprocess.TimeoutExpired``)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.fspath(pythonpath), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, *map(os.fspath, argv)], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    stderr_end = proc.stderr[-MAX_STDERR:]
+    assert proc.returncode == 0, f"the script exited with {proc.returncode}; its stderr ends:\n{stderr_end}"
+    assert proc.stdout.strip(), f"the script printed nothing; its stderr ends:\n{stderr_end}"
+    return json.loads(proc.stdout if whole_stdout else proc.stdout.strip().splitlines()[-1])
 
 
 # -- many checks per spawn --------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,7 +30,8 @@ import torch
 
 import iris
 from iris.errors import IrisError
-from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
+from iris.testing import (RankReport, assert_rank_checks, reports_on_available_ranks, run_without_interpreter,
+                          seeded_generator)
 
 #: (tokens, hidden) on CPU ranks (chunks of 64 elements there): one chunk; two chunks, ragged.
 SHAPES = ((1, 40), (7, 96))
@@ -352,12 +352,8 @@ def _compile_ptx() -> dict:
 
 @pytest.fixture(scope="module")
 def ptx() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     here = Path(__file__)
-    proc = subprocess.run([sys.executable, str(here), "--ptx"], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=here.parent)
-    assert proc.returncode == 0, f"compiling the kernel failed:\n{proc.stderr[-5000:]}"
-    return json.loads(proc.stdout)
+    return run_without_interpreter(here, "--ptx", timeout=600, cwd=here.parent)
 
 
 @pytest.mark.parametrize("frontend, method, chunks", PTX_CASES)

@@ -4,16 +4,13 @@ interpreter, and compiles for sm_90 (which the interpreter does not prove)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks.gemm import LOOPS, tile_loop
+from iris.testing import run_without_interpreter
 from iris_triton.tuning import GEMM_TILES
 
 TILE = GEMM_TILES["cpu"]["16x16x16"]
@@ -68,12 +65,7 @@ def test_every_loop_compiles_for_sm_90(tmp_path):
     script = tmp_path / "compile_every_loop.py"
     script.write_text(COMPILE_EVERY_LOOP)
     root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    compiled = json.loads(proc.stdout.strip().splitlines()[-1])
+    compiled = run_without_interpreter(script, timeout=600, cwd=root, pythonpath=root)
     assert set(compiled) == set(LOOPS)
     assert set(compiled["tma split "]) == {"tile_loop_kernel", "tail_split_kernel"}, compiled
     assert all(chars > 0 for kernels in compiled.values() for chars in kernels.values())

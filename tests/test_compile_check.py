@@ -7,7 +7,6 @@ it on for this process on CPU-only machines). The whole check at every default w
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 
 import iris_triton
 from iris.context.bootstrap import Communicator
+from iris.testing import run_without_interpreter
 from iris.tools.compile_check import compile_check
 from iris.tools.compile_check.cases import contexts_checked
 from iris.tools.compile_check.ptx import ptx_violations
@@ -46,10 +46,7 @@ def _script(source: str, tmp_path: Path) -> dict:
     from it) with the interpreter off."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
-    proc = subprocess.run([sys.executable, str(script)], env=_compiling_environment(), capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_without_interpreter(script, timeout=900)
 
 
 def test_it_catches_the_fused_kernels_constexpr_reassigned_at_world_3(tmp_path):

@@ -11,14 +11,12 @@ So scopes and orderings are compared as dot-separated components, not positions.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from tile_kernels import COLLECTIVES as TILE_COLLECTIVES
+
+from iris.testing import run_without_interpreter
 
 KERNELS = Path(__file__).with_name("ptx_kernels.py")
 SEMS = ("relaxed", "acquire", "release", "acq_rel")
@@ -42,11 +40,7 @@ def kernel_name(api: str, base: str, suffix: str = "") -> str:
 
 @pytest.fixture(scope="session")
 def ptx() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(KERNELS)], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=KERNELS.parent)
-    assert proc.returncode == 0, f"compiling the PTX kernels failed:\n{proc.stderr[-5000:]}"
-    return json.loads(proc.stdout)
+    return run_without_interpreter(KERNELS, timeout=600, cwd=KERNELS.parent, whole_stdout=True)  # indented JSON
 
 
 def ops_of(ptx: dict, name: str) -> list[str]:
@@ -416,9 +410,5 @@ print(json.dumps({name: {"jit": isinstance(getattr(DeviceContext, name), triton.
 def test_context_methods_are_jit_functions_of_their_generated_source():
     # Compiled (no interpreter), every generated method is a @triton.jit function whose source,
     # the one Triton and Gluon compile, is the generated one, and Gluon's context shares it.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _METHODS_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=KERNELS.parent, check=False)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    methods = json.loads(proc.stdout)
+    methods = run_without_interpreter("-c", _METHODS_SCRIPT, timeout=300, cwd=KERNELS.parent)
     assert methods and all(all(checks.values()) for checks in methods.values()), methods

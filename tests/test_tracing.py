@@ -19,9 +19,6 @@ without the tracing statements: off and without are the same PTX.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,8 @@ import torch
 
 import iris
 from iris.heap.device_context import trailer_index
-from iris.testing import RankReport, assert_rank_checks, reports_on_available_ranks, seeded_generator
+from iris.testing import (RankReport, assert_rank_checks, reports_on_available_ranks, run_without_interpreter,
+                          seeded_generator)
 from iris.tracing import chrome_trace
 from trace_checks import check_chrome_trace
 
@@ -225,11 +223,7 @@ def test_overlapping_kernels_of_one_program_get_tracks_of_their_own():
 
 
 def test_kernels_compiled_without_tracing_are_the_kernels_without_the_feature():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(HERE / "tracing_ptx.py")], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=HERE)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    result = json.loads(proc.stdout)
+    result = run_without_interpreter(HERE / "tracing_ptx.py", timeout=600, cwd=HERE)
     assert result["errors"] == {}, "\n".join(result["errors"].values())[-5000:]
     assert set(result["kernels"]) == {"all_reduce", "gluon:all_reduce", "matmul_reduce_scatter"}
     assert all(removed > 0 for removed in result["removed"].values()), result["removed"]

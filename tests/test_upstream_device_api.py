@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import traceback
 from functools import partial
@@ -55,7 +54,7 @@ import triton.language as tl
 
 import iris
 from iris import DeviceContext
-from iris.testing import RankReport, reports_on_available_ranks, seeded_generator
+from iris.testing import RankReport, reports_on_available_ranks, run_without_interpreter, seeded_generator
 
 try:  # upstream: ``from iris import DeviceContext, TraceEvent`` (test_trace_event_is_importable_from_iris)
     from iris import TraceEvent
@@ -1131,11 +1130,7 @@ def _compile_sm90() -> dict:
 
 @pytest.fixture(scope="module")
 def sm90_ptx() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).parent)
-    assert proc.returncode == 0, f"compiling the kernels for sm_90 failed:\n{proc.stderr[-5000:]}"
-    return json.loads(proc.stdout)
+    return run_without_interpreter(__file__, timeout=600, cwd=Path(__file__).parent)
 
 
 @pytest.fixture

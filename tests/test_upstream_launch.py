@@ -6,13 +6,10 @@ checked on a GPU (the GEMM examples)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from iris.testing import run_without_interpreter
 
 COMPILE = r"""
 import json
@@ -47,10 +44,7 @@ print(json.dumps({"known_before": known_before, "same_ptx": plain == with_amd, "
 def compiled(tmp_path_factory) -> dict:
     script = tmp_path_factory.mktemp("launch") / "compile_with_amd_options.py"  # Triton reads a kernel's source file
     script.write_text(COMPILE)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_without_interpreter(script, timeout=600)
 
 
 def test_the_nvidia_backend_does_not_know_the_amd_options_by_itself(compiled):

@@ -10,7 +10,8 @@ choose (:mod:`iris.tools.compile_check.cases`), on compile-only contexts
 (:mod:`iris.tools.compile_check.world`) whose launches are recorded rather than run
 (:mod:`iris.tools.compile_check.recorder`). It then compiles each distinct launch for the target
 architecture, in parallel, checks what the PTX must hold at every world size
-(:mod:`iris.tools.compile_check.ptx`), and checks that every launch site in the backends' sources
+(:mod:`iris.tools.compile_check.ptx`) and that ptxas serializes no tensor-core instructions
+(:mod:`iris.tools.compile_check.ptxas`), and checks that every launch site in the backends' sources
 was reached (:mod:`iris.tools.compile_check.coverage`): a site the calls do not reach is a failure.
 """
 
@@ -32,6 +33,7 @@ from iris.config import DEFAULT_BACKEND
 from iris.tools.compile_check.cases import Checked, calls, contexts_checked
 from iris.tools.compile_check.coverage import uncovered_launch_sites
 from iris.tools.compile_check.ptx import ptx_violations
+from iris.tools.compile_check.ptxas import serialized_tensor_cores
 from iris.tools.compile_check.recorder import Launch, compile_launch, parse_arch, recording
 from iris.tools.compile_check.world import compile_only_context
 
@@ -263,5 +265,9 @@ def _compile_one(index: int) -> list[Failure]:
     except Exception as error:  # noqa: BLE001 (the compiler's message is the report)
         return [Failure(family=launch.family, where=launch.where, arguments=launch.arguments(),
                         message=f"{type(error).__name__}: {error}")]
+    problems = ptx_violations(launch, ptx) + [
+        f"ptxas serializes the kernel's tensor-core (wgmma) instructions, which costs most of the product's "
+        f"speed (an accumulator written between a wgmma and its wait): {line}"
+        for line in serialized_tensor_cores(ptx, target.arch)]
     return [Failure(family=launch.family, where=launch.where, arguments=launch.arguments(), message=problem)
-            for problem in ptx_violations(launch, ptx)]
+            for problem in problems]
