@@ -61,6 +61,7 @@ __all__ = [
     "RankReport",
     "assert_rank_checks",
     "backend_rank_device",
+    "compiling_environment",
     "free_loopback_port",
     "interpreted_device",
     "mapped_heap_segments",
@@ -148,6 +149,15 @@ def mapped_heap_segments() -> list[str]:
 # -- compiled, not interpreted ----------------------------------------------------------------------------
 
 
+def compiling_environment(pythonpath: str | os.PathLike | None = None) -> dict[str, str]:
+    """This process's environment without ``TRITON_INTERPRET`` (a process started with it compiles
+    kernels), ``pythonpath`` first on ``PYTHONPATH`` where given."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.fspath(pythonpath), env.get("PYTHONPATH")]))
+    return env
+
+
 def run_without_interpreter(*argv: str | os.PathLike, timeout: float, cwd: str | os.PathLike | None = None,
                             pythonpath: str | os.PathLike | None = None, whole_stdout: bool = False) -> Any:
     """The JSON value that ``python *argv`` (a script and its arguments, or ``-c`` and a source)
@@ -163,11 +173,8 @@ def run_without_interpreter(*argv: str | os.PathLike, timeout: float, cwd: str |
     ``pythonpath`` is put first on ``PYTHONPATH`` (a folder of packages the script imports that
     are not installed); the process runs in ``cwd`` and is killed after ``timeout`` seconds
     (``subprocess.TimeoutExpired``)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.fspath(pythonpath), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, *map(os.fspath, argv)], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, *map(os.fspath, argv)], env=compiling_environment(pythonpath), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
     stderr_end = proc.stderr[-MAX_STDERR:]
     assert proc.returncode == 0, f"the script exited with {proc.returncode}; its stderr ends:\n{stderr_end}"
     assert proc.stdout.strip(), f"the script printed nothing; its stderr ends:\n{stderr_end}"

@@ -7,7 +7,6 @@ it on for this process on CPU-only machines). The whole check at every default w
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 import iris_triton
 from iris.context.bootstrap import Communicator
-from iris.testing import run_without_interpreter
+from iris.testing import compiling_environment, run_without_interpreter
 from iris.tools.compile_check import compile_check
 from iris.tools.compile_check.cases import contexts_checked
 from iris.tools.compile_check.ptx import ptx_violations
@@ -29,16 +28,9 @@ from iris.tools.compile_check.world import StandInCommunicator
 REASSIGNED = "cannot be reassigned"
 
 
-def _compiling_environment(pythonpath: Path | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    return env
-
-
 def _check(*options: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "iris.tools.cli", "compile-check", "--quiet", *options],
-                          env=_compiling_environment(pythonpath), capture_output=True, text=True, timeout=900)
+                          env=compiling_environment(pythonpath), capture_output=True, text=True, timeout=900)
 
 
 def _script(source: str, tmp_path: Path) -> dict:
