@@ -112,6 +112,27 @@ def test_registered_algorithms_are_compiled_at_every_rank(tmp_path):
     assert not any(family == "plugin_gather_kernel" for family, _ in failed), found
 
 
+def test_a_kernel_whose_wgmma_ptxas_serializes_fails(tmp_path):
+    """What ptxas reports is read for every kernel on tensor cores (``tests/test_ptxas.py`` shows
+    it finds a real serialization): here a stand-in reports one for every kernel with wgmma, and
+    each fused product's kernel fails with it while a collective's, which has none, passes."""
+    found = _script('''
+        import json
+        import iris.tools.compile_check as check
+
+        def serialized(ptx, arch):
+            return [f"(C7515) stand-in, sm_{arch}"] if "wgmma.mma_async" in ptx else []
+
+        check.serialized_tensor_cores = serialized
+        report = check.compile_check([2], backends=["triton"], only=["all_gather_matmul_kernel", "collective_kernel"],
+                                     focused=True, jobs=1)
+        print(json.dumps({"compiled": report.compiled,
+                          "failed": sorted({(f.family, f.message.split(": ")[-1]) for f in report.failures})}))
+    ''', tmp_path)
+    assert found["compiled"]["all_gather_matmul_kernel"] >= 2 and found["compiled"]["collective_kernel"], found
+    assert found["failed"] == [["all_gather_matmul_kernel", "(C7515) stand-in, sm_90"]], found
+
+
 def test_every_launch_site_is_found_and_an_unreached_one_fails(tmp_path):
     """The coverage check finds the launch sites of every kernel family in the backends'
     sources, by both launch forms, and reports a site whose kernel no call launched."""
