@@ -208,13 +208,16 @@ def _check_back_to_back(ctx, report: RankReport) -> None:
     # Both shapes by their plans, each dispatch of all tokens combined after one of fewer: the
     # parities' buffers never overlap whatever the shapes, and a combine reads nothing that a
     # peer's next dispatch rewrites (a rank that runs ahead into it, in one of the rounds).
-    exact = []
+    exact, counted_in = [], set()
     for _ in range(ACROSS_SHAPES_ROUNDS):
         full = ctx.ops.moe_dispatch(*calls[0][:3], experts)
         ctx.ops.moe_dispatch(x, ids, w, experts)
         y = ctx.ops.moe_combine(_expert_function(full.tokens, None, rank * 2, torch.bfloat16), full.handle)
         exact.append(torch.equal(y, _reference_combine(*calls[0][:3], False, torch.bfloat16)))
+        counted_in.add(full.counts.data_ptr())
     report.check("plans/across_shapes", all(exact))
+    # A planned dispatch's counts are its parity's, in a workspace, as its tokens are: not allocated.
+    report.check("plans/counts_in_workspace", len(counted_in) == 1)
 
 
 #: The cases compiled with torch.compile (fullgraph): a 16-bit one and fp8.
@@ -432,7 +435,8 @@ def _five_rank_worker(rank: int) -> bytes:
 
 
 #: The checks of the plans (:func:`_check_back_to_back`), other than their dispatches' results.
-PLAN_CHECKS = {"plans/dispatch", "plans/combine", "plans/per_layout", "plans/across_shapes"}
+PLAN_CHECKS = {"plans/dispatch", "plans/combine", "plans/per_layout", "plans/across_shapes",
+               "plans/counts_in_workspace"}
 
 
 def test_world5_dispatch_and_combine_match_the_references():

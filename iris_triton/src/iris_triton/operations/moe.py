@@ -86,8 +86,8 @@ class MoeDispatch:
     (source rank, source token index) order. The slots after them are not written in ``tokens``
     (whatever the memory held: a grouped GEMM masks them by ``counts``) and hold -1 in
     ``source_rank`` / ``source_index`` (0 in ``scales``). After a failed call every tensor holds
-    all-ones bits (NaN, integers -1). Every tensor but ``counts`` is a view of the context's
-    receive buffers, valid until the dispatch after next."""
+    all-ones bits (NaN, integers -1). Every tensor is a view of the context's buffers (``counts``
+    once the shape has a plan), valid until the dispatch after next."""
 
     tokens: torch.Tensor
     """[L, capacity, hidden]: the tokens' dtype, or float8_e4m3fn with ``fp8=True``."""
@@ -264,9 +264,10 @@ def _dispatch_operator(tokens: torch.Tensor, topk_ids: torch.Tensor, topk_weight
                                                                             torch.Tensor]:
     ops = lookup(handle)
     made = ops.moe_dispatch(tokens, topk_ids, topk_weights, num_experts, capacity=capacity, fp8=fp8).handle
-    # A planned dispatch keeps its pair slots and number in a workspace: the operator's results may
-    # not alias one another, and a compiled combine tells a stale dispatch by its number alone.
-    return made.slot, made.counts, _fresh(made.pair_slots), _fresh(made.call)
+    # A planned dispatch keeps its counts, pair slots and number in a workspace: the operator's
+    # results may not alias one another, and a compiled combine tells a stale dispatch by its number
+    # alone.
+    return made.slot, _fresh(made.counts), _fresh(made.pair_slots), _fresh(made.call)
 
 
 def buffer_versions(ctx, planned: bool = True) -> tuple[int, int | None]:

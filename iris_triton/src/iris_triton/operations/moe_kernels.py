@@ -390,8 +390,7 @@ def dispatch(ops, tokens, topk_ids, topk_weights, num_experts: int, capacity: in
     # Debug mode checks every call's ids on the host: no plan skips that.
     plannable = not (quantized or ctx.config.debug) and x is tokens and ids is topk_ids and \
         topk_weights.is_contiguous()
-    plan = DispatchPlan.of(ops, launches, parity, x, ids, counts, num_experts, capacity, fp8) \
-        if plannable else None
+    plan = DispatchPlan.of(ops, launches, parity, x, ids, num_experts, capacity, fp8) if plannable else None
     return launches.slots[parity], counts, pair_slots, call, sequence, plan
 
 
@@ -420,9 +419,10 @@ class DispatchLaunches:
     push_constexprs: dict
     quantized: bool
     scratch: tuple
-    """Per parity, ``(pair_slots, call)``: each pair's slot (int32 ``[T, k]``) and the call's
-    number (int32 ``[1]``) on the heap, what a planned call (:mod:`iris_triton.operations.moe_plans`)
-    uses for its handle's state instead of allocating it: a handle is refused on the host once the
+    """Per parity, ``(pair_slots, call, counts)``: each pair's slot (int32 ``[T, k]``), the call's
+    number (int32 ``[1]``) and the rows each local expert received (int32 ``[L]``) on the heap,
+    what a planned call (:mod:`iris_triton.operations.moe_plans`) uses for its handle's state and
+    its result's counts instead of allocating them: a handle is refused on the host once the
     dispatch after next reused its parity (:func:`iris_triton.operations.moe.combine`)."""
 
     @classmethod
@@ -444,7 +444,7 @@ class DispatchLaunches:
         e_block, k_block = bucket(E), bucket(k)
         programs, block_h, warps = _launch(ctx, H)
         common = dict(K=k, K_BLOCK=k_block, E_BLOCK=e_block, BLOCK_T=ROUTE_BLOCK, RANK=rank, WORLD=world)
-        scratch, routing = _scratch(ops, T, k, chunks, E)
+        scratch, routing = _scratch(ops, T, k, chunks, E, E // world)
         return cls(slots=slots, buffers=tuple(carved(ops, slot, world, E, capacity, H, dtype) for slot in slots),
                    scratch=scratch, routing=routing, context=ctx.get_device_context(), control=_control(ops),
                    signature=signature, shape=(T, H, E, E // world, capacity), route_grid=(chunks,),
@@ -486,28 +486,31 @@ class DispatchLaunches:
 _SLOTS_AT = 4
 
 
-def _scratch(ops, T: int, k: int, chunks: int, E: int) -> tuple:
+def _scratch(ops, T: int, k: int, chunks: int, E: int, L: int) -> tuple:
     """``(scratch, routing)``: :attr:`DispatchLaunches.scratch` and :attr:`DispatchLaunches.routing`
-    for ``T`` tokens of ``k`` pairs in ``chunks`` chunks, ``E`` experts (views cut once:
-    :func:`memo`). Parity ``p``'s state lies in region ``p`` of the workspace, the routing's
-    scratch in region 2 (:meth:`iris.collectives.workspaces.Workspaces.regions`: laid out by the
-    workspace's size, so calls of every shape put each in the same place). On the heap rather than
-    allocated apart: a workspace outlives the CUDA graphs that captured it."""
+    for ``T`` tokens of ``k`` pairs in ``chunks`` chunks, ``E`` experts, ``L`` of them local (views
+    cut once: :func:`memo`). Parity ``p``'s state lies in region ``p`` of the workspace, the
+    routing's scratch in region 2 (:meth:`iris.collectives.workspaces.Workspaces.regions`: laid out
+    by the workspace's size, so calls of every shape put each in the same place). On the heap
+    rather than allocated apart: a workspace outlives the CUDA graphs that captured it."""
     import torch
 
     pairs = T * k
-    space, region = ops._context.workspaces.regions("moe_state", 3, 4 * (pairs + max(_SLOTS_AT, chunks * (E + 1))))
+    counts_at = _SLOTS_AT + -(-pairs // _SLOTS_AT) * _SLOTS_AT  # after the pair slots, 16-byte aligned
+    words = max(counts_at + L, pairs + chunks * (E + 1))
+    space, region = ops._context.workspaces.regions("moe_state", 3, 4 * words)
 
     def cut() -> tuple:
         words = space.view(torch.int32)
         first = [p * region // 4 for p in (0, 1, 2)]
         # The call's number first, where a later call of another shape puts its own, never a slot.
-        state = tuple((words[f + _SLOTS_AT:f + _SLOTS_AT + pairs].view(T, k), words[f:f + 1]) for f in first[:2])
+        state = tuple((words[f + _SLOTS_AT:f + _SLOTS_AT + pairs].view(T, k), words[f:f + 1],
+                       words[f + counts_at:f + counts_at + L]) for f in first[:2])
         routing = words[first[2]:first[2] + pairs].view(T, k), \
             words[first[2] + pairs:first[2] + pairs + chunks * (E + 1)].view(chunks, E + 1)
         return state, routing
 
-    return memo(ops, ("state", space.data_ptr(), region, T, k, chunks, E), cut)
+    return memo(ops, ("state", space.data_ptr(), region, T, k, chunks, E, L), cut)
 
 
 def _control(ops) -> dict:

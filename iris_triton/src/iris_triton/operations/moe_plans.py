@@ -92,7 +92,8 @@ class DispatchPlan:
     """Per parity, the routing launch (:func:`_bound`), per call ``ids`` (the handle's state is
     the parity's :attr:`~iris_triton.operations.moe_kernels.DispatchLaunches.scratch`)."""
     push: tuple
-    """Per parity, the pushing launch, per call ``tokens, ids, counts``."""
+    """Per parity, the pushing launch, per call ``tokens, ids`` (its counts are the parity's
+    :attr:`~iris_triton.operations.moe_kernels.DispatchLaunches.scratch`)."""
     num_experts: int
     capacity: int
     fp8: bool
@@ -108,18 +109,18 @@ class DispatchPlan:
     of :class:`CombinePlan`, each for its layout."""
 
     @classmethod
-    def of(cls, ops, launches, parity: int, x, ids, counts, num_experts: int, capacity: int,
+    def of(cls, ops, launches, parity: int, x, ids, num_experts: int, capacity: int,
            fp8: bool) -> "DispatchPlan | None":
         """The plan of a dispatch just launched with these tensors (None where it has none)."""
         from iris_triton.operations.moe_kernels import _PUSH, _ROUTE
 
         route, push = [], []
         for p in (parity, 1 - parity):
-            pair_slots, call = launches.scratch[p]
+            pair_slots, call, counts = launches.scratch[p]
             route.append(_bound(_ROUTE, launches.route_grid, launches.route_arguments(p, ids, call),
                                 launches.route_constexprs, ("ids",)))
             push.append(_bound(_PUSH, launches.push_grid, launches.push_arguments(p, x, None, ids, pair_slots, counts),
-                               launches.push_constexprs, ("tokens", "ids", "counts")))
+                               launches.push_constexprs, ("tokens", "ids")))
         if None in route or None in push:
             return None
         order = slice(None) if parity == 0 else slice(None, None, -1)
@@ -147,14 +148,12 @@ class DispatchPlan:
     def run(self, tokens, topk_ids, topk_weights) -> MoeDispatch:
         """The dispatch of these arguments (of this plan's key), launched."""
         ops = self.ops
-        L = self.launches.shape[3]
         sequence = ops._moe_calls
         ops._moe_calls = sequence + 1
         parity = sequence & 1
-        counts = torch.empty(L, dtype=torch.int32, device=tokens.device)
-        pair_slots, call = self.launches.scratch[parity]
+        pair_slots, call, counts = self.launches.scratch[parity]
         _launch(self.route[parity], (topk_ids,))
-        _launch(self.push[parity], (tokens, topk_ids, counts))
+        _launch(self.push[parity], (tokens, topk_ids))
         buffers = self.launches.buffers[parity]
         handle = _made(MoeHandle, ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
                        topk_weights=topk_weights, pair_slots=pair_slots, call=call, counts=counts,
