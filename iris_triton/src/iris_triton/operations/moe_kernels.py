@@ -497,8 +497,8 @@ def _scratch(ops, T: int, k: int, chunks: int, E: int, L: int) -> tuple:
 
     pairs = T * k
     counts_at = _SLOTS_AT + -(-pairs // _SLOTS_AT) * _SLOTS_AT  # after the pair slots, 16-byte aligned
-    words = max(counts_at + L, pairs + chunks * (E + 1))
-    space, region = ops._context.workspaces.regions("moe_state", 3, 4 * words)
+    needed = max(counts_at + L, pairs + chunks * (E + 1))  # int32 words of each region
+    space, region = ops._context.workspaces.regions("moe_state", 3, 4 * needed)
 
     def cut() -> tuple:
         words = space.view(torch.int32)
