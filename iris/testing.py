@@ -178,7 +178,12 @@ def run_without_interpreter(*argv: str | os.PathLike, timeout: float, cwd: str |
     stderr_end = proc.stderr[-MAX_STDERR:]
     assert proc.returncode == 0, f"the script exited with {proc.returncode}; its stderr ends:\n{stderr_end}"
     assert proc.stdout.strip(), f"the script printed nothing; its stderr ends:\n{stderr_end}"
-    return json.loads(proc.stdout if whole_stdout else proc.stdout.strip().splitlines()[-1])
+    printed = proc.stdout if whole_stdout else proc.stdout.strip().splitlines()[-1]
+    try:
+        return json.loads(printed)
+    except json.JSONDecodeError as error:
+        raise AssertionError(f"the script did not print JSON last ({error}): {printed[-500:]!r}; its stderr "
+                             f"ends:\n{stderr_end}") from error
 
 
 # -- many checks per spawn --------------------------------------------------------------------------------

@@ -120,8 +120,9 @@ def test_a_kernel_whose_wgmma_ptxas_serializes_fails(tmp_path):
         import json
         import iris.tools.compile_check as check
 
-        def serialized(ptx, arch):
-            return [f"(C7515) stand-in, sm_{arch}"] if "wgmma.mma_async" in ptx else []
+        def serialized(ptx, target, options):
+            return [f"(C7515) stand-in, sm_{target.arch}, {options['num_warps']} warps"] \
+                if "wgmma.mma_async" in ptx else []
 
         check.serialized_tensor_cores = serialized
         report = check.compile_check([2], backends=["triton"], only=["all_gather_matmul_kernel", "collective_kernel"],
@@ -130,7 +131,7 @@ def test_a_kernel_whose_wgmma_ptxas_serializes_fails(tmp_path):
                           "failed": sorted({(f.family, f.message.split(": ")[-1]) for f in report.failures})}))
     ''', tmp_path)
     assert found["compiled"]["all_gather_matmul_kernel"] >= 2 and found["compiled"]["collective_kernel"], found
-    assert found["failed"] == [["all_gather_matmul_kernel", "(C7515) stand-in, sm_90"]], found
+    assert found["failed"] == [["all_gather_matmul_kernel", "(C7515) stand-in, sm_90, 8 warps"]], found
 
 
 def test_every_launch_site_is_found_and_an_unreached_one_fails(tmp_path):

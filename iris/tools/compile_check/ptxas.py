@@ -1,45 +1,45 @@
 """What ptxas, the assembler that turns a kernel's PTX into machine code, says about it.
 
 On Hopper (sm_90) a matrix product runs on ``wgmma``: asynchronous tensor-core instructions that a
-kernel keeps in flight while it loads the next blocks. When other instructions write an
-accumulator between a ``wgmma``'s start and its wait, ptxas cannot keep them in flight and
-serializes them (its advisory C7515), which costs a large share of the product's throughput (two
-accumulators updated in one step of K are enough). The kernel still compiles and computes the
-right result, so only ptxas's own report shows it. Triton runs ptxas with ``-v`` but keeps its
-report only for a failure, and not at all where the kernel comes from its cache, so the check
-assembles every kernel that uses ``wgmma`` once more and reads the report.
+kernel keeps in flight while it loads the next blocks. Where it cannot keep them in flight (an
+accumulator written between a ``wgmma``'s start and its wait, too few registers for the pipeline,
+...), ptxas serializes them and says so in an advisory (C7515, C7511, ...), which costs a large
+share of the product's throughput. The kernel still compiles and computes the right result, so
+only ptxas's own report shows it. Triton runs ptxas with ``-v`` but keeps its report only for a
+failure, and not at all where the kernel comes from its cache, so the check assembles every
+kernel that uses ``wgmma`` once more, through Triton's own step (the same ptxas and flags), and
+reads the report.
 """
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
-from pathlib import Path
+import contextlib
+import io
 
 __all__ = ["serialized_tensor_cores"]
 
-#: ptxas's advisory that it serialized a kernel's wgmma instructions.
-SERIALIZED = "C7515"
+#: What every one of ptxas's advisories that it serialized a kernel's wgmma instructions says.
+SERIALIZED = "wgmma.mma_async instructions are serialized"
 
 
-def serialized_tensor_cores(ptx: str, arch: int) -> list[str]:
-    """ptxas's C7515 lines for ``ptx`` assembled for ``arch`` (90 for sm_90): ``wgmma``
-    instructions it serialized. Empty where the PTX has no ``wgmma`` (nothing to assemble)."""
+def serialized_tensor_cores(ptx: str, target, options: dict) -> list[str]:
+    """ptxas's lines saying it serialized ``wgmma`` instructions of ``ptx``, assembled for
+    ``target`` (Triton's ``GPUTarget``) with the kernel's compile ``options`` as Triton assembles
+    it. Empty where the PTX has no ``wgmma`` (nothing is assembled)."""
     if "wgmma.mma_async" not in ptx:
         return []
-    return [line.strip() for line in _assembler_report(ptx, arch).splitlines() if SERIALIZED in line]
+    return [line.strip() for line in _assembler_report(ptx, target, options).splitlines() if SERIALIZED in line]
 
 
-def _assembler_report(ptx: str, arch: int) -> str:
-    """What ``ptxas -v`` (the one Triton compiles with) writes for ``ptx``."""
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+def _assembler_report(ptx: str, target, options: dict) -> str:
+    """What ``ptxas -v`` writes for ``ptx`` in Triton's assembling step (``make_cubin``), which
+    prints it where ``knobs.nvidia.dump_ptxas_log`` is set."""
+    from triton import knobs
+    from triton.backends.nvidia.compiler import CUDABackend
 
-    with tempfile.TemporaryDirectory(prefix="iris-ptxas-") as folder:
-        source = Path(folder) / "kernel.ptx"
-        source.write_text(ptx)
-        done = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm_arch_from_capability(arch)}",
-                               str(source), "-o", str(source.with_suffix(".cubin"))],
-                              capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"ptxas failed on a kernel Triton had compiled:\n{done.stderr[-2000:]}")
-    return done.stdout + done.stderr
+    backend = CUDABackend(target)
+    report = io.StringIO()
+    with knobs.nvidia.scope(), contextlib.redirect_stdout(report):
+        knobs.nvidia.dump_ptxas_log = True
+        backend.make_cubin(ptx, {}, backend.parse_options(dict(options)), target.arch)
+    return report.getvalue()

@@ -87,7 +87,8 @@ class MoeDispatch:
     (whatever the memory held: a grouped GEMM masks them by ``counts``) and hold -1 in
     ``source_rank`` / ``source_index`` (0 in ``scales``). After a failed call every tensor holds
     all-ones bits (NaN, integers -1). Every tensor is a view of the context's buffers (``counts``
-    once the shape has a plan), valid until the dispatch after next."""
+    once the shape has a plan), valid until the dispatch after next or until a dispatch of more
+    tokens, experts or capacity grows them."""
 
     tokens: torch.Tensor
     """[L, capacity, hidden]: the tokens' dtype, or float8_e4m3fn with ``fp8=True``."""
