@@ -305,7 +305,8 @@ def _named_tiles(text: str) -> dict:
             raise SystemExit(f"--tiles: {spec.strip()!r} is not MxNxK:warps:stages (e.g. 64x256x64:4:4)")
         m, n, k, warps, stages = map(int, match.groups())
         if any(size & (size - 1) for size in (m, n, k)):
-            raise SystemExit(f"--tiles: {spec.strip()!r}: Triton's blocks are powers of two")
+            raise SystemExit(f"--tiles: {spec.strip()!r} has a block size that is not a power of two, which Triton's "
+                             f"blocks must be (e.g. 128x256x64:8:3)")
         tiles[f"{m}x{n}x{k}w{warps}s{stages}"] = dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=8, num_warps=warps,
                                                       num_stages=stages)
     return tiles

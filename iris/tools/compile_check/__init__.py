@@ -11,8 +11,9 @@ choose (:mod:`iris.tools.compile_check.cases`), on compile-only contexts
 (:mod:`iris.tools.compile_check.recorder`). It then compiles each distinct launch for the target
 architecture, in parallel, checks what the PTX must hold at every world size
 (:mod:`iris.tools.compile_check.ptx`) and that ptxas reports serializing no tensor-core
-instructions (:mod:`iris.tools.compile_check.ptxas`), and checks that every launch site in the backends' sources
-was reached (:mod:`iris.tools.compile_check.coverage`): a site the calls do not reach is a failure.
+instructions (:mod:`iris.tools.compile_check.ptxas`), and checks that every launch site in the
+backends' sources was reached (:mod:`iris.tools.compile_check.coverage`): a site the calls do not
+reach is a failure.
 """
 
 from __future__ import annotations
