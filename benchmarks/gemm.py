@@ -13,8 +13,11 @@ tiles of a last wave that fills at most half the programs along K among the idle
 (``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
 through one product loop); ``flat`` flattens the tile and K loops into one pipelined loop, tiles
 stored by descriptor (``ws``: its tile loop warp-specialized). Each is checked against
-``torch.matmul`` and timed beside it with ``triton.testing.do_bench`` (median), on the per-rank
-products of Llama-3-70B at TP=2 (bf16):
+``torch.matmul``, then cuBLAS and every loop are timed in turn with ``triton.testing.do_bench``
+(median), ``--rounds`` times, each figure the median of its rounds: a GPU whose clocks drop as it
+warms under the run slows every one alike (timed one after the other, whichever runs first, on a
+cool GPU, looks faster). Each row also names cuBLAS's kernel (its tile and cluster). The products
+are the per-rank ones of Llama-3-70B at TP=2 (bf16):
 
 - QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
 - MLP up ``[M, 8192] x [8192, 28672]``, MLP down ``[M, 14336] x [14336, 8192]``,
@@ -24,7 +27,7 @@ for M = 2048, 8192 and 16384. Each row gives TFLOP/s and the share of cuBLAS's t
 the JSON, not speed.
 
     python -m benchmarks.gemm [--rows 2048,8192,16384] [--loops "tma,tma flat"] [--shapes qkv]
-                              [--tiles 64x256x64:4:4,...] [--programs N] [--out DIR]
+                              [--tiles 64x256x64:4:4,...] [--programs N] [--rounds 3] [--out DIR]
     TRITON_INTERPRET=1 python -m benchmarks.gemm --cpu
 """
 
@@ -34,6 +37,7 @@ import argparse
 import functools
 import itertools
 import re
+import statistics
 import time
 
 import torch
@@ -312,12 +316,30 @@ def _named_tiles(text: str) -> dict:
     return tiles
 
 
-def _median_ms(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        return triton.testing.do_bench(fn, return_mode="median")
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
+def _kernel_names(fn) -> list[str]:
+    """The GPU kernels one call of ``fn`` runs (torch.profiler): cuBLAS's name its tile and cluster."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({event.key for event in profiler.key_averages() if event.device_time_total > 0})
+
+
+def _interleaved_ms(fns: dict, device: torch.device, rounds: int) -> dict[str, list[float]]:
+    """Milliseconds per call of each of ``fns`` (``{name: callable}``) in each of ``rounds``
+    rounds, every round timing each once in turn (``do_bench``'s median on GPUs; one call by the
+    host clock on CPUs)."""
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                samples[name].append(triton.testing.do_bench(fn, return_mode="median"))
+            else:
+                start = time.perf_counter()
+                fn()
+                samples[name].append((time.perf_counter() - start) * 1e3)
+    return samples
 
 
 def _named_loops(text: str) -> list[str]:
@@ -331,10 +353,10 @@ def _named_loops(text: str) -> list[str]:
 
 
 def measure(device: torch.device, rows: list[int], loops: dict = LOOPS, tiles: dict | None = None,
-            shapes: list[str] | None = None, programs: int | None = None) -> list[dict]:
+            shapes: list[str] | None = None, programs: int | None = None, rounds: int = 1) -> list[dict]:
     """One result row per (shape, M): cuBLAS and each of ``loops`` with every tile (default: the
-    fused kernels' own), checked, then timed, on ``programs`` persistent programs (default: one per
-    multiprocessor)."""
+    fused kernels' own), checked, then timed in ``rounds`` rounds (:func:`_interleaved_ms`), on
+    ``programs`` persistent programs (default: one per multiprocessor)."""
     tiles = GEMM_TILES[device.type] if tiles is None else tiles
     if programs is None:
         programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -349,17 +371,20 @@ def measure(device: torch.device, rows: list[int], loops: dict = LOOPS, tiles: d
             reference = torch.matmul(a, b)
             c = torch.empty_like(reference)
             flops = 2 * M * N * K
-            row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16",
-                   "cublas": {"ms": _median_ms(functools.partial(torch.matmul, a, b, out=c), device)}}
+            row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16", "cublas": {}}
+            timed = {"cublas": functools.partial(torch.matmul, a, b, out=c)}
             b_t = b.t().contiguous().t()
             for loop_name, options, column_major, tile in _combinations(tiles, loops):
                 b_loop = b_t if column_major else b
                 out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, **options)
                 error = (out.float() - reference.float()).abs().max().item()
                 scale = reference.float().abs().max().item()
-                timed = functools.partial(tile_loop, a, b_loop, c, tile, programs, **options)
-                row[loop_name] = {"ms": _median_ms(timed, device), "max_error": error,
-                                              "correct": error <= 1e-2 * scale}
+                row[loop_name] = {"max_error": error, "correct": error <= 1e-2 * scale}
+                timed[loop_name] = functools.partial(tile_loop, a, b_loop, c, tile, programs, **options)
+            if device.type == "cuda":
+                row["cublas"]["kernels"] = _kernel_names(timed["cublas"])
+            for entry_name, samples in _interleaved_ms(timed, device, rounds).items():
+                row[entry_name].update(ms=statistics.median(samples), rounds_ms=samples)
             for entry in row.values():
                 if isinstance(entry, dict):
                     entry["tflops"] = flops / (entry["ms"] * 1e-3) / 1e12
@@ -384,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="tiles timed instead of the fused kernels' own, as MxNxK:warps:stages, comma-separated")
     parser.add_argument("--programs", type=int, default=None,
                         help="persistent programs (default: one per multiprocessor)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of timing cuBLAS and every loop in turn (default 3 on GPUs, 1 on CPUs)")
     parser.add_argument("--cpu", action="store_true", help="tiny shapes in Triton's interpreter")
     parser.add_argument("--out", default=None, help="directory for the JSON result")
     args = parser.parse_args(argv)
@@ -395,9 +422,12 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(shapes or ()) - {name for name, *_ in SHAPES[device.type]}
     if unknown:
         raise SystemExit(f"--shapes: no product named {', '.join(sorted(unknown))} on {device.type}")
-    results = measure(device, rows, loops, tiles, shapes, args.programs)
-    path = write_results("gemm", {"tiles": tiles, "programs": args.programs, "results": results}, args.out,
-                         device.type)
+    rounds = args.rounds or (3 if device.type == "cuda" else 1)
+    if rounds < 1:
+        raise SystemExit(f"--rounds: at least 1, got {rounds}")
+    results = measure(device, rows, loops, tiles, shapes, args.programs, rounds)
+    path = write_results("gemm", {"tiles": tiles, "programs": args.programs, "rounds": rounds, "results": results},
+                         args.out, device.type)
     print(f"wrote {path}")
     if not all(row[t]["correct"] for row in results for t in _loops(tiles, loops)):
         raise SystemExit("a tile loop's product differs from torch.matmul (INCORRECT above)")
