@@ -12,7 +12,10 @@ cannot address the operands), and by candidates the fused kernels do not run: tw
 tiles of a last wave that fills at most half the programs along K among the idle programs
 (``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
 through one product loop); ``flat`` flattens the tile and K loops into one pipelined loop, tiles
-stored by descriptor (``ws``: its tile loop warp-specialized). Each is checked against
+stored by descriptor (``ws``: its tile loop warp-specialized); ``gluon ws`` is a persistent
+Gluon kernel whose warp specialization is written out, one warp loading and two warp groups
+multiplying (:mod:`benchmarks.gemm_gluon`: Hopper GPUs only, on its 128 x 256 x 64 tile; ``tail``:
+a last wave of at most half the programs run as half tiles). Each is checked against
 ``torch.matmul``, then cuBLAS and every loop are timed in turn with ``triton.testing.do_bench``
 (median), ``--rounds`` times, each figure the median of its rounds: a GPU whose clocks drop as it
 warms under the run slows every one alike (timed one after the other, whichever runs first, on a
@@ -45,6 +48,7 @@ import triton
 import triton.language as tl
 
 from benchmarks.common import write_results
+from benchmarks.gemm_gluon import WS_TILE, runs_on, ws_supports, ws_tile_loop
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -214,13 +218,16 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
               split_tail: bool = False, one_launch: bool = False, flat: bool = False,
-              warp_specialize: bool = False) -> torch.Tensor:
+              warp_specialize: bool = False, gluon: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
     its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
     whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`
-    (``warp_specialize``: its warp-specialized form)."""
+    (``warp_specialize``: its warp-specialized form); with ``gluon`` it is
+    :func:`~benchmarks.gemm_gluon.ws_tile_loop` (``split_tail``: its last wave in half tiles)."""
+    if gluon:
+        return ws_tile_loop(a, b, c, tile, programs, tail_split=split_tail)
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
@@ -281,22 +288,32 @@ LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma
          "tma split ": (dict(tma=True, split_tail=True), False),
          "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
          "tma flat ": (dict(tma=True, flat=True), False),
-         "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False)}
+         "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False),
+         "gluon ws ": (dict(gluon=True), False), "gluon ws tail ": (dict(gluon=True, split_tail=True), False)}
 
 
-def _combinations(tiles: dict, loops: dict) -> list[tuple[str, dict, bool, dict]]:
+def _combinations(tiles: dict, loops: dict, device: torch.device) -> list[tuple[str, dict, bool, dict]]:
     """``(name, options, B column-major, tile)`` of each timed loop: each of ``loops`` with each
     of ``tiles``, but warp specialization only with two warp groups (8 warps: Triton 3.6 refuses to
-    specialize a 4-warp kernel for Hopper)."""
+    specialize a 4-warp kernel for Hopper), and the Gluon loops only where they run
+    (:func:`~benchmarks.gemm_gluon.runs_on`), with the tiles of ``tiles`` they take, else their own."""
     return [(loop + tile_name, options, column_major, tile)
             for loop, (options, column_major) in loops.items()
-            for tile_name, tile in tiles.items()
+            if not options.get("gluon") or runs_on(device)
+            for tile_name, tile in (_gluon_tiles(tiles) if options.get("gluon") else tiles).items()
             if not options.get("warp_specialize") or tile.get("num_warps", 4) >= 8]
 
 
-def _loops(tiles: dict, loops: dict) -> list[str]:
+def _gluon_tiles(tiles: dict) -> dict:
+    """The tiles of ``tiles`` that :func:`~benchmarks.gemm_gluon.ws_tile_loop` takes, or where
+    there are none its own (:data:`~benchmarks.gemm_gluon.WS_TILE`)."""
+    supported = {name: tile for name, tile in tiles.items() if ws_supports(tile)}
+    return supported or {"{BLOCK_M}x{BLOCK_N}x{BLOCK_K}".format(**WS_TILE): WS_TILE}
+
+
+def _loops(tiles: dict, loops: dict, device: torch.device) -> list[str]:
     """The names of the timed loops (:func:`_combinations`)."""
-    return [name for name, *_ in _combinations(tiles, loops)]
+    return [name for name, *_ in _combinations(tiles, loops, device)]
 
 
 def _named_tiles(text: str) -> dict:
@@ -374,7 +391,7 @@ def measure(device: torch.device, rows: list[int], loops: dict = LOOPS, tiles: d
             row = {"shape": name, "M": M, "K": K, "N": N, "dtype": "bfloat16", "cublas": {}}
             timed = {"cublas": functools.partial(torch.matmul, a, b, out=c)}
             b_t = b.t().contiguous().t()
-            for loop_name, options, column_major, tile in _combinations(tiles, loops):
+            for loop_name, options, column_major, tile in _combinations(tiles, loops, device):
                 b_loop = b_t if column_major else b
                 out = tile_loop(a, b_loop, torch.empty_like(reference), tile, programs, **options)
                 error = (out.float() - reference.float()).abs().max().item()
@@ -392,7 +409,7 @@ def measure(device: torch.device, rows: list[int], loops: dict = LOOPS, tiles: d
             results.append(row)
             print(f"{name:9s} M {M:6d}: cuBLAS {row['cublas']['tflops']:6.1f} TFLOP/s; "
                   + ", ".join(f"{t} {row[t]['tflops']:6.1f} ({row[t]['cublas_share']:.0%}"
-                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(tiles, loops)))
+                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(tiles, loops, device)))
     return results
 
 
@@ -402,7 +419,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default=None, help="rows M of each product, comma-separated")
     parser.add_argument("--loops", default=None,
                         help="the loops timed beside cuBLAS, comma-separated: plain, tma, tma b_t, tma split, "
-                             "tma split1, tma flat, tma ws (default: all)")
+                             "tma split1, tma flat, tma ws, gluon ws, gluon ws tail (default: all; the Gluon ones on "
+                             "Hopper GPUs only)")
     parser.add_argument("--shapes", default=None,
                         help="the products timed, comma-separated: " + ", ".join(name for name, *_ in SHAPES["cuda"]))
     parser.add_argument("--tiles", default=None,
@@ -425,11 +443,15 @@ def main(argv: list[str] | None = None) -> None:
     rounds = args.rounds or (3 if device.type == "cuda" else 1)
     if rounds < 1:
         raise SystemExit(f"--rounds: at least 1, got {rounds}")
+    skipped = [name.strip() for name, (options, _) in loops.items() if options.get("gluon") and not runs_on(device)]
+    if skipped:
+        print(f"skipping {', '.join(skipped)}: Gluon's Hopper operations run on a Hopper GPU only, not in Triton's "
+              f"interpreter")
     results = measure(device, rows, loops, tiles, shapes, args.programs, rounds)
     path = write_results("gemm", {"tiles": tiles, "programs": args.programs, "rounds": rounds, "results": results},
                          args.out, device.type)
     print(f"wrote {path}")
-    if not all(row[t]["correct"] for row in results for t in _loops(tiles, loops)):
+    if not all(row[t]["correct"] for row in results for t in _loops(tiles, loops, device)):
         raise SystemExit("a tile loop's product differs from torch.matmul (INCORRECT above)")
 
 

@@ -1,6 +1,8 @@
 """``benchmarks.gemm``: every loop it times (plain loads, tensor descriptors, the last wave split
 along K, flattened, warp-specialized) computes ``a @ b`` as torch does, in Triton's
-interpreter, and compiles for sm_90 (which the interpreter does not prove)."""
+interpreter, and compiles for sm_90 (which the interpreter does not prove). The Gluon loops
+(:mod:`benchmarks.gemm_gluon`) do not run in the interpreter: they compile for sm_90 without
+serialized tensor-core instructions, and refuse clearly what they cannot run."""
 
 from __future__ import annotations
 
@@ -10,13 +12,16 @@ import pytest
 import torch
 
 from benchmarks.gemm import LOOPS, tile_loop
+from benchmarks.gemm_gluon import WS_TILE, ws_tile_loop
 from iris.testing import run_without_interpreter
 from iris_triton.tuning import GEMM_TILES
 
 TILE = GEMM_TILES["cpu"]["16x16x16"]
+#: The loops Triton's interpreter runs (not Gluon's Hopper operations).
+INTERPRETED = [loop for loop, (options, _) in LOOPS.items() if not options.get("gluon")]
 
 
-@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("loop", INTERPRETED)
 @pytest.mark.parametrize(("M", "K", "N", "programs"), [
     (24, 48, 40, 4),   # 6 tiles on 4 programs: a last wave of 2, split in 2 parts
     (40, 40, 48, 8),   # 9 tiles on 8 programs: a last wave of 1, split in 8 parts (uneven along K)
@@ -41,21 +46,33 @@ COMPILE_EVERY_LOOP = '''
 import json
 import torch
 from benchmarks.gemm import LOOPS, tile_loop
+from benchmarks.gemm_gluon import WS_TILE, _launch, refusal
+from iris.tools.compile_check.ptxas import serialized_tensor_cores
 from iris.tools.compile_check.recorder import compile_launch, parse_arch, recording
 
 target = parse_arch("sm_90")
 small = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
 a = torch.randn(256, 256).to(torch.bfloat16)
 b = torch.randn(256, 192).to(torch.bfloat16)
-compiled = {}
+compiled, serialized = {}, {}
 for name, (options, column_major) in LOOPS.items():
     tile = dict(small, BLOCK_N=128, num_warps=8) if options.get("warp_specialize") else small
+    c = torch.empty(256, 192, dtype=torch.bfloat16)
     where = [name]
     with recording(target, where) as launches:  # 12 tiles on 8 programs: a last wave of 4, split
-        tile_loop(a, b.t().contiguous().t() if column_major else b, torch.empty(256, 192, dtype=torch.bfloat16),
-                  tile, 8, **options)
-    compiled[name] = {launch.kernel.fn.__name__: len(compile_launch(launch, target)) for launch in launches}
-print(json.dumps(compiled))
+        if options.get("gluon"):  # ws_tile_loop refuses CPU tensors: launched past that check
+            assert refusal(a, b, c, WS_TILE) is None
+            _launch(a, b, c, WS_TILE, 8, options.get("split_tail", False))  # 2 tiles on 8 programs: split
+        else:
+            tile_loop(a, b.t().contiguous().t() if column_major else b, c, tile, 8, **options)
+    ptx = {launch: compile_launch(launch, target) for launch in launches}
+    compiled[name] = {launch.kernel.fn.__name__: len(text) for launch, text in ptx.items()}
+    if options.get("gluon"):
+        serialized[name] = [line for launch, text in ptx.items()
+                            for line in serialized_tensor_cores(text, target, launch.options.__dict__)]
+        compiled[name]["TAIL_SPLIT"] = [value for launch in launches for path, value in launch.constexprs.items()
+                                        if launch.kernel.arg_names[path[0]] == "TAIL_SPLIT"]
+print(json.dumps({"compiled": compiled, "serialized": serialized}))
 '''
 
 
@@ -65,7 +82,31 @@ def test_every_loop_compiles_for_sm_90(tmp_path):
     script = tmp_path / "compile_every_loop.py"
     script.write_text(COMPILE_EVERY_LOOP)
     root = Path(__file__).resolve().parents[1]
-    compiled = run_without_interpreter(script, timeout=600, cwd=root, pythonpath=root)
+    found = run_without_interpreter(script, timeout=600, cwd=root, pythonpath=root)
+    compiled = found["compiled"]
     assert set(compiled) == set(LOOPS)
     assert set(compiled["tma split "]) == {"tile_loop_kernel", "tail_split_kernel"}, compiled
-    assert all(chars > 0 for kernels in compiled.values() for chars in kernels.values())
+    assert compiled["gluon ws "]["TAIL_SPLIT"] == [False] and compiled["gluon ws tail "]["TAIL_SPLIT"] == [True]
+    assert all(chars > 0 for kernels in compiled.values() for name, chars in kernels.items() if name != "TAIL_SPLIT")
+    assert found["serialized"] == {"gluon ws ": [], "gluon ws tail ": []}, found["serialized"]
+
+
+def _bf16(rows: int, cols: int) -> torch.Tensor:
+    return torch.zeros(rows, cols, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(("a", "b", "c", "tile", "says"), [
+    (_bf16(256, 64), _bf16(256, 64).t(), _bf16(256, 256), WS_TILE, "b is column-major"),
+    (_bf16(256, 64).half(), _bf16(64, 256), _bf16(256, 256), WS_TILE, "must be bfloat16"),
+    (_bf16(256, 60), _bf16(60, 256), _bf16(256, 256), WS_TILE, "TMA cannot address a"),
+    (_bf16(256, 64), _bf16(64, 256)[:, 1:], _bf16(256, 255), WS_TILE, "TMA cannot address b"),
+    (_bf16(256, 64), _bf16(64, 256), _bf16(256, 128), WS_TILE, "not a matrix product"),
+    (_bf16(256, 64), _bf16(64, 256), _bf16(256, 256), dict(WS_TILE, num_warps=4), "the tile must be 128x256x64"),
+    (_bf16(256, 64), _bf16(64, 256), _bf16(256, 256), dict(WS_TILE, num_stages=5), "the tile must be 128x256x64"),
+    (_bf16(256, 64), _bf16(64, 256), _bf16(256, 256), WS_TILE, "run on a Hopper GPU"),
+])
+def test_gluon_loop_refuses_what_it_cannot_run(a, b, c, tile, says):
+    """The Gluon loop says why it cannot run a product, and what to do, before launching anything
+    (on CPU tensors the last reason)."""
+    with pytest.raises(ValueError, match=says):
+        ws_tile_loop(a, b, c, tile, 4)
