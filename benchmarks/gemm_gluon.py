@@ -71,11 +71,16 @@ def _tile_coordinates(tile, row_tiles, col_tiles, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _unit_block(unit, whole, BLOCK_N: gl.constexpr, TAIL_SPLIT: gl.constexpr):
-    """``(tile, first column within the tile, half)`` of work unit ``unit``: units below ``whole``
-    are whole tiles, and with ``TAIL_SPLIT`` each later pair of units the two halves of a tile."""
+def _unit_origin(a_desc, b_desc, unit, whole, row_tiles, col_tiles, GROUP_M: gl.constexpr,
+                 TAIL_SPLIT: gl.constexpr):
+    """``(first row, first column, half)`` of work unit ``unit`` in ``c``: units below ``whole``
+    are whole tiles (of the descriptors' blocks), and with ``TAIL_SPLIT`` each later pair of units
+    the two halves of a tile (``half``: the unit is half a tile's columns wide)."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     past = max(unit - whole, 0) if TAIL_SPLIT else 0
-    return unit - past + past // 2, past % 2 * (BLOCK_N // 2), TAIL_SPLIT and unit >= whole
+    tile_row, tile_col = _tile_coordinates(unit - past + past // 2, row_tiles, col_tiles, GROUP_M)
+    return tile_row * BLOCK_M, tile_col * BLOCK_N + past % 2 * (BLOCK_N // 2), TAIL_SPLIT and unit >= whole
 
 
 @gluon.jit
@@ -118,19 +123,15 @@ def _load_block(a_desc, b_desc, a_ring, b_ring, ready, empty, first_row, first_c
 def _producer(a_desc, b_desc, b_half_desc, a_ring, b_ring, ready, empty, whole, GROUP_M: gl.constexpr,
               TAIL_SPLIT: gl.constexpr):
     """The loading partition: every K step of this program's units, in order, into the ring."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     row_tiles, col_tiles, units, steps = _units(a_desc, b_desc, whole, TAIL_SPLIT)
     count = 0
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        tile, offset, half = _unit_block(unit, whole, BLOCK_N, TAIL_SPLIT)
-        tile_row, tile_col = _tile_coordinates(tile, row_tiles, col_tiles, GROUP_M)
+        first_row, first_col, half = _unit_origin(a_desc, b_desc, unit, whole, row_tiles, col_tiles, GROUP_M,
+                                                  TAIL_SPLIT)
         if half:
-            count = _load_block(a_desc, b_half_desc, a_ring, b_ring, ready, empty, tile_row * BLOCK_M,
-                                tile_col * BLOCK_N + offset, steps, count)
+            count = _load_block(a_desc, b_half_desc, a_ring, b_ring, ready, empty, first_row, first_col, steps, count)
         else:
-            count = _load_block(a_desc, b_desc, a_ring, b_ring, ready, empty, tile_row * BLOCK_M, tile_col * BLOCK_N,
-                                steps, count)
+            count = _load_block(a_desc, b_desc, a_ring, b_ring, ready, empty, first_row, first_col, steps, count)
 
 
 @gluon.jit
@@ -183,19 +184,18 @@ def _store_block(acc, c_desc, c_buffers, first_row, first_col):
 def _consumer(a_desc, b_desc, c_desc, a_ring, b_ring, ready, empty, c_buffers, whole, GROUP_M: gl.constexpr,
               TAIL_SPLIT: gl.constexpr, num_warps: gl.constexpr):
     """The default partition: each of this program's units multiplied from the ring and stored."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     row_tiles, col_tiles, units, steps = _units(a_desc, b_desc, whole, TAIL_SPLIT)
     count = 0
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        tile, offset, half = _unit_block(unit, whole, BLOCK_N, TAIL_SPLIT)
-        tile_row, tile_col = _tile_coordinates(tile, row_tiles, col_tiles, GROUP_M)
+        first_row, first_col, half = _unit_origin(a_desc, b_desc, unit, whole, row_tiles, col_tiles, GROUP_M,
+                                                  TAIL_SPLIT)
         if half:
-            count = _block(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, tile_row * BLOCK_M,
-                           tile_col * BLOCK_N + offset, BLOCK_N // 2, num_warps)
+            count = _block(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row, first_col,
+                           BLOCK_N // 2, num_warps)
         else:
-            count = _block(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, tile_row * BLOCK_M,
-                           tile_col * BLOCK_N, BLOCK_N, num_warps)
+            count = _block(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row, first_col,
+                           BLOCK_N, num_warps)
     tma.store_wait(0)
 
 
@@ -214,7 +214,7 @@ def ws_gemm_kernel(a_desc, b_desc, b_half_desc, c_desc, whole, GROUP_M: gl.const
                    TAIL_SPLIT: gl.constexpr, num_warps: gl.constexpr):
     """``c := a @ b`` by descriptors (``b_half_desc``: half a tile's columns of ``b``), program
     ``p`` taking units ``p, p + P, ...``: tiles, or with ``TAIL_SPLIT`` the tiles before ``whole``
-    and the halves of the rest (:func:`_unit_block`). The ring of ``STAGES`` buffers and its
+    and the halves of the rest (:func:`_unit_origin`). The ring of ``STAGES`` buffers and its
     barriers are shared by :func:`_producer` and :func:`_consumer`."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
