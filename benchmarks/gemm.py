@@ -305,10 +305,11 @@ def _combinations(tiles: dict, loops: dict, device: torch.device) -> list[tuple[
 
 
 def _gluon_tiles(tiles: dict) -> dict:
-    """The tiles of ``tiles`` that :func:`~benchmarks.gemm_gluon.ws_tile_loop` takes, or where
-    there are none its own (:data:`~benchmarks.gemm_gluon.WS_TILE`)."""
-    supported = {name: tile for name, tile in tiles.items() if ws_supports(tile)}
-    return supported or {"{BLOCK_M}x{BLOCK_N}x{BLOCK_K}".format(**WS_TILE): WS_TILE}
+    """The tiles :func:`~benchmarks.gemm_gluon.ws_tile_loop` runs: its own
+    (:data:`~benchmarks.gemm_gluon.WS_TILE`) and those of ``tiles`` it takes, each named with its
+    warps and stages (``128x256x64:8:4``), since only the stages may differ."""
+    taken = [WS_TILE, *(tile for tile in tiles.values() if ws_supports(tile))]
+    return {"{BLOCK_M}x{BLOCK_N}x{BLOCK_K}:{num_warps}:{num_stages}".format(**tile): tile for tile in taken}
 
 
 def _loops(tiles: dict, loops: dict, device: torch.device) -> list[str]:
@@ -334,7 +335,8 @@ def _named_tiles(text: str) -> dict:
 
 
 def _kernel_names(fn) -> list[str]:
-    """The GPU kernels one call of ``fn`` runs (torch.profiler): cuBLAS's name its tile and cluster."""
+    """The names of the GPU kernels one call of ``fn`` runs (torch.profiler): cuBLAS's kernel
+    names its tile, stages and cluster."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
@@ -345,16 +347,19 @@ def _kernel_names(fn) -> list[str]:
 
 def _interleaved_ms(fns: dict, device: torch.device, rounds: int) -> dict[str, list[float]]:
     """Milliseconds per call of each of ``fns`` (``{name: callable}``) in each of ``rounds``
-    rounds, every round timing each once in turn (``do_bench``'s median on GPUs; one call by the
-    host clock on CPUs)."""
+    rounds, every round timing each once in turn, each round starting one further along the list
+    (so that no one is always first, on the GPU the others have warmed least): ``do_bench``'s
+    median on GPUs, one call by the host clock on CPUs."""
     samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for number in range(rounds):
+        first = number % len(names)
+        for name in names[first:] + names[:first]:
             if device.type == "cuda":
-                samples[name].append(triton.testing.do_bench(fn, return_mode="median"))
+                samples[name].append(triton.testing.do_bench(fns[name], return_mode="median"))
             else:
                 start = time.perf_counter()
-                fn()
+                fns[name]()
                 samples[name].append((time.perf_counter() - start) * 1e3)
     return samples
 
@@ -440,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(shapes or ()) - {name for name, *_ in SHAPES[device.type]}
     if unknown:
         raise SystemExit(f"--shapes: no product named {', '.join(sorted(unknown))} on {device.type}")
-    rounds = args.rounds or (3 if device.type == "cuda" else 1)
+    rounds = args.rounds if args.rounds is not None else 3 if device.type == "cuda" else 1
     if rounds < 1:
         raise SystemExit(f"--rounds: at least 1, got {rounds}")
     skipped = [name.strip() for name, (options, _) in loops.items() if options.get("gluon") and not runs_on(device)]
@@ -448,8 +453,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"skipping {', '.join(skipped)}: Gluon's Hopper operations run on a Hopper GPU only, not in Triton's "
               f"interpreter")
     results = measure(device, rows, loops, tiles, shapes, args.programs, rounds)
-    path = write_results("gemm", {"tiles": tiles, "programs": args.programs, "rounds": rounds, "results": results},
-                         args.out, device.type)
+    path = write_results("gemm", {"tiles": tiles, "gluon_tiles": _gluon_tiles(tiles), "programs": args.programs,
+                                  "rounds": rounds, "results": results}, args.out, device.type)
     print(f"wrote {path}")
     if not all(row[t]["correct"] for row in results for t in _loops(tiles, loops, device)):
         raise SystemExit("a tile loop's product differs from torch.matmul (INCORRECT above)")

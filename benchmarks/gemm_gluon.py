@@ -191,17 +191,17 @@ def _consumer(a_desc, b_desc, c_desc, a_ring, b_ring, ready, empty, c_buffers, w
         first_row, first_col, half = _unit_origin(a_desc, b_desc, unit, whole, row_tiles, col_tiles, GROUP_M,
                                                   TAIL_SPLIT)
         if half:
-            count = _block(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row, first_col,
-                           BLOCK_N // 2, num_warps)
+            count = _multiply_and_store(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row,
+                                        first_col, BLOCK_N // 2, num_warps)
         else:
-            count = _block(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row, first_col,
-                           BLOCK_N, num_warps)
+            count = _multiply_and_store(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row,
+                                        first_col, BLOCK_N, num_warps)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _block(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row, first_col, COLUMNS: gl.constexpr,
-           num_warps: gl.constexpr):
+def _multiply_and_store(a_ring, b_ring, ready, empty, c_desc, c_buffers, steps, count, first_row, first_col,
+                        COLUMNS: gl.constexpr, num_warps: gl.constexpr):
     """One unit, ``COLUMNS`` wide from ``(first_row, first_col)`` of ``c``, multiplied from the
     ring from its ``count``-th buffer on and stored; returns the count after it."""
     count, acc = _multiply_block(a_ring, b_ring, ready, empty, steps, count, COLUMNS, num_warps)
@@ -241,6 +241,8 @@ def ws_tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, 
     half the programs as halves of its tiles. Raises ``ValueError`` for what it cannot run
     (:func:`refusal`)."""
     reason = refusal(a, b, c, tile)
+    if reason is None and (not isinstance(programs, int) or programs < 1):
+        reason = f"programs must be a positive int (one per multiprocessor, say), not {programs!r}"
     if reason is None and not all(runs_on(t.device) for t in (a, b, c)):
         reason = ("Gluon's Hopper operations run on a Hopper GPU (sm_90) only, not in Triton's interpreter: pass "
                   "tensors on such a GPU, with TRITON_INTERPRET unset")
@@ -263,6 +265,9 @@ def refusal(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict) -> st
                 f"{WS_TILE['num_warps']} warps with {WS_STAGES.start} to {WS_STAGES.stop - 1} stages, not {tile}")
     if a.dim() != 2 or b.dim() != 2 or c.shape != (a.shape[0], b.shape[1]) or a.shape[1] != b.shape[0]:
         return f"shapes {tuple(a.shape)} @ {tuple(b.shape)} -> {tuple(c.shape)} are not a matrix product"
+    if 0 in (*a.shape, b.shape[1]):
+        return (f"an empty product ({tuple(a.shape)} @ {tuple(b.shape)}): there is no tile to compute; "
+                f"c is empty, or zero where K = 0 (c.zero_())")
     if any(t.dtype != torch.bfloat16 for t in (a, b, c)):
         return f"a, b and c must be bfloat16, not {a.dtype}, {b.dtype} and {c.dtype}: convert them first"
     if b.stride(1) != 1 and b.stride(0) == 1:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import gemm
 from benchmarks.gemm import LOOPS, tile_loop
 from benchmarks.gemm_gluon import WS_TILE, ws_tile_loop
 from iris.testing import run_without_interpreter
@@ -54,7 +55,7 @@ target = parse_arch("sm_90")
 small = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
 a = torch.randn(256, 256).to(torch.bfloat16)
 b = torch.randn(256, 192).to(torch.bfloat16)
-compiled, serialized = {}, {}
+compiled, serialized, tail_split = {}, {}, {}
 for name, (options, column_major) in LOOPS.items():
     tile = dict(small, BLOCK_N=128, num_warps=8) if options.get("warp_specialize") else small
     c = torch.empty(256, 192, dtype=torch.bfloat16)
@@ -70,9 +71,9 @@ for name, (options, column_major) in LOOPS.items():
     if options.get("gluon"):
         serialized[name] = [line for launch, text in ptx.items()
                             for line in serialized_tensor_cores(text, target, launch.options.__dict__)]
-        compiled[name]["TAIL_SPLIT"] = [value for launch in launches for path, value in launch.constexprs.items()
-                                        if launch.kernel.arg_names[path[0]] == "TAIL_SPLIT"]
-print(json.dumps({"compiled": compiled, "serialized": serialized}))
+        tail_split[name] = [value for launch in launches for path, value in launch.constexprs.items()
+                            if launch.kernel.arg_names[path[0]] == "TAIL_SPLIT"]
+print(json.dumps({"compiled": compiled, "serialized": serialized, "tail_split": tail_split}))
 '''
 
 
@@ -86,8 +87,8 @@ def test_every_loop_compiles_for_sm_90(tmp_path):
     compiled = found["compiled"]
     assert set(compiled) == set(LOOPS)
     assert set(compiled["tma split "]) == {"tile_loop_kernel", "tail_split_kernel"}, compiled
-    assert compiled["gluon ws "]["TAIL_SPLIT"] == [False] and compiled["gluon ws tail "]["TAIL_SPLIT"] == [True]
-    assert all(chars > 0 for kernels in compiled.values() for name, chars in kernels.items() if name != "TAIL_SPLIT")
+    assert found["tail_split"] == {"gluon ws ": [False], "gluon ws tail ": [True]}, found["tail_split"]
+    assert all(chars > 0 for kernels in compiled.values() for chars in kernels.values())
     assert found["serialized"] == {"gluon ws ": [], "gluon ws tail ": []}, found["serialized"]
 
 
@@ -103,6 +104,7 @@ def _bf16(rows: int, cols: int) -> torch.Tensor:
     (_bf16(256, 64), _bf16(64, 256), _bf16(256, 128), WS_TILE, "not a matrix product"),
     (_bf16(256, 64), _bf16(64, 256), _bf16(256, 256), dict(WS_TILE, num_warps=4), "the tile must be 128x256x64"),
     (_bf16(256, 64), _bf16(64, 256), _bf16(256, 256), dict(WS_TILE, num_stages=5), "the tile must be 128x256x64"),
+    (_bf16(0, 64), _bf16(64, 256), _bf16(0, 256), WS_TILE, "an empty product"),
     (_bf16(256, 64), _bf16(64, 256), _bf16(256, 256), WS_TILE, "run on a Hopper GPU"),
 ])
 def test_gluon_loop_refuses_what_it_cannot_run(a, b, c, tile, says):
@@ -110,3 +112,50 @@ def test_gluon_loop_refuses_what_it_cannot_run(a, b, c, tile, says):
     (on CPU tensors the last reason)."""
     with pytest.raises(ValueError, match=says):
         ws_tile_loop(a, b, c, tile, 4)
+
+
+def test_gluon_loop_refuses_no_programs():
+    with pytest.raises(ValueError, match="programs must be a positive int"):
+        ws_tile_loop(_bf16(256, 64), _bf16(64, 256), _bf16(256, 256), WS_TILE, 0)
+
+
+def test_every_figure_is_the_median_of_rounds_timed_in_turn(monkeypatch):
+    """cuBLAS and each loop are timed once per round, each round starting one further along, and
+    each figure is the median of its rounds (on CPU ranks: the host clock)."""
+    if torch.cuda.is_available():
+        pytest.skip("runs in Triton's interpreter")
+    order = []
+    real = gemm._interleaved_ms
+
+    def recorded(fns, device, rounds):
+        timed = {name: (lambda name=name, fn=fn: (order.append(name), fn())) for name, fn in fns.items()}
+        return real(timed, device, rounds)
+
+    monkeypatch.setattr(gemm, "_interleaved_ms", recorded)
+    loops = {key: LOOPS[key] for key in ("tma ", "gluon ws ")}
+    tiles = {"16x16x16": TILE}
+    (row,) = gemm.measure(torch.device("cpu"), [24], loops, tiles, ["tiny"], 4, rounds=3)
+    assert order == ["cublas", "tma 16x16x16", "tma 16x16x16", "cublas", "cublas", "tma 16x16x16"]
+    assert "gluon ws 128x256x64:8:4" not in row  # Gluon's Hopper operations: skipped on CPUs
+    for name in ("cublas", "tma 16x16x16"):
+        assert len(row[name]["rounds_ms"]) == 3 and row[name]["ms"] == sorted(row[name]["rounds_ms"])[1]
+    assert row["tma 16x16x16"]["correct"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail_split", [False, True])
+@pytest.mark.parametrize(("M", "K", "N"), [(2048, 192, 5120), (777, 1000, 1544), (300, 64, 264)])
+def test_gluon_loop_matches_torch_on_a_hopper_gpu(tail_split, M, K, N):
+    """The Gluon loop's product against torch's at ragged sizes (partial tiles, K not a multiple of
+    its block, a single K step; 2048 x 5120 leaves a last wave the tail split halves)."""
+    from benchmarks.gemm_gluon import runs_on
+
+    if not runs_on(torch.device("cuda")):
+        pytest.skip("Gluon's Hopper operations need a Hopper GPU (sm_90)")
+    g = torch.Generator("cuda").manual_seed(M + K + N)
+    a = torch.randn(M, K, generator=g, device="cuda").to(torch.bfloat16)
+    b = torch.randn(K, N, generator=g, device="cuda").to(torch.bfloat16)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    ws_tile_loop(a, b, out, WS_TILE, programs, tail_split=tail_split)
+    torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2 * K ** 0.5)
