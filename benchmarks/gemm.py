@@ -296,7 +296,8 @@ def _combinations(tiles: dict, loops: dict, device: torch.device) -> list[tuple[
     """``(name, options, B column-major, tile)`` of each timed loop: each of ``loops`` with each
     of ``tiles``, but warp specialization only with two warp groups (8 warps: Triton 3.6 refuses to
     specialize a 4-warp kernel for Hopper), and the Gluon loops only where they run
-    (:func:`~benchmarks.gemm_gluon.runs_on`), with the tiles of ``tiles`` they take, else their own."""
+    (:func:`~benchmarks.gemm_gluon.runs_on`), on their own tile and those of ``tiles`` they take
+    (:func:`_gluon_tiles`)."""
     return [(loop + tile_name, options, column_major, tile)
             for loop, (options, column_major) in loops.items()
             if not options.get("gluon") or runs_on(device)
