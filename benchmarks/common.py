@@ -214,6 +214,14 @@ def _host_sample_us(ctx, fn, calls: int) -> float:
     return (time.perf_counter() - start) * 1e6 / calls
 
 
+def host_per_call_us(ctx, fn, calls: int, repeats: int) -> float:
+    """This rank's median host time per call of ``fn`` in microseconds: ``calls`` calls back to
+    back by the host clock, ``repeats`` times, each after a host barrier of every rank. On GPUs it
+    is what the host spends enqueuing the calls (nothing waits for the device), beside
+    :func:`per_call_us`'s figure, which the device's events also bound."""
+    return statistics.median(_host_sample_us(ctx, fn, calls) for _ in range(repeats))
+
+
 def per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
     """This rank's median time per call of ``fn`` in microseconds: ``calls`` calls back to back
     between two CUDA events (captured as one CUDA graph when ``graph``, else launched eagerly),

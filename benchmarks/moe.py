@@ -2,18 +2,19 @@
 reference on ``all_to_all_single`` (NCCL on GPUs, gloo on CPU ranks), dispatch and combine timed
 separately.
 
-For each number of tokens per rank (default 128 to 8192, hidden 7168, bf16, top-8 of 64
-experts, a random routing drawn on the device), both implementations run once and are checked
-against each other (every expert's tokens exactly, in (source rank, token) order; combine's
-output, the identity expert, within bf16 rounding), then timed per call: ``--calls`` calls
-back to back, ``--repeats`` times, each rank's median and the slowest rank's as the figure. The
-reference exchanges its split sizes on the host (a synchronisation per call), so it is timed
-eagerly; iris is timed eagerly and, on GPUs, captured in a CUDA graph, and each of its kernels'
-GPU time per dispatch + combine is taken with torch.profiler, and each eager call's launches are
-counted and timed bare (the host time of its compiled kernels' launches alone). Each row also gives the
-bytes of token data that cross the link (rows sent to other ranks, the most any rank sends) and
-the fraction of ``--link-gbps`` (478 GB/s per direction between 2 x H200) that the time makes
-of them, and the HBM bound of the token data a rank's memory must move (dispatch: read its tokens,
+For each number of tokens per rank (default 128 to 8192, hidden 7168, bf16, top-8 of 64 experts, a
+random routing drawn on the device), both implementations run once and are checked against each
+other (every expert's tokens exactly, in (source rank, token) order; combine's output, the identity
+expert, within bf16 rounding), then timed per call: ``--calls`` calls back to back, ``--repeats``
+times, each rank's median and the slowest rank's as the figure. The reference exchanges its split
+sizes on the host (a synchronisation per call), so it is timed eagerly; iris is timed eagerly and,
+on GPUs, captured in a CUDA graph, and each of its kernels' GPU time per dispatch + combine is taken
+with torch.profiler, and each eager call's launches are counted and timed bare (the host time of its
+compiled kernels' launches alone), beside the host's own time per eager call (the same bursts by the
+host clock: what the events' figure would be were the host all that limits it). Each row also gives
+the bytes of token data that cross the link (rows sent to other ranks, the most any rank sends) and
+the fraction of ``--link-gbps`` (478 GB/s per direction between 2 x H200) that the time makes of
+them, and the HBM bound of the token data a rank's memory must move (dispatch: read its tokens,
 write the rows it receives; combine: read the rows it holds, write its tokens) at the local copy
 rate measured in the same run (``copy_`` of a large buffer, read + write), with each time as a
 multiple of it: at world 1 nothing crosses a link, and that bound is the floor.
@@ -39,7 +40,7 @@ import torch.distributed as dist
 import iris
 from iris.calls.repeats import invalidate as invalidate_repeats
 from iris_triton.operations.moe_kernels import slot_bytes
-from benchmarks.common import per_call_us, resolve, run_as_this_rank, synchronize, write_results
+from benchmarks.common import host_per_call_us, per_call_us, resolve, run_as_this_rank, synchronize, write_results
 
 #: The link between 2 x H200, per direction (GB/s).
 LINK_GBPS = 478.0
@@ -214,9 +215,11 @@ def _measure(ctx, reference: TorchReference, T: int, hidden: int, experts: int, 
             row[mode][name] = {"us": us, "link_fraction": row["link_bytes"] / (us * 1e-6) / (link_gbps * 1e9)
                                if row["link_bytes"] else None, "hbm_bound_multiple": us / bound_us}
             if mode == "eager" and name.startswith("iris") and device.type == "cuda":
+                host_us = max(ctx.comm.all_gather_object(host_per_call_us(ctx, fn, calls, repeats)))
                 launches, bare_us = bare_launches(ctx, fn, calls * repeats, before=lambda: latest.update(
                     dispatch=ctx.ops.moe_dispatch(x, ids, weights, experts)))
-                row[mode][name].update(launches=launches, bare_launch_us=max(ctx.comm.all_gather_object(bare_us)))
+                row[mode][name].update(launches=launches, bare_launch_us=max(ctx.comm.all_gather_object(bare_us)),
+                                       host_us=host_us)
     if device.type == "cuda":
         def dispatch_and_combine():
             routed = ctx.ops.moe_dispatch(x, ids, weights, experts)
@@ -271,8 +274,8 @@ def report(args: argparse.Namespace, rows: list[dict]) -> bool:
         for mode in ("graph", "eager"):
             for name, figure in row.get(mode, {}).items():
                 share = f", {figure['link_fraction']:.0%} of link" if figure["link_fraction"] is not None else ""
-                launched = (f", {figure['launches']:g} launches taking {figure['bare_launch_us']:.1f} us bare"
-                            if "launches" in figure else "")
+                launched = (f", {figure['launches']:g} launches taking {figure['bare_launch_us']:.1f} us bare, the "
+                            f"host's time per call {figure['host_us']:.1f} us" if "launches" in figure else "")
                 cells.append(f"{name} {mode} {figure['us']:.1f} us ({figure['hbm_bound_multiple']:.1f}x HBM{share}"
                              f"{launched})")
         print(f"tokens {row['tokens']:>5} world {row['world']} link {row['link_bytes'] / 1e6:.1f} MB, HBM bound "
