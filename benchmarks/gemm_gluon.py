@@ -28,6 +28,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from iris_triton.operations.gemm import tile_coordinates
+
 #: The tile the kernel is written for: two warp groups on 128 x 256, 64 along K.
 WS_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
 #: Stages of the ring that fit beside the epilogue's buffers in a multiprocessor's shared memory.
@@ -60,17 +62,6 @@ def _log2(power_of_two):
 
 
 @gluon.jit
-def _tile_coordinates(tile, row_tiles, col_tiles, GROUP_M: gl.constexpr):
-    """(row, column) of tile ``tile`` in the fused kernels' order: columns of ``GROUP_M`` rows of
-    tiles (``iris_triton.operations.gemm.tile_coordinates``)."""
-    per_group = GROUP_M * col_tiles
-    first_row = tile // per_group * GROUP_M
-    rows = min(row_tiles - first_row, GROUP_M)
-    within = tile % per_group
-    return first_row + within % rows, within // rows
-
-
-@gluon.jit
 def _unit_origin(a_desc, b_desc, unit, whole, row_tiles, col_tiles, GROUP_M: gl.constexpr,
                  TAIL_SPLIT: gl.constexpr):
     """``(first row, first column, half)`` of work unit ``unit`` in ``c``: units below ``whole``
@@ -79,7 +70,7 @@ def _unit_origin(a_desc, b_desc, unit, whole, row_tiles, col_tiles, GROUP_M: gl.
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     past = max(unit - whole, 0) if TAIL_SPLIT else 0
-    tile_row, tile_col = _tile_coordinates(unit - past + past // 2, row_tiles, col_tiles, GROUP_M)
+    tile_row, tile_col = tile_coordinates(unit - past + past // 2, row_tiles, col_tiles, GROUP_M)
     return tile_row * BLOCK_M, tile_col * BLOCK_N + past % 2 * (BLOCK_N // 2), TAIL_SPLIT and unit >= whole
 
 
