@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from iris_triton.operations.gemm import tile_coordinates
+from iris_triton.operations.gemm import describable, tile_coordinates
 
 #: The tile the kernel is written for: two warp groups on 128 x 256, 64 along K.
 WS_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
@@ -264,7 +264,7 @@ def refusal(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict) -> st
     if b.stride(1) != 1 and b.stride(0) == 1:
         return "b is column-major: pass it row-major (b.contiguous()), or time the loop 'tma b_t' instead"
     for name, t in (("a", a), ("b", b), ("c", c)):
-        if t.stride(1) != 1 or t.stride(0) * t.element_size() % 16 or t.data_ptr() % 16:
+        if not describable(t, t.stride()):
             return (f"TMA cannot address {name} (rows {t.stride(0)} elements apart, column stride {t.stride(1)}): "
                     f"its rows must be contiguous, 16-byte aligned and a multiple of 16 bytes apart "
                     f"(pass {name}.contiguous() with a multiple of 8 columns)")

@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from iris_triton.device.compiled import INTERPRETING
 
-__all__ = ["PLAIN_LOOP", "descriptors", "dot_step", "row_block_tile", "tile_coordinates", "tile_product",
+__all__ = ["PLAIN_LOOP", "describable", "descriptors", "dot_step", "row_block_tile", "tile_coordinates", "tile_product",
            "tile_product_tma"]
 
 #: Whether a descriptor loop orders its copies after what the program acquired before
@@ -131,7 +131,7 @@ def row_block_tile(a, b, a_desc, b_desc, slot, block, m, N, K, stride_am, stride
 PLAIN_LOOP = dict(a_desc=None, b_desc=None, TMA=False, B_COLUMN_MAJOR=False)
 
 
-def _describable(tensor: torch.Tensor, strides) -> bool:
+def describable(tensor: torch.Tensor, strides) -> bool:
     """Whether a descriptor can address ``tensor``'s memory with ``strides`` (elements): the base
     16-byte aligned, the last stride 1, the others whole 16-byte units."""
     size = tensor.element_size()
@@ -147,7 +147,7 @@ def descriptors(a: torch.Tensor, a_shape: tuple, a_strides: tuple, b: torch.Tens
     column_major = b.stride(0) == 1 and b.stride(1) != 1
     b_view, b_block = (b.t(), [tile["BLOCK_N"], tile["BLOCK_K"]]) if column_major else \
         (b, [tile["BLOCK_K"], tile["BLOCK_N"]])
-    if 0 in (*a_shape, K, N) or not (_describable(a, a_strides) and _describable(b_view, b_view.stride())):
+    if 0 in (*a_shape, K, N) or not (describable(a, a_strides) and describable(b_view, b_view.stride())):
         return dict(PLAIN_LOOP)
     return dict(a_desc=TensorDescriptor(a, list(a_shape), list(a_strides), [1, 1, tile["BLOCK_M"], tile["BLOCK_K"]]),
                 b_desc=TensorDescriptor(b_view, list(b_view.shape), list(b_view.stride()), b_block), TMA=True,
