@@ -3,6 +3,9 @@ rank: what a call costs the GPU (under CUDA graphs) and the host (eager), peers 
 bare launch of the same compiled kernel through Triton's launcher (the call's repeat,
 :mod:`iris.calls.repeats`, launched alone: no checks, no guard, no lookup), so that eager minus
 bare is iris's own host work; and NCCL's eager all_reduce of the same size in the same run.
+That host work is also taken by the host clock alone, call and bare launch sampled in turn
+(:func:`benchmarks.common.host_work_us`): the events' figures include the device, and a host whose
+speed drifts between two separately timed figures moves their difference.
 Run against an earlier revision with scripts/ab_bench.sh to see what a change to the kernels'
 fixed work or to the host path costs.
 
@@ -17,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import iris
-from benchmarks.common import per_call_us, write_results
+from benchmarks.common import host_work_us, per_call_us, write_results
 
 #: bf16 all_reduce sizes (bytes), each by every algorithm that takes it.
 SIZES = (8 << 10, 64 << 10)
@@ -28,12 +31,14 @@ RMSNORM_METHODS = ("one_shot", "two_shot")
 
 
 def _timed(ctx, call, bare, calls: int, repeats: int) -> dict:
-    """``call`` under a graph and eagerly, and ``bare`` (its repeat) eagerly, in microseconds."""
+    """``call`` under a graph and eagerly, and ``bare`` (its repeat) eagerly, in microseconds; and
+    both by the host clock in turn (:func:`host_work_us`)."""
     if bare is None:
         raise RuntimeError("the call kept no repeat to launch bare")
     graph = per_call_us(ctx, call, calls, repeats, graph=True)
     eager = per_call_us(ctx, call, calls, repeats, graph=False)
-    return {"graph_us": graph, "eager_us": eager, "bare_us": per_call_us(ctx, bare, calls, repeats, graph=False)}
+    return {"graph_us": graph, "eager_us": eager, "bare_us": per_call_us(ctx, bare, calls, repeats, graph=False),
+            **host_work_us(ctx, call, bare, calls, repeats)}
 
 
 def _all_reduce_rows(ctx, calls: int, repeats: int) -> list[dict]:
@@ -87,7 +92,8 @@ def _print(row: dict) -> None:
     nccl = f", NCCL eager {row['nccl_eager_us']:6.2f} us" if "nccl_eager_us" in row else ""
     print(f"{row['call']} {row['algorithm']:12s} {row['bytes'] >> 10:3d} KiB: graph {row['graph_us']:6.2f} us, "
           f"eager {row['eager_us']:6.2f} us, bare launch {row['bare_us']:6.2f} us (iris's host work "
-          f"{row['eager_us'] - row['bare_us']:5.2f} us){nccl}")
+          f"{row['eager_us'] - row['bare_us']:5.2f} us; by the host clock {row['host_work_us']:5.2f} us of "
+          f"{row['host_call_us']:6.2f}){nccl}")
 
 
 def main() -> None:

@@ -222,6 +222,23 @@ def host_per_call_us(ctx, fn, calls: int, repeats: int) -> float:
     return statistics.median(_host_sample_us(ctx, fn, calls) for _ in range(repeats))
 
 
+def host_work_us(ctx, call, bare, calls: int, repeats: int) -> dict[str, float]:
+    """By the host clock, this rank's median time per call of ``call`` and of ``bare`` (the same
+    device work launched without ``call``'s own host work) and the median of their differences,
+    in microseconds: ``calls`` calls of each in turn, ``repeats`` times, each sample starting with
+    the device idle, after a host barrier of every rank. Taken in pairs, so that a host whose speed
+    drifts during the run (another process, a clock) slows both sides of a difference alike."""
+    pairs = []
+    for _ in range(repeats):
+        synchronize(ctx.device)
+        mine = _host_sample_us(ctx, call, calls)
+        synchronize(ctx.device)
+        pairs.append((mine, _host_sample_us(ctx, bare, calls)))
+    return {"host_call_us": statistics.median(mine for mine, _ in pairs),
+            "host_bare_us": statistics.median(theirs for _, theirs in pairs),
+            "host_work_us": statistics.median(mine - theirs for mine, theirs in pairs)}
+
+
 def per_call_us(ctx, fn, calls: int, repeats: int, graph: bool) -> float:
     """This rank's median time per call of ``fn`` in microseconds: ``calls`` calls back to back
     between two CUDA events (captured as one CUDA graph when ``graph``, else launched eagerly),

@@ -25,7 +25,9 @@ are the per-rank ones of Llama-3-70B at TP=2 (bf16):
 - QKV projection ``[M, 8192] x [8192, 5120]``, O projection ``[M, 4096] x [4096, 8192]``,
 - MLP up ``[M, 8192] x [8192, 28672]``, MLP down ``[M, 14336] x [14336, 8192]``,
 
-for M = 2048, 8192 and 16384. Each row gives TFLOP/s and the share of cuBLAS's throughput.
+for M = 2048, 8192 and 16384. Each row gives TFLOP/s and the share of cuBLAS's throughput, and
+names the fastest of the loops the fused kernels run (:data:`FUSED_LOOPS`) among the tiles timed:
+on that shape, the tile ``ctx.ops.tune_matmul`` would choose for them.
 ``--cpu`` (with ``TRITON_INTERPRET=1``) runs a tiny shape in Triton's interpreter: the check and
 the JSON, not speed.
 
@@ -290,6 +292,9 @@ LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma
          "tma flat ": (dict(tma=True, flat=True), False),
          "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False),
          "gluon ws ": (dict(gluon=True), False), "gluon ws tail ": (dict(gluon=True, split_tail=True), False)}
+#: The loops of :data:`LOOPS` that the fused kernels run (the others are candidates): each row
+#: names the fastest of them on its shape, the tile ``ctx.ops.tune_matmul`` would choose there.
+FUSED_LOOPS = ("", "tma ", "tma b_t ")
 
 
 def _combinations(tiles: dict, loops: dict, device: torch.device) -> list[tuple[str, dict, bool, dict]]:
@@ -412,10 +417,16 @@ def measure(device: torch.device, rows: list[int], loops: dict = LOOPS, tiles: d
                 if isinstance(entry, dict):
                     entry["tflops"] = flops / (entry["ms"] * 1e-3) / 1e12
                     entry["cublas_share"] = row["cublas"]["ms"] / entry["ms"]
+            fused = _loops(tiles, {loop: how for loop, how in loops.items() if loop in FUSED_LOOPS}, device)
+            if fused:
+                best = max(fused, key=lambda t: row[t]["cublas_share"])
+                row["fused_best"] = {"loop": best, "cublas_share": row[best]["cublas_share"]}
             results.append(row)
             print(f"{name:9s} M {M:6d}: cuBLAS {row['cublas']['tflops']:6.1f} TFLOP/s; "
                   + ", ".join(f"{t} {row[t]['tflops']:6.1f} ({row[t]['cublas_share']:.0%}"
-                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(tiles, loops, device)))
+                              f"{'' if row[t]['correct'] else ', INCORRECT'})" for t in _loops(tiles, loops, device))
+                  + (f"; the fused kernels' fastest: {row['fused_best']['loop']} "
+                     f"({row['fused_best']['cublas_share']:.0%})" if fused else ""))
     return results
 
 
