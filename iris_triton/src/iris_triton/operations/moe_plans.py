@@ -138,19 +138,9 @@ class DispatchPlan:
             kept.keep(key, plans)
         _kept_among(plans, self)
 
-    def planned(self, handle: MoeHandle) -> bool:
-        """Whether this plan made the dispatch of ``handle`` (its state in its parity's
-        :attr:`~iris_triton.operations.moe_kernels.DispatchLaunches.scratch`, where
-        :class:`CombinePlan`'s launches read it), not the full call that made the plan (its state
-        its own)."""
-        return handle.counts is self.launches.scratch[handle.sequence & 1][2]
-
     def keep_combine(self, expert_out, launches, handle: MoeHandle, out) -> None:
         """Keep the plan of a combine of one of this plan's dispatches, just launched with
-        ``expert_out`` (contiguous) into ``out`` (:class:`CombinePlan`), where this plan made that
-        dispatch (:meth:`planned`)."""
-        if not self.planned(handle):
-            return
+        ``expert_out`` (contiguous) into ``out`` (:class:`CombinePlan`)."""
         plan = CombinePlan.of(self, launches, handle, out, expert_out)
         if plan is not None:
             _kept_among(self.combines.setdefault(expert_out.data_ptr() % 16 == 0, []), plan)
@@ -175,18 +165,15 @@ class DispatchPlan:
 
 @attrs.define(eq=False)
 class CombinePlan:
-    """A combine of one planned dispatch's handles and one ``expert_out`` layout, prepared. A
-    handle's counts, pair slots and call number live in its parity's state workspace
-    (:attr:`~iris_triton.operations.moe_kernels.DispatchLaunches.scratch`), the same for every
-    dispatch of that parity: they are bound once, per parity, and a call passes only its own
-    tensors. (The full dispatch that made the plan has state of its own: its combines are made in full.)"""
+    """A combine of one planned dispatch's handles and one ``expert_out`` layout, prepared."""
 
     launches: Any
     """The :class:`~iris_triton.operations.moe_kernels.CombineLaunches`."""
     returns: tuple
-    """Per parity of the dispatch, the returning launch (:func:`_bound`), per call ``expert_out``."""
-    reduces: tuple
-    """Per parity of the dispatch, the reducing launch, per call ``out, expert_out, ids, weights``."""
+    """Per parity of the dispatch, the returning launch (:func:`_bound`), per call
+    ``expert_out, counts, call_in``."""
+    reduce: tuple
+    """The reducing launch (of either parity), per call ``out, expert_out, ids, pair_slots, weights, call_in``."""
     check: Any
     """Whether an ``expert_out`` has the layout of this plan's (:func:`iris.calls.entries.layout_guard`)."""
     out_shape: tuple
@@ -199,26 +186,24 @@ class CombinePlan:
         """The plan of a combine of ``handle`` (of ``dispatch``) just launched with these tensors."""
         from iris_triton.operations.moe_kernels import _REDUCE, _RETURN
 
-        returns, reduces = [], []
-        for slot, (pair_slots, call, counts) in zip(dispatch.launches.slots, dispatch.launches.scratch):
-            returns.append(_bound(_RETURN, launches.grid,
-                                  launches.return_arguments(launches.sources(slot), x, counts, call),
-                                  launches.return_constexprs, ("expert_out",)))
-            reduces.append(_bound(_REDUCE, launches.grid,
-                                  launches.reduce_arguments(out, x, handle.topk_ids, pair_slots, handle.topk_weights,
-                                                            call),
-                                  launches.reduce_constexprs, ("out", "expert_out", "ids", "weights")))
-        if None in returns or None in reduces:
+        returns = tuple(_bound(_RETURN, launches.grid, launches.return_arguments(launches.sources(slot), x,
+                                                                                  handle.counts, handle.call),
+                               launches.return_constexprs, ("expert_out", "counts", "call_in"))
+                        for slot in dispatch.launches.slots)
+        reduce = _bound(_REDUCE, launches.grid,
+                        launches.reduce_arguments(out, x, handle.topk_ids, handle.pair_slots, handle.topk_weights,
+                                                  handle.call),
+                        launches.reduce_constexprs, ("out", "expert_out", "ids", "pair_slots", "weights", "call_in"))
+        if None in returns or reduce is None:
             return None
-        return cls(launches=launches, returns=tuple(returns), reduces=tuple(reduces), check=layout_guard((x,)),
+        return cls(launches=launches, returns=returns, reduce=reduce, check=layout_guard((x,)),
                    out_shape=tuple(out.shape), out_dtype=out.dtype, out_device=out.device)
 
     def run(self, expert_out, handle: MoeHandle) -> torch.Tensor:
         """The combine of ``expert_out`` for ``handle`` (of this plan's key), launched."""
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.out_device)
-        parity = handle.sequence & 1
-        _launch(self.returns[parity], (expert_out,))
-        _launch(self.reduces[parity], (out, expert_out, handle.topk_ids, handle.topk_weights))
+        _launch(self.returns[handle.sequence & 1], (expert_out, handle.counts, handle.call))
+        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.pair_slots, handle.topk_weights, handle.call))
         return out
 
 
@@ -264,7 +249,7 @@ def combine_again(ops, expert_out, handle):
         handle = handle.handle
     dispatch = getattr(handle, "plan", None)
     if dispatch is None or dispatch.ops is not ops or dispatch.generation != repeats.generation() or \
-            ops._moe_calls - handle.sequence > 2 or not dispatch.planned(handle):
+            ops._moe_calls - handle.sequence > 2:
         return None
 
     def find():
