@@ -142,10 +142,12 @@ def _tile_name(shape: dict) -> str:
 
 
 #: The fused kernels' tiles by name (``BLOCK_MxBLOCK_NxBLOCK_K``), by device type: the built-in
-#: one and the alternatives the tuner times as ``method="fused/<tile>"`` (:mod:`iris.tuning`);
-#: common Triton matmul tiles, not measured here. The CPU ones only give the interpreter a choice.
+#: one and the alternatives the tuner times as ``method="fused/<tile>"`` (:mod:`iris.tuning`).
+#: 128x128x64 with 5 stages is for few rows: its 4 tiles per 128x256 one fill a last wave better,
+#: and 5 stages run them faster there than 4 (``benchmarks/gemm.py``; ``results/gemm-h100-2026-12-07-tiles.json``).
+#: The CPU ones only give the interpreter a choice.
 GEMM_TILES = {device: {_tile_name(shape): shape for shape in shapes} for device, shapes in {
-    "cuda": (GEMM_SHAPES["cuda"], dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+    "cuda": (GEMM_SHAPES["cuda"], dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=5),
              dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)),
     "cpu": (GEMM_SHAPES["cpu"], dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)),
 }.items()}
