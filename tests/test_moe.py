@@ -312,17 +312,17 @@ def _check_host_errors(ctx, report: RankReport) -> None:
     # A dispatch of more tokens grows the receive buffers: the handles made before are refused.
     smaller = dispatch(x, ids, w, world)
     grown = ctx.workspaces.version("moe_slots")
-    larger = dispatch(x.repeat(64, 1), ids.repeat(64, 1), w.repeat(64, 1), world)
+    larger = dispatch(x.repeat(8, 1), ids.repeat(8, 1), w.repeat(8, 1), world)
     report.check("host_errors/buffers_grew", ctx.workspaces.version("moe_slots") > grown)
     report.check("host_errors/replaced_buffers", _raises(
         lambda: ctx.ops.moe_combine(smaller.tokens, smaller), "receive buffers were replaced since by larger ones"))
     ctx.ops.moe_combine(larger.tokens, larger)
     # More tokens at one capacity grow only the calls' state (a plan's handles', the routing's):
     # a handle made in full, whose state is tensors of its own, still combines.
-    capacity = world * TOKENS * 128
+    capacity = world * TOKENS * 16
     own = dispatch(x, ids, w, world, capacity=capacity)
     slots, state = ctx.workspaces.version("moe_slots"), ctx.workspaces.version("moe_state")
-    more = dispatch(x.repeat(128, 1), ids.repeat(128, 1), w.repeat(128, 1), world, capacity=capacity)
+    more = dispatch(x.repeat(16, 1), ids.repeat(16, 1), w.repeat(16, 1), world, capacity=capacity)
     grew_state_only = ctx.workspaces.version("moe_slots") == slots and ctx.workspaces.version("moe_state") > state
     combined = ctx.ops.moe_combine(own.tokens, own)  # the tokens come back: x times both weights
     report.check("host_errors/state_grew_only", grew_state_only and torch.equal(combined, (x.float() * 2).to(x.dtype)))
@@ -330,8 +330,8 @@ def _check_host_errors(ctx, report: RankReport) -> None:
     # A handle made by its plan keeps its state in a workspace: once more tokens grew that, it is
     # refused, saying so (tokens sent nowhere: no expert's capacity matters).
     planned = [dispatch(x, ids, w, world, capacity=capacity) for _ in range(2)][-1]
-    nowhere = torch.full((TOKENS * 256, 2), -1, dtype=ids.dtype)
-    larger_state = dispatch(x.repeat(256, 1), nowhere, w.repeat(256, 1), world, capacity=capacity)
+    nowhere = torch.full((TOKENS * 32, 2), -1, dtype=ids.dtype)
+    larger_state = dispatch(x.repeat(32, 1), nowhere, w.repeat(32, 1), world, capacity=capacity)
     report.check("host_errors/replaced_state", planned.handle.plan is not None and _raises(
         lambda: ctx.ops.moe_combine(planned.tokens, planned), "state (kept in a workspace by its plan) were replaced",
         "more tokens or experts"))
