@@ -98,9 +98,6 @@ class TritonDeviceOps(DeviceOps):
         #: their peers and the host communicator over them: the context's own, then its groups'
         #: (:meth:`_setup_group_view`).
         self._fault_word_sets: list[tuple] = []
-        #: The first fault word of each set (nonzero: a kernel recorded a give-up there), read as a
-        #: Python int without numpy's scalar: the check every repeated call makes.
-        self._first_fault_words: list[memoryview] = []
         #: The flag words of every tile sync made (``tile_sync``), kept while the context lives.
         self._tile_flags: list[torch.Tensor] = []
         self._setup_peer_state(tuple(range(self.world_size)))
@@ -145,7 +142,6 @@ class TritonDeviceOps(DeviceOps):
             self.host_faults = self.faults
             host_words = self.faults.numpy()
         self._fault_word_sets.append((host_words, peers, self.comm))
-        self._first_fault_words.append(memoryview(host_words[:1]))
         # Where kernels find them, and the timeout: the device context's trailer (iris_triton.device.failstop).
         set_trailer(self._device_context, timeout_ns=self.timeout_ns, faults=self.faults.data_ptr(),
                     host_faults=self.host_faults.data_ptr())
@@ -167,11 +163,6 @@ class TritonDeviceOps(DeviceOps):
 
     def _recorded_failure(self) -> str | None:
         """A give-up recorded by this rank's kernels, as a message (None when there is none)."""
-        for first in self._first_fault_words:
-            if first[0]:
-                break
-        else:
-            return None
         by_failure: dict[tuple[str, str], list[int]] = {}
         for host_words, peers, _ in self._fault_word_sets:
             if host_words[0]:

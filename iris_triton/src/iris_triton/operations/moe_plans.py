@@ -176,10 +176,6 @@ class CombinePlan:
     """The reducing launch (of either parity), per call ``out, expert_out, ids, pair_slots, weights, call_in``."""
     check: Any
     """Whether an ``expert_out`` has the layout of this plan's (:func:`iris.calls.entries.layout_guard`)."""
-    out_shape: tuple
-    out_dtype: torch.dtype
-    out_device: torch.device
-    """What a call's output is made of (``expert_out``'s dtype and device: the layout the plan checks)."""
 
     @classmethod
     def of(cls, dispatch: DispatchPlan, launches, handle: MoeHandle, out, x) -> "CombinePlan | None":
@@ -196,12 +192,12 @@ class CombinePlan:
                         launches.reduce_constexprs, ("out", "expert_out", "ids", "pair_slots", "weights", "call_in"))
         if None in returns or reduce is None:
             return None
-        return cls(launches=launches, returns=returns, reduce=reduce, check=layout_guard((x,)),
-                   out_shape=tuple(out.shape), out_dtype=out.dtype, out_device=out.device)
+        return cls(launches=launches, returns=returns, reduce=reduce, check=layout_guard((x,)))
 
     def run(self, expert_out, handle: MoeHandle) -> torch.Tensor:
         """The combine of ``expert_out`` for ``handle`` (of this plan's key), launched."""
-        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.out_device)
+        T, H = self.launches.shape[:2]
+        out = torch.empty(T, H, dtype=expert_out.dtype, device=expert_out.device)
         _launch(self.returns[handle.sequence & 1], (expert_out, handle.counts, handle.call))
         _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.pair_slots, handle.topk_weights, handle.call))
         return out
