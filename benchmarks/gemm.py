@@ -11,12 +11,13 @@ descriptors with ``B`` row-major and column-major; plain loads, which they run w
 cannot address the operands), and by candidates the fused kernels do not run: two split the
 tiles of a last wave that fills at most half the programs along K among the idle programs
 (``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
-through one product loop); ``flat`` flattens the tile and K loops into one pipelined loop, tiles
-stored by descriptor (``ws``: its tile loop warp-specialized); ``gluon ws`` is a persistent
-Gluon kernel whose warp specialization is written out, one warp loading and two warp groups
-multiplying (:mod:`benchmarks.gemm_gluon`: Hopper GPUs only, on its 128 x 256 x 64 tile; ``tail``:
-a last wave of at most half the programs run as half tiles). Each is checked against
-``torch.matmul``, then cuBLAS and every loop are timed in turn with ``triton.testing.do_bench``
+through one product loop) and one runs them as tiles of half the columns (``half``: in the same
+launch, nothing summed across programs); ``flat`` flattens the tile and K loops into one
+pipelined loop, tiles stored by descriptor (``ws``: its tile loop warp-specialized); ``gluon ws``
+is a persistent Gluon kernel whose warp specialization is written out, one warp loading and two
+warp groups multiplying (:mod:`benchmarks.gemm_gluon`: Hopper GPUs only, on its 128 x 256 x 64
+tile; ``tail``: a last wave of at most half the programs run as half tiles). Each is checked
+against ``torch.matmul``, then cuBLAS and every loop are timed in turn with ``triton.testing.do_bench``
 (median), ``--rounds`` times, each figure the median of its rounds: a GPU whose clocks drop as it
 warms under the run slows every one alike (timed one after the other, whichever runs first, on a
 cool GPU, looks faster). Each row also names cuBLAS's kernel (its tile and cluster). The products
@@ -32,7 +33,7 @@ on that shape, the tile ``ctx.ops.tune_matmul`` would choose for them.
 the JSON, not speed.
 
     python -m benchmarks.gemm [--rows 2048,8192,16384] [--loops "tma,tma flat"] [--shapes qkv]
-                              [--tiles 64x256x64:4:4,...] [--programs N] [--rounds 3] [--out DIR]
+                              [--tiles 64x256x64:4:4[:group],...] [--programs N] [--rounds 3] [--out DIR]
     TRITON_INTERPRET=1 python -m benchmarks.gemm --cpu
 """
 
@@ -184,6 +185,31 @@ def _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn):
 
 
 @triton.jit
+def half_tail_loop_kernel(c, a_desc, b_desc, b_half_desc, M, N, K, tiles, tail, stride_cm, stride_cn,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
+    """``c := a @ b`` (by descriptors) in one persistent launch: the first ``tiles - tail`` tiles
+    whole (program ``p`` takes tiles ``p, p + P, ...``; a whole number of waves), then each of the
+    last ``tail`` as two tiles of half its columns (``b_half_desc``: blocks ``BLOCK_K x BLOCK_N /
+    2``), a program each. Nothing is summed across programs: a last wave of at most half the
+    programs takes half as long, as a split along K would, with no partial sums to wait for."""
+    row_tiles = tl.cdiv(M, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    steps = tl.cdiv(K, BLOCK_K)
+    whole = tiles - tail
+    for t in range(tl.program_id(0), whole, tl.num_programs(0)):
+        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, 0, steps, tile_row, tile_col, BLOCK_M, BLOCK_N,
+                                               BLOCK_K, B_COLUMN_MAJOR)
+        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
+    for h in range(tl.program_id(0), 2 * tail, tl.num_programs(0)):
+        tile_row, tile_col = tile_coordinates(whole + h // 2, row_tiles, col_tiles, GROUP_M)
+        acc, offs_m, offs_n = tile_product_tma(a_desc, b_half_desc, 0, 0, 0, steps, tile_row, 2 * tile_col + h % 2,
+                                               BLOCK_M, BLOCK_N // 2, BLOCK_K, B_COLUMN_MAJOR)
+        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
+
+
+@triton.jit
 def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr,
                      WARP_SPECIALIZE: tl.constexpr):
@@ -219,14 +245,16 @@ def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, strid
 
 
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              split_tail: bool = False, one_launch: bool = False, flat: bool = False,
+              split_tail: bool = False, one_launch: bool = False, half_tail: bool = False, flat: bool = False,
               warp_specialize: bool = False, gluon: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
     with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
     its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
-    whole product is :func:`split_loop_kernel`; with ``flat`` it is :func:`flat_loop_kernel`
-    (``warp_specialize``: its warp-specialized form); with ``gluon`` it is
+    whole product is :func:`split_loop_kernel`; with ``half_tail`` (descriptors) it is
+    :func:`half_tail_loop_kernel`, such a last wave as tiles of half the columns; with ``flat``
+    it is :func:`flat_loop_kernel` (``warp_specialize``: its warp-specialized form); with
+    ``gluon`` it is
     :func:`~benchmarks.gemm_gluon.ws_tile_loop` (``split_tail``: its last wave in half tiles)."""
     if gluon:
         return ws_tile_loop(a, b, c, tile, programs, tail_split=split_tail)
@@ -237,8 +265,16 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
         if tma else PLAIN_LOOP
     if tma and not loop["TMA"]:
         raise ValueError("the operands' layouts do not allow tensor descriptors")
-    tail = tiles % programs if split_tail and tiles > programs and 2 * (tiles % programs) <= programs else 0
+    tail = tiles % programs if (split_tail or half_tail) and tiles > programs and 2 * (tiles % programs) <= programs \
+        else 0
     whole = tiles - tail
+    if half_tail:
+        half = dict(tile, BLOCK_N=tile["BLOCK_N"] // 2)
+        b_half = descriptors(a, (1, 1, M, K), (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b, half)
+        half_tail_loop_kernel[(min(programs, max(whole, 2 * tail)),)](
+            c, loop["a_desc"], loop["b_desc"], b_half["b_desc"], M, N, K, tiles, tail, c.stride(0), c.stride(1),
+            B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
+        return c
     if flat:
         c_desc = TensorDescriptor(c, list(c.shape), list(c.stride()), [tile["BLOCK_M"], tile["BLOCK_N"] // 2])
         flat_loop_kernel[(min(programs, tiles),)](loop["a_desc"], loop["b_desc"], c_desc, M, N, K,
@@ -289,6 +325,7 @@ def _split_arguments(device: torch.device, programs: int, tile: dict) -> tuple[t
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
          "tma split ": (dict(tma=True, split_tail=True), False),
          "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
+         "tma half ": (dict(tma=True, half_tail=True), False),
          "tma flat ": (dict(tma=True, flat=True), False),
          "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False),
          "gluon ws ": (dict(gluon=True), False), "gluon ws tail ": (dict(gluon=True, split_tail=True), False)}
@@ -324,19 +361,21 @@ def _loops(tiles: dict, loops: dict, device: torch.device) -> list[str]:
 
 
 def _named_tiles(text: str) -> dict:
-    """Tiles named ``MxNxK:warps:stages`` (comma-separated), e.g. ``64x256x64:4:4``: candidates
-    timed beside the fused kernels' own."""
+    """Tiles named ``MxNxK:warps:stages[:group]`` (comma-separated), e.g. ``64x256x64:4:4``:
+    candidates timed beside the fused kernels' own; ``group``: the rows of tiles walked together
+    (``GROUP_M``, default 8)."""
     tiles = {}
     for spec in text.split(","):
-        match = re.fullmatch(r"(\d+)x(\d+)x(\d+):(\d+):(\d+)", spec.strip())
+        match = re.fullmatch(r"(\d+)x(\d+)x(\d+):(\d+):(\d+)(?::(\d+))?", spec.strip())
         if match is None:
-            raise SystemExit(f"--tiles: {spec.strip()!r} is not MxNxK:warps:stages (e.g. 64x256x64:4:4)")
-        m, n, k, warps, stages = map(int, match.groups())
+            raise SystemExit(f"--tiles: {spec.strip()!r} is not MxNxK:warps:stages[:group] (e.g. 64x256x64:4:4)")
+        m, n, k, warps, stages = map(int, match.groups()[:5])
+        group = int(match[6] or 8)
         if any(size & (size - 1) for size in (m, n, k)):
             raise SystemExit(f"--tiles: {spec.strip()!r} has a block size that is not a power of two, which Triton's "
                              f"blocks must be (e.g. 128x256x64:8:3)")
-        tiles[f"{m}x{n}x{k}w{warps}s{stages}"] = dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=8, num_warps=warps,
-                                                      num_stages=stages)
+        name = f"{m}x{n}x{k}w{warps}s{stages}" + (f"g{group}" if group != 8 else "")
+        tiles[name] = dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=group, num_warps=warps, num_stages=stages)
     return tiles
 
 
@@ -436,12 +475,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default=None, help="rows M of each product, comma-separated")
     parser.add_argument("--loops", default=None,
                         help="the loops timed beside cuBLAS, comma-separated: plain, tma, tma b_t, tma split, "
-                             "tma split1, tma flat, tma ws, gluon ws, gluon ws tail (default: all; the Gluon ones on "
-                             "Hopper GPUs only)")
+                             "tma split1, tma half, tma flat, tma ws, gluon ws, gluon ws tail (default: all; the "
+                             "Gluon ones on Hopper GPUs only)")
     parser.add_argument("--shapes", default=None,
                         help="the products timed, comma-separated: " + ", ".join(name for name, *_ in SHAPES["cuda"]))
     parser.add_argument("--tiles", default=None,
-                        help="tiles timed instead of the fused kernels' own, as MxNxK:warps:stages, comma-separated")
+                        help="tiles timed instead of the fused kernels' own, as MxNxK:warps:stages[:group], "
+                             "comma-separated")
     parser.add_argument("--programs", type=int, default=None,
                         help="persistent programs (default: one per multiprocessor)")
     parser.add_argument("--rounds", type=int, default=None,

@@ -159,3 +159,17 @@ def test_gluon_loop_matches_torch_on_a_hopper_gpu(tail_split, M, K, N):
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     ws_tile_loop(a, b, out, WS_TILE, programs, tail_split=tail_split)
     torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2 * K ** 0.5)
+
+
+def test_candidate_tiles_are_parsed_with_their_group():
+    """``--tiles`` names each candidate's blocks, warps and stages, and optionally its group of
+    tile rows (``GROUP_M``, 8 unless given); what is not such a name is refused, saying why."""
+    tiles = gemm._named_tiles("128x128x64:4:5, 128x128x64:4:5:16")
+    assert tiles == {
+        "128x128x64w4s5": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=5),
+        "128x128x64w4s5g16": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=16, num_warps=4, num_stages=5),
+    }
+    with pytest.raises(SystemExit, match="is not MxNxK:warps:stages"):
+        gemm._named_tiles("128x128:4:5")
+    with pytest.raises(SystemExit, match="not a power of two"):
+        gemm._named_tiles("128x160x64:4:5")

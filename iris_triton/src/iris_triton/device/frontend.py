@@ -21,7 +21,7 @@ from triton.runtime import driver
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 
-__all__ = ["Frontend", "LaunchCache", "SHARED_SOURCE_LANGUAGES", "TRITON", "passed"]
+__all__ = ["Frontend", "LaunchCache", "SHARED_SOURCE_LANGUAGES", "TRITON", "passed", "tensor_passed"]
 
 #: The kernel languages iris's shared kernel sources compile in (the Triton backend's and the
 #: Gluon backend's front ends): what the collective algorithms written that way declare.
@@ -146,3 +146,8 @@ def passed(value):
     """``value`` as a launch's runtime argument (:meth:`LaunchCache.bound`): a tensor as its
     address for a compiled kernel, as itself under the interpreter."""
     return value.data_ptr() if not INTERPRETING and isinstance(value, torch.Tensor) else value
+
+
+#: :func:`passed` of a value known to be a tensor, without the type test: the per-call tensors a
+#: caller of :meth:`LaunchCache.bound` writes into its arguments on every launch.
+tensor_passed: Callable[[torch.Tensor], Any] = (lambda tensor: tensor) if INTERPRETING else torch.Tensor.data_ptr

@@ -26,7 +26,7 @@ import torch
 
 from iris.calls import repeats
 from iris.calls.entries import layout_guard
-from iris_triton.device.frontend import passed
+from iris_triton.device.frontend import tensor_passed
 from iris_triton.operations.moe import MoeDispatch, MoeHandle, buffer_versions
 
 __all__ = ["CombinePlan", "DispatchPlan", "combine_again", "dispatch_again", "dispatch_key"]
@@ -72,11 +72,12 @@ def _bound(cache, grid: tuple, arguments: tuple, constexprs: dict, per_call: tup
 
 
 def _launch(bound, values: tuple) -> None:
-    """Launch ``bound`` (:func:`_bound`) with ``values`` for its per-call arguments (written into
-    its arguments in place: a plan's calls never overlap, the guard lets one call run at a time)."""
+    """Launch ``bound`` (:func:`_bound`) with ``values``, tensors, for its per-call arguments
+    (written into its arguments in place: a plan's calls never overlap, the guard lets one call
+    run at a time)."""
     runner, arguments, indices = bound
     for index, value in zip(indices, values):
-        arguments[index] = passed(value)
+        arguments[index] = tensor_passed(value)
     runner(arguments)
 
 
