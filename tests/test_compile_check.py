@@ -120,7 +120,7 @@ def test_a_kernel_whose_wgmma_ptxas_serializes_fails(tmp_path):
         import json
         import iris.tools.compile_check as check
 
-        def serialized(ptx, target, options):
+        def serialized(ptx, target, options, report=""):
             return [f"(C7515) stand-in, sm_{target.arch}, {options['num_warps']} warps"] \
                 if "wgmma.mma_async" in ptx else []
 

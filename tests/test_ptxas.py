@@ -5,9 +5,11 @@ passes.
 Two accumulators updated in each step of K, in a tile loop flattened into its K loop, is a form
 ptxas serializes (C7515: a GEMM candidate of this form ran far below the same tile with one
 accumulator); so is a 128 x 256 tile on 4 warps (C7511: too few registers for the pipeline). One
-accumulator flattened, two without flattening, or the 128 x 256 tile on 8 warps it does not. The
-kernels are compiled for sm_90 in a process of their own (no GPU needed; the interpreter compiles
-nothing).
+accumulator flattened, two without flattening, or the 128 x 256 tile on 8 warps it does not.
+The report ptxas gave when the kernel was compiled (:func:`~iris.tools.compile_check.ptxas.reported`,
+what the compile check reads) says the same as assembling it again. The kernels are compiled for
+sm_90 in a process of their own, with a cache of their own (no GPU needed; the interpreter
+compiles nothing).
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from iris.testing import run_without_interpreter
 
 KERNELS = '''
 import json
+import os
+import tempfile
+
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # every kernel assembled here, none from a cache
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
-from iris.tools.compile_check.ptxas import serialized_tensor_cores
+from iris.tools.compile_check.ptxas import reported, serialized_tensor_cores
 
 
 @triton.jit
@@ -48,9 +54,11 @@ def tile(a_desc, b_desc, c, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLO
 
 def serialized(kernel, signature, constexprs, warps):
     target, options = GPUTarget("cuda", 90, 32), {"num_warps": warps, "num_stages": 3}
-    ptx = triton.compile(triton.compiler.ASTSource(kernel, signature, constexprs), target=target,
-                         options=options).asm["ptx"]
-    return {"wgmma": "wgmma.mma_async" in ptx, "serialized": serialized_tensor_cores(ptx, target, options)}
+    compiled, report = reported(lambda: triton.compile(triton.compiler.ASTSource(kernel, signature, constexprs),
+                                                       target=target, options=options))
+    ptx = compiled.asm["ptx"]
+    return {"wgmma": "wgmma.mma_async" in ptx, "serialized": serialized_tensor_cores(ptx, target, options),
+            "reported": "ptxas info" in report, "as compiled": serialized_tensor_cores(ptx, target, options, report)}
 
 
 signature = {"a_desc": "tensordesc<bf16[64, 64]>", "b_desc": "tensordesc<bf16[64, 64]>", "c": "*fp32", "K": "i32",
@@ -71,6 +79,7 @@ def test_serialized_wgmma_is_reported_and_others_pass(tmp_path):
     script.write_text(KERNELS)
     found = run_without_interpreter(script, timeout=600, pythonpath=Path(__file__).resolve().parents[1])
     assert all(kernel["wgmma"] for kernel in found.values()), found  # each runs on tensor cores
+    assert all(kernel["reported"] and kernel["as compiled"] == kernel["serialized"] for kernel in found.values()), found
     passing = ("one flat", "two", "128x256 8 warps")
     assert all(found[name]["serialized"] == [] for name in passing), found
     for name, reason in (("two flat", "C7515"), ("128x256 4 warps", "C7511")):

@@ -34,7 +34,7 @@ from iris.config import DEFAULT_BACKEND
 from iris.tools.compile_check.cases import Checked, calls, contexts_checked
 from iris.tools.compile_check.coverage import uncovered_launch_sites
 from iris.tools.compile_check.ptx import ptx_violations
-from iris.tools.compile_check.ptxas import serialized_tensor_cores
+from iris.tools.compile_check.ptxas import reported, serialized_tensor_cores
 from iris.tools.compile_check.recorder import Launch, compile_launch, parse_arch, recording
 from iris.tools.compile_check.world import compile_only_context
 
@@ -262,8 +262,8 @@ def _compile_one(index: int) -> list[Failure]:
     launches, target = _TO_COMPILE
     launch = launches[index]
     try:
-        ptx = compile_launch(launch, target)
-        serialized = serialized_tensor_cores(ptx, target, launch.options.__dict__)
+        ptx, report = reported(lambda: compile_launch(launch, target))
+        serialized = serialized_tensor_cores(ptx, target, launch.options.__dict__, report)
     except Exception as error:  # noqa: BLE001 (the compiler's or assembler's message is the report)
         return [Failure(family=launch.family, where=launch.where, arguments=launch.arguments(),
                         message=f"{type(error).__name__}: {error}")]

@@ -6,40 +6,48 @@ accumulator written between a ``wgmma``'s start and its wait, too few registers 
 ...), ptxas serializes them and says so in an advisory (C7515, C7511, ...), which costs a large
 share of the product's throughput. The kernel still compiles and computes the right result, so
 only ptxas's own report shows it. Triton runs ptxas with ``-v`` but keeps its report only for a
-failure, and not at all where the kernel comes from its cache, so the check assembles every
-kernel that uses ``wgmma`` once more, through Triton's own step (the same ptxas and flags), and
-reads the report.
+failure, unless asked to print it: the check compiles each kernel asking (:func:`reported`), and
+reads that report; a kernel that came from Triton's cache was not assembled, so one that uses
+``wgmma`` is assembled once more, through Triton's own step (the same ptxas and flags).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+from typing import Callable, TypeVar
 
-__all__ = ["serialized_tensor_cores"]
+__all__ = ["reported", "serialized_tensor_cores"]
+
+T = TypeVar("T")
 
 #: What every one of ptxas's advisories that it serialized a kernel's wgmma instructions says.
 SERIALIZED = "wgmma.mma_async instructions are serialized"
 
 
-def serialized_tensor_cores(ptx: str, target, options: dict) -> list[str]:
+def serialized_tensor_cores(ptx: str, target, options: dict, report: str = "") -> list[str]:
     """ptxas's lines saying it serialized ``wgmma`` instructions of ``ptx``, assembled for
     ``target`` (Triton's ``GPUTarget``) with the kernel's compile ``options`` as Triton assembles
-    it. Empty where the PTX has no ``wgmma`` (nothing is assembled)."""
+    it: read from ``report``, what ptxas said when the kernel was compiled (:func:`reported`), or
+    where that is empty from assembling it again. Empty where the PTX has no ``wgmma``."""
     if "wgmma.mma_async" not in ptx:
         return []
-    return [line.strip() for line in _assembler_report(ptx, target, options).splitlines() if SERIALIZED in line]
+    if not report:
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        backend = CUDABackend(target)
+        _, report = reported(lambda: backend.make_cubin(ptx, {}, backend.parse_options(dict(options)), target.arch))
+    return [line.strip() for line in report.splitlines() if SERIALIZED in line]
 
 
-def _assembler_report(ptx: str, target, options: dict) -> str:
-    """What ``ptxas -v`` writes for ``ptx`` in Triton's assembling step (``make_cubin``), which
-    prints it where ``knobs.nvidia.dump_ptxas_log`` is set."""
+def reported(assemble: Callable[[], T]) -> tuple[T, str]:
+    """``assemble()``, a step that may run Triton's assembler (``make_cubin``: a compile, say), and
+    what ``ptxas -v`` wrote meanwhile, which Triton prints where ``knobs.nvidia.dump_ptxas_log``
+    is set; empty where nothing was assembled (a kernel from Triton's cache)."""
     from triton import knobs
-    from triton.backends.nvidia.compiler import CUDABackend
 
-    backend = CUDABackend(target)
     report = io.StringIO()
     with knobs.nvidia.scope(), contextlib.redirect_stdout(report):
         knobs.nvidia.dump_ptxas_log = True
-        backend.make_cubin(ptx, {}, backend.parse_options(dict(options)), target.arch)
-    return report.getvalue()
+        result = assemble()
+    return result, report.getvalue()
