@@ -254,25 +254,26 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
     whole product is :func:`split_loop_kernel`; with ``half_tail`` (descriptors) it is
     :func:`half_tail_loop_kernel`, such a last wave as tiles of half the columns; with ``flat``
     it is :func:`flat_loop_kernel` (``warp_specialize``: its warp-specialized form); with
-    ``gluon`` it is
-    :func:`~benchmarks.gemm_gluon.ws_tile_loop` (``split_tail``: its last wave in half tiles)."""
+    ``gluon`` it is :func:`~benchmarks.gemm_gluon.ws_tile_loop` (``split_tail``: its last wave in
+    half tiles)."""
     if gluon:
         return ws_tile_loop(a, b, c, tile, programs, tail_split=split_tail)
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
-    loop = descriptors(a, (1, 1, M, K), (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b, tile) \
-        if tma else PLAIN_LOOP
+    # The fused kernels' descriptors of a and b for a tile (a as their [slots, blocks, rows, K]).
+    described = functools.partial(descriptors, a, (1, 1, M, K),
+                                  (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b)
+    loop = described(tile) if tma else PLAIN_LOOP
     if tma and not loop["TMA"]:
         raise ValueError("the operands' layouts do not allow tensor descriptors")
     tail = tiles % programs if (split_tail or half_tail) and tiles > programs and 2 * (tiles % programs) <= programs \
         else 0
     whole = tiles - tail
     if half_tail:
-        half = dict(tile, BLOCK_N=tile["BLOCK_N"] // 2)
-        b_half = descriptors(a, (1, 1, M, K), (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b, half)
+        b_half = described(dict(tile, BLOCK_N=tile["BLOCK_N"] // 2))["b_desc"]
         half_tail_loop_kernel[(min(programs, max(whole, 2 * tail)),)](
-            c, loop["a_desc"], loop["b_desc"], b_half["b_desc"], M, N, K, tiles, tail, c.stride(0), c.stride(1),
+            c, loop["a_desc"], loop["b_desc"], b_half, M, N, K, tiles, tail, c.stride(0), c.stride(1),
             B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
         return c
     if flat:
