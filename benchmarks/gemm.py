@@ -4,19 +4,18 @@
 The fused GEMM + communication kernels (:mod:`iris_triton.operations.fused`) can only approach
 the overlap bound if their product runs at cuBLAS's speed. This benchmark isolates that product:
 a persistent kernel with one program per multiprocessor walks the output tiles in the fused
-kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`) and computes each with
-their :func:`~iris_triton.operations.gemm.row_block_tile`, then stores it; nothing is sent. Each
-tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``), by each of their loops (tensor
-descriptors with ``B`` row-major and column-major; plain loads, which they run where descriptors
-cannot address the operands), and by candidates the fused kernels do not run: two split the
-tiles of a last wave that fills at most half the programs along K among the idle programs
-(``split``: in a second launch; ``split1``: in the same launch, every unit a K range of a tile
-through one product loop) and one runs them as tiles of half the columns (``half``: in the same
-launch, nothing summed across programs); ``flat`` flattens the tile and K loops into one
-pipelined loop, tiles stored by descriptor (``ws``: its tile loop warp-specialized); ``gluon ws``
-is a persistent Gluon kernel whose warp specialization is written out, one warp loading and two
-warp groups multiplying (:mod:`benchmarks.gemm_gluon`: Hopper GPUs only, on its 128 x 256 x 64
-tile; ``tail``: a last wave of at most half the programs run as half tiles). Each is checked
+kernels' order (:func:`iris_triton.operations.gemm.tile_coordinates`), a last wave that would
+leave programs idle cut along K as theirs is (:func:`~iris_triton.operations.gemm.split_parts`),
+and computes each with their :func:`~iris_triton.operations.gemm.row_block_tile`, then stores it;
+nothing is sent. Each tile the fused kernels can use (``iris_triton.tuning.GEMM_TILES``), by
+each of their loops (tensor descriptors with ``B`` row-major and column-major; plain loads, which
+they run where descriptors cannot address the operands), and by candidates the fused kernels do
+not run: ``whole`` is their loop with no wave cut (what the cut gains), ``flat`` flattens the
+tile and K loops into one pipelined loop, tiles stored by descriptor (``ws``: its tile loop
+warp-specialized); ``gluon ws`` is a persistent Gluon kernel whose warp specialization is written
+out, one warp loading and two warp groups multiplying (:mod:`benchmarks.gemm_gluon`: Hopper GPUs
+only, on its 128 x 256 x 64 tile; ``tail``: a last wave of at most half the programs run as half
+tiles). Each is checked
 against ``torch.matmul``, then cuBLAS and every loop are timed in turn with ``triton.testing.do_bench``
 (median), ``--rounds`` times, each figure the median of its rounds: a GPU whose clocks drop as it
 warms under the run slows every one alike (timed one after the other, whichever runs first, on a
@@ -41,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import re
 import statistics
 import time
@@ -55,8 +53,9 @@ from benchmarks.gemm_gluon import WS_TILE, runs_on, ws_supports, ws_tile_loop
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from iris_triton.operations.gemm import (PLAIN_LOOP, descriptors, row_block_tile, tile_coordinates,
-                                         tile_product_tma)
+from iris_triton.operations.gemm import (MOST_PARTS, PLAIN_LOOP, descriptors, loop_unit, loop_units,
+                                         row_block_tile, split_parts, split_slots, tile_coordinates,
+                                         tile_product_tma, tile_sum)
 from iris_triton.tuning import GEMM_TILES
 
 #: (name, K, N) of each per-rank product; M is the number of rows (tokens).
@@ -67,146 +66,30 @@ ROWS = {"cuda": "2048,8192,16384", "cpu": "24"}
 
 
 @triton.jit
-def tile_loop_kernel(a, b, c, a_desc, b_desc, M, N, K, tiles, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                     stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
-    """The first ``tiles`` tiles of ``c := a @ b`` by the fused kernels' tile loop
-    (:func:`row_block_tile`: by descriptors with ``TMA``, else by plain loads): program ``p`` takes
-    tiles ``p, p + P, ...``."""
+def tile_loop_kernel(a, b, c, a_desc, b_desc, partials, arrived, M, N, K, parts, stride_am, stride_ak, stride_bk,
+                     stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+                     B_COLUMN_MAJOR: tl.constexpr):
+    """``c := a @ b`` by the fused kernels' tile loop: their units (:func:`loop_unit`: whole tiles,
+    then a last wave cut into ``parts`` along K, whose sums meet in ``partials`` as ``arrived``
+    says), each computed by :func:`row_block_tile` (by descriptors with ``TMA``, else by plain
+    loads) and summed by :func:`tile_sum`."""
     row_tiles = tl.cdiv(M, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
-    for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk,
-                    stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA, B_COLUMN_MAJOR)
-
-
-#: The kernels that take ``launch`` (:data:`_LAUNCHES`): one compiled kernel for every value of
-#: it, where Triton would otherwise specialize on a value of 1 or a multiple of 16.
-_COUNTED = triton.jit(do_not_specialize=["launch"])
-
-
-@_COUNTED
-def tail_split_kernel(c, a_desc, b_desc, partials, arrived, launch, whole, parts, M, N, K, stride_cm, stride_cn,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      B_COLUMN_MAJOR: tl.constexpr):
-    """The tiles after the first ``whole`` of ``c := a @ b`` (by descriptors), each split along K
-    into ``parts``, a program each (launched after :func:`tile_loop_kernel` took the whole tiles;
-    :func:`_tail_part`, :func:`_finish_part`). On a GPU every program of the launch is resident (at
-    most one per multiprocessor), so the waits end."""
-    tile, part, first, end = _tail_part(tl.program_id(0), whole, parts, tl.cdiv(K, BLOCK_K))
-    tile_row, tile_col = tile_coordinates(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, end, tile_row, tile_col, BLOCK_M, BLOCK_N,
-                                           BLOCK_K, B_COLUMN_MAJOR)
-    _finish_part(c, acc, offs_m, offs_n, partials, arrived, launch, tile - whole, part, parts, M, N, stride_cm,
-                 stride_cn, BLOCK_M, BLOCK_N)
-
-
-@_COUNTED
-def split_loop_kernel(c, a_desc, b_desc, partials, arrived, launch, M, N, K, tiles, tail, parts, stride_cm,
-                      stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
-    """``c := a @ b`` (by descriptors) in one persistent launch whose units are K ranges of tiles:
-    the first ``tiles - tail`` tiles whole, then each of the last ``tail`` split into ``parts``
-    (program ``p`` takes units ``p, p + P, ...``; :func:`_tail_part`, :func:`_finish_part`). Every
-    unit runs the same product loop over its steps; on a GPU every program is resident, one per
-    multiprocessor."""
-    row_tiles = tl.cdiv(M, BLOCK_M)
-    col_tiles = tl.cdiv(N, BLOCK_N)
+    tiles = row_tiles * col_tiles
     steps = tl.cdiv(K, BLOCK_K)
-    whole = tiles - tail
-    for u in range(tl.program_id(0), whole + parts * tail, tl.num_programs(0)):
-        tile = u
-        part = 0
-        first = 0
-        end = steps
-        if u >= whole:
-            tile, part, first, end = _tail_part(u - whole, whole, parts, steps)
-        tile_row, tile_col = tile_coordinates(tile, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, first, end, tile_row, tile_col, BLOCK_M, BLOCK_N,
-                                               BLOCK_K, B_COLUMN_MAJOR)
-        if u >= whole:
-            _finish_part(c, acc, offs_m, offs_n, partials, arrived, launch, tile - whole, part, parts, M, N,
-                         stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-        else:
-            _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-
-
-@triton.jit
-def _tail_part(unit, whole, parts, steps):
-    """``(tile, part, first step, end step)`` of the ``unit``-th split unit: part ``part`` of tile
-    ``whole + unit // parts``, its K steps ``[first, end)``. Part 0 is its tile's last unit, so
-    that it runs after the others where programs run in order (the interpreter)."""
-    part = parts - 1 - unit % parts
-    per_part = tl.cdiv(steps, parts)
-    first = part * per_part
-    return whole + unit // parts, part, first, tl.minimum(first + per_part, steps)
-
-
-@triton.jit
-def _finish_part(c, acc, offs_m, offs_n, partials, arrived, launch, index, part, parts, M, N, stride_cm, stride_cn,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Part ``part`` of the ``index``-th split tile, summed in ``acc``: parts 1 to ``parts - 1``
-    publish their float32 sums (:func:`_publish_partial`); part 0 adds them and stores the tile."""
-    slots = index * (parts - 1)
-    if part > 0:
-        _publish_partial(acc, partials, arrived, slots + part - 1, launch, BLOCK_M, BLOCK_N)
-    else:
-        for other in range(1, parts):
-            acc = _add_partial(acc, partials, arrived, slots + other - 1, launch, BLOCK_M, BLOCK_N)
-        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-
-
-@triton.jit
-def _publish_partial(acc, partials, arrived, slot, launch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store ``acc`` (a float32 tile's partial sum) into slot ``slot`` of ``partials`` and set
-    word ``slot`` of ``arrived`` to ``launch`` (release)."""
-    within = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(partials + slot * BLOCK_M * BLOCK_N + within, acc)
-    tl.debug_barrier()
-    tl.atomic_xchg(arrived + slot, launch, sem="release", scope="gpu")
-
-
-@triton.jit
-def _add_partial(acc, partials, arrived, slot, launch, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``acc`` plus the partial sum in slot ``slot``, once its word of ``arrived`` is ``launch``
-    (acquire)."""
-    while tl.atomic_add(arrived + slot, 0, sem="acquire", scope="gpu") != launch:
-        pass
-    tl.debug_barrier()
-    within = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    return acc + tl.load(partials + slot * BLOCK_M * BLOCK_N + within)
-
-
-@triton.jit
-def _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn):
-    """The tile ``acc`` at rows ``offs_m`` and columns ``offs_n`` of ``c``, in ``c``'s dtype."""
-    tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def half_tail_loop_kernel(c, a_desc, b_desc, b_half_desc, M, N, K, tiles, tail, stride_cm, stride_cn,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          GROUP_M: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
-    """``c := a @ b`` (by descriptors) in one persistent launch: the first ``tiles - tail`` tiles
-    whole (program ``p`` takes tiles ``p, p + P, ...``; a whole number of waves), then each of the
-    last ``tail`` as two tiles of half its columns (``b_half_desc``: blocks ``BLOCK_K x BLOCK_N /
-    2``), a program each. Nothing is summed across programs: a last wave of at most half the
-    programs takes half as long, as a split along K would, with no partial sums to wait for."""
-    row_tiles = tl.cdiv(M, BLOCK_M)
-    col_tiles = tl.cdiv(N, BLOCK_N)
-    steps = tl.cdiv(K, BLOCK_K)
-    whole = tiles - tail
-    for t in range(tl.program_id(0), whole, tl.num_programs(0)):
-        tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_desc, 0, 0, 0, steps, tile_row, tile_col, BLOCK_M, BLOCK_N,
-                                               BLOCK_K, B_COLUMN_MAJOR)
-        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-    for h in range(tl.program_id(0), 2 * tail, tl.num_programs(0)):
-        tile_row, tile_col = tile_coordinates(whole + h // 2, row_tiles, col_tiles, GROUP_M)
-        acc, offs_m, offs_n = tile_product_tma(a_desc, b_half_desc, 0, 0, 0, steps, tile_row, 2 * tile_col + h % 2,
-                                               BLOCK_M, BLOCK_N // 2, BLOCK_K, B_COLUMN_MAJOR)
-        _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
+    for unit in range(tl.program_id(0), loop_units(tiles, parts), tl.num_programs(0)):
+        t, part, first, end = loop_unit(unit, tiles, parts, steps)
+        if t < tiles:
+            tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
+            acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, 0, M, N, K, stride_am, stride_ak, stride_bk,
+                                                 stride_bn, tile_row, tile_col, first, end, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                 EVEN_K, TMA, B_COLUMN_MAJOR)
+            acc, _, whole = tile_sum(acc, t, part, tiles, parts, partials, arrived, SPLIT_TIMEOUT_NS, BLOCK_M,
+                                     BLOCK_N)
+            if whole:  # a sum a wait gave up on is wrong, which the check against torch finds
+                tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+                         acc.to(c.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
@@ -232,101 +115,58 @@ def flat_loop_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLO
         c_desc.store([first_row, first_col + BLOCK_N // 2], halves[1].to(c_desc.dtype))
 
 
-@triton.jit
-def _whole_tile(a, b, c, a_desc, b_desc, t, row_tiles, col_tiles, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr):
-    """Tile ``t`` of ``c := a @ b`` by :func:`row_block_tile`, stored."""
-    tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
-    acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, 0, M, N, K, stride_am, stride_ak, stride_bk,
-                                         stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
-                                         B_COLUMN_MAJOR)
-    _store_tile(c, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
-
-
 def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, programs: int, tma: bool = False,
-              split_tail: bool = False, one_launch: bool = False, half_tail: bool = False, flat: bool = False,
-              warp_specialize: bool = False, gluon: bool = False) -> torch.Tensor:
+              whole_tiles: bool = False, flat: bool = False, warp_specialize: bool = False, gluon: bool = False,
+              split_tail: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
-    by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads;
-    with ``split_tail`` (descriptors), where the last wave would fill at most half the programs,
-    its tiles are left to :func:`tail_split_kernel`, launched after, or with ``one_launch`` the
-    whole product is :func:`split_loop_kernel`; with ``half_tail`` (descriptors) it is
-    :func:`half_tail_loop_kernel`, such a last wave as tiles of half the columns; with ``flat``
-    it is :func:`flat_loop_kernel` (``warp_specialize``: its warp-specialized form); with
-    ``gluon`` it is :func:`~benchmarks.gemm_gluon.ws_tile_loop` (``split_tail``: its last wave in
-    half tiles)."""
+    by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads,
+    its last wave cut along K where :func:`split_parts` says (``whole_tiles``: never, the loop as
+    it was before it cut any); with ``flat`` it is :func:`flat_loop_kernel` (``warp_specialize``:
+    its warp-specialized form); with ``gluon`` it is :func:`~benchmarks.gemm_gluon.ws_tile_loop`
+    (``split_tail``: its last wave in half tiles)."""
     if gluon:
         return ws_tile_loop(a, b, c, tile, programs, tail_split=split_tail)
     M, K = a.shape
     N = b.shape[1]
     tiles = triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"])
     # The fused kernels' descriptors of a and b for a tile (a as their [slots, blocks, rows, K]).
-    described = functools.partial(descriptors, a, (1, 1, M, K),
-                                  (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b)
-    loop = described(tile) if tma else PLAIN_LOOP
+    loop = descriptors(a, (1, 1, M, K), (M * a.stride(0), M * a.stride(0), a.stride(0), a.stride(1)), b, tile) \
+        if tma else PLAIN_LOOP
     if tma and not loop["TMA"]:
         raise ValueError("the operands' layouts do not allow tensor descriptors")
-    tail = tiles % programs if (split_tail or half_tail) and tiles > programs and 2 * (tiles % programs) <= programs \
-        else 0
-    whole = tiles - tail
-    if half_tail:
-        b_half = described(dict(tile, BLOCK_N=tile["BLOCK_N"] // 2))["b_desc"]
-        half_tail_loop_kernel[(min(programs, max(whole, 2 * tail)),)](
-            c, loop["a_desc"], loop["b_desc"], b_half, M, N, K, tiles, tail, c.stride(0), c.stride(1),
-            B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
-        return c
     if flat:
         c_desc = TensorDescriptor(c, list(c.shape), list(c.stride()), [tile["BLOCK_M"], tile["BLOCK_N"] // 2])
         flat_loop_kernel[(min(programs, tiles),)](loop["a_desc"], loop["b_desc"], c_desc, M, N, K,
                                                   B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"],
                                                   WARP_SPECIALIZE=warp_specialize, **tile)
         return c
-    if one_launch:
-        parts = programs // tail if tail else 1
-        split_loop_kernel[(min(programs, whole + parts * tail),)](
-            c, loop["a_desc"], loop["b_desc"], *_split_arguments(a.device, programs, tile), M, N, K, tiles, tail, parts,
-            c.stride(0), c.stride(1), B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
-        return c
-    tile_loop_kernel[(min(programs, whole),)](a, b, c, M=M, N=N, K=K, tiles=whole, stride_am=a.stride(0),
-                                              stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
-                                              stride_cm=c.stride(0), stride_cn=c.stride(1),
-                                              EVEN_K=K % tile["BLOCK_K"] == 0, **loop, **tile)
-    if tail:
-        parts = programs // tail
-        split = _split_arguments(a.device, programs, tile)
-        tail_split_kernel[(parts * tail,)](c, loop["a_desc"], loop["b_desc"], *split, whole, parts, M, N, K,
-                                           c.stride(0), c.stride(1),
-                                           B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"], **tile)
+    parts = 1 if whole_tiles else split_parts(tiles, programs, triton.cdiv(K, tile["BLOCK_K"]))
+    partials, arrived = _split_state(a.device, split_slots(tiles, programs, parts) * tile["BLOCK_M"] * tile["BLOCK_N"],
+                                     programs * (MOST_PARTS - 1))
+    tile_loop_kernel[(programs if parts > 1 else min(programs, tiles),)](
+        a, b, c, partials=partials, arrived=arrived, M=M, N=N, K=K, parts=parts, stride_am=a.stride(0),
+        stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0),
+        stride_cn=c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0, **loop, **tile)
     return c
 
 
-#: Numbers of the launches that split tiles: the value a launch's parts announce their sums with
-#: (``arrived`` is never reset).
-_LAUNCHES = itertools.count(1)
+#: How long the part that finishes a tile waits for the others' sums (they run beside it).
+SPLIT_TIMEOUT_NS: tl.constexpr = tl.constexpr(10 * 10**9)
 
 
 @functools.cache
-def _split_state(device: torch.device, programs: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float32 partial sums (one tile of ``block`` elements per program) and arrival words of a
-    split last wave."""
-    return (torch.empty(programs * block, dtype=torch.float32, device=device),
-            torch.zeros(programs, dtype=torch.int32, device=device))
-
-
-def _split_arguments(device: torch.device, programs: int, tile: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(partials, arrived, launch)`` of a launch that splits tiles (:func:`_split_state`, and the
-    launch's own number)."""
-    return (*_split_state(device, programs, tile["BLOCK_M"] * tile["BLOCK_N"]), next(_LAUNCHES))
+def _split_state(device: torch.device, elements: int, words: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 partial sums (``elements``) and arrival words (0 between launches: the part
+    that adds a sum clears its word) of a last wave cut along K (:func:`tile_loop_kernel`)."""
+    return (torch.empty(max(elements, 1), dtype=torch.float32, device=device),
+            torch.zeros(words, dtype=torch.int32, device=device))
 
 
 #: The tile loops compared with cuBLAS, by name: :func:`tile_loop`'s options, and whether B is
 #: column-major (a linear layer's weight transposed). Plain loads are what the fused kernels run
 #: where descriptors cannot address the operands.
 LOOPS = {"": ({}, False), "tma ": (dict(tma=True), False), "tma b_t ": (dict(tma=True), True),
-         "tma split ": (dict(tma=True, split_tail=True), False),
-         "tma split1 ": (dict(tma=True, split_tail=True, one_launch=True), False),
-         "tma half ": (dict(tma=True, half_tail=True), False),
+         "tma whole ": (dict(tma=True, whole_tiles=True), False),
          "tma flat ": (dict(tma=True, flat=True), False),
          "tma ws ": (dict(tma=True, flat=True, warp_specialize=True), False),
          "gluon ws ": (dict(gluon=True), False), "gluon ws tail ": (dict(gluon=True, split_tail=True), False)}

@@ -419,9 +419,9 @@ def _fused_specs() -> dict:
     for the all-gather product and column-major (a linear layer's weight) for the other."""
     config = {k: v for k, v in GEMM_SHAPES["cuda"].items() if k not in OPTIONS}
     types = {name: "*bf16" for name in ("shard", "gathered", "a", "b", "out", "recv")}
-    types.update(flags="*i32", calls="*i32")
-    divisible = ("context", "shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "m", "K", "N", "stride_sm",
-                 "stride_am", "stride_bk", "stride_om", "slot_stride")
+    types.update(flags="*i32", calls="*i32", partials="*fp32", arrived="*i32", parts="i32")
+    divisible = ("context", "shard", "gathered", "a", "b", "out", "recv", "flags", "calls", "partials", "arrived", "m",
+                 "K", "N", "stride_sm", "stride_am", "stride_bk", "stride_om", "slot_stride")
     unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     a_desc = f"tensordesc<bf16[1,1,{bm},{bk}]>"

@@ -457,7 +457,15 @@ def wait_until(ptr, value, cur_rank, rank, heap_bases, timeout_ns, CMP: tl.const
     nanoseconds of wall-clock time have passed (the GPU's global timer; the host's clock on CPU
     ranks) instead of hanging: returns True when the condition held, False on timeout. ``ptr`` is
     one flag (a scalar pointer) in the caller's (``cur_rank``) heap."""
-    flag_ptr = translate(ptr, cur_rank, rank, heap_bases)
+    return spin_until(translate(ptr, cur_rank, rank, heap_bases), value, timeout_ns, CMP, sem, scope)
+
+
+@triton.jit
+def spin_until(flag_ptr, value, timeout_ns, CMP: tl.constexpr = tl.constexpr("ge"), sem: tl.constexpr = None,
+               scope: tl.constexpr = None):
+    """:func:`wait_until` for a flag at an address this program can read directly (``flag_ptr``:
+    its own memory, or a peer's already translated): True when ``flag CMP value`` held within
+    ``timeout_ns`` nanoseconds, else False."""
     flag = tl.atomic_add(flag_ptr, 0, sem=_sem(sem, "acquire"), scope=_scope(scope))
     if not _compare(flag, value, CMP):
         start = now_ns()

@@ -5,7 +5,8 @@
   ``BLOCK_M`` rows at a time, and after each such row tile set a flag on every rank; the GEMM,
   a persistent kernel on the remaining multiprocessors, computes the tiles of this rank's own
   rows first and waits for a row tile's flag before it computes the tiles that need it. The two
-  kernels run at the same time, on two streams.
+  kernels run at the same time, on two streams. Where the GEMM's last wave would leave programs
+  idle, its tiles are cut along K among them (:func:`iris_triton.operations.gemm.split_parts`).
 - :func:`matmul_reduce_scatter_kernel` (``out = reduce_scatter(A @ B)``): one persistent
   kernel. It first computes the tiles of the rows other ranks own and stores each into its
   owner's receive buffer (remote stores) followed by a flag; then it computes the tiles of its
@@ -36,9 +37,9 @@ import triton.language as tl
 
 from iris_triton.protocol.calls import LANES, announce, call_number, count_call, header_value
 from iris_triton.device.context import DeviceContext
-from iris_triton.operations.gemm import row_block_tile, tile_coordinates
+from iris_triton.operations.gemm import loop_unit, loop_units, row_block_tile, tile_coordinates, tile_sum
 from iris_triton.device.tracing import COMPUTE_EVENT, OPERATION_EVENT, PUSH_EVENT, WAIT_EVENT
-from iris_triton.protocol.waits import failed, poison, site_code, wait_for_peer_call
+from iris_triton.protocol.waits import failed, poison, record_timeout, site_code, wait_for_peer_call
 
 __all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
 
@@ -84,8 +85,8 @@ def push_rows_kernel(context, shard, gathered, flags, calls, headers, signature,
 
 @triton.jit
 def all_gather_matmul_kernel(context, gathered, b, out, a_desc, b_desc, flags, calls, headers, signature, capacity,
-                             m, N, K, stride_bk, stride_bn, stride_om, stride_on, flag_stride, slot_stride,
-                             RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
+                             partials, arrived, parts, m, N, K, stride_bk, stride_bn, stride_om, stride_on,
+                             flag_stride, slot_stride, RANK: tl.constexpr, WORLD: tl.constexpr, TRACING: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
                              B_COLUMN_MAJOR: tl.constexpr):
@@ -94,7 +95,10 @@ def all_gather_matmul_kernel(context, gathered, b, out, a_desc, b_desc, flags, c
     for the header its source announced (:func:`push_rows_kernel`) to be this call's (``signature``).
     A wait that gives up fills ``out`` (contiguous) with NaN (:mod:`iris_triton.protocol.waits`).
     ``TMA``: the tiles are read through ``a_desc`` (``gathered`` as ``[2, WORLD, m, K]``) and
-    ``b_desc`` (:func:`iris_triton.operations.gemm.row_block_tile`), else by plain loads."""
+    ``b_desc`` (:func:`iris_triton.operations.gemm.row_block_tile`), else by plain loads. The
+    tiles of a last, partial wave are cut into ``parts`` along K
+    (:func:`iris_triton.operations.gemm.split_parts`), their sums meeting in ``partials`` (float32
+    tiles, this rank's) as ``arrived`` (a word each, 0 between calls) says."""
     dctx = DeviceContext.initialize(context, RANK, WORLD, TRACING)
     call = call_number(calls)
     row = headers + (call & 1) * WORLD  # the call's headers, one per source rank
@@ -105,21 +109,31 @@ def all_gather_matmul_kernel(context, gathered, b, out, a_desc, b_desc, flags, c
     row_tiles = tl.cdiv(m, BLOCK_M)
     col_tiles = tl.cdiv(N, BLOCK_N)
     per_source = row_tiles * col_tiles
-    for t in range(tl.program_id(0), WORLD * per_source, tl.num_programs(0)):
-        source = (RANK + t // per_source) % WORLD
-        tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
-        waiting = dctx.tracing.begin(WAIT_EVENT, source, tile=tile_row, op=call)
-        ok = ok & wait_for_peer_call(dctx, flags + source * flag_stride + tile_row, call + 1, source, row, announced,
-                                     ALL_GATHER_MATMUL_SITE)
-        dctx.tracing.end(waiting)
-        computing = dctx.tracing.begin(COMPUTE_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
-        acc, offs_m, offs_n = row_block_tile(slot, b, a_desc, b_desc, call & 1, source, m, N, K, K, 1, stride_bk,
-                                             stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
-                                             B_COLUMN_MAJOR)
-        rows = source * m + offs_m
-        tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
-                 mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
-        dctx.tracing.end(computing)
+    tiles = WORLD * per_source
+    steps = tl.cdiv(K, BLOCK_K)
+    for unit in range(tl.program_id(0), loop_units(tiles, parts), tl.num_programs(0)):
+        t, part, first, end = loop_unit(unit, tiles, parts, steps)
+        if t < tiles:
+            source = (RANK + t // per_source) % WORLD
+            tile_row, tile_col = tile_coordinates(t % per_source, row_tiles, col_tiles, GROUP_M)
+            waiting = dctx.tracing.begin(WAIT_EVENT, source, tile=tile_row, op=call)
+            ok = ok & wait_for_peer_call(dctx, flags + source * flag_stride + tile_row, call + 1, source, row,
+                                         announced, ALL_GATHER_MATMUL_SITE)
+            dctx.tracing.end(waiting)
+            computing = dctx.tracing.begin(COMPUTE_EVENT, source, tile=tile_row, tile_n=tile_col, op=call)
+            acc, offs_m, offs_n = row_block_tile(slot, b, a_desc, b_desc, call & 1, source, m, N, K, K, 1, stride_bk,
+                                                 stride_bn, tile_row, tile_col, first, end, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                 EVEN_K, TMA, B_COLUMN_MAJOR)
+            acc, summed, whole = tile_sum(acc, t, part, tiles, parts, partials, arrived, dctx.failstop.timeout_ns,
+                                          BLOCK_M, BLOCK_N)
+            if not summed:
+                record_timeout(dctx, RANK, ALL_GATHER_MATMUL_SITE)
+                ok = False
+            if whole:
+                rows = source * m + offs_m
+                tl.store(out + rows[:, None] * stride_om + offs_n[None, :] * stride_on, acc.to(out.dtype.element_ty),
+                         mask=(offs_m[:, None] < m) & (offs_n[None, :] < N))
+            dctx.tracing.end(computing)
     count_call(calls, capacity, call, tl.arange(0, LANES))
     if not ok:
         poison(dctx, out, WORLD * m * N, BLOCK_M * BLOCK_N)
@@ -161,8 +175,8 @@ def matmul_reduce_scatter_kernel(context, a, b, out, recv, a_desc, b_desc, flags
             tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
             computing = dctx.tracing.begin(COMPUTE_EVENT, owner, tile=tile_row, tile_n=tile_col, op=call)
             acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, owner, m, N, K, stride_am, stride_ak,
-                                                  stride_bk, stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K,
-                                                  EVEN_K, TMA, B_COLUMN_MAJOR)
+                                                  stride_bk, stride_bn, tile_row, tile_col, 0, tl.cdiv(K, BLOCK_K),
+                                                  BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA, B_COLUMN_MAJOR)
             mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
             part = slot + RANK * m * N + offs_m[:, None] * N + offs_n[None, :]
             if alive:
@@ -173,8 +187,8 @@ def matmul_reduce_scatter_kernel(context, a, b, out, recv, a_desc, b_desc, flags
         tile_row, tile_col = tile_coordinates(t, row_tiles, col_tiles, GROUP_M)
         computing = dctx.tracing.begin(COMPUTE_EVENT, tile=tile_row, tile_n=tile_col, op=call)
         acc, offs_m, offs_n = row_block_tile(a, b, a_desc, b_desc, 0, RANK, m, N, K, stride_am, stride_ak, stride_bk,
-                                              stride_bn, tile_row, tile_col, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
-                                              B_COLUMN_MAJOR)
+                                              stride_bn, tile_row, tile_col, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N,
+                                              BLOCK_K, EVEN_K, TMA, B_COLUMN_MAJOR)
         mask = (offs_m[:, None] < m) & (offs_n[None, :] < N)
         for source in tl.static_range(WORLD):
             if source != RANK:

@@ -39,7 +39,7 @@ from iris.collectives.groups import namespace_for
 from iris_triton.operations import moe, moe_plans
 from iris_triton.operations.copy_engine import CopyEngineOps
 from iris_triton.operations.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
-from iris_triton.operations.gemm import descriptors
+from iris_triton.operations.gemm import MOST_PARTS, descriptors, split_parts, split_slots
 from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_TILES, LINK_BYTES_PER_SECOND,
                                 PUSH_BLOCK_K, PUSH_PROGRAMS)
 
@@ -96,6 +96,22 @@ class _Buffers:
                    slot_stride=data.numel() // 2 // SLOT_ALIGNMENT * SLOT_ALIGNMENT, data=data,
                    headers=state[:3 * world], gemm_calls=calls[:programs], push_calls=calls[programs:2 * programs],
                    flags=calls[2 * programs:])
+
+
+#: The arrival words of a split are a multiple of this many (128 bytes, so that the float32 tiles
+#: after them keep 16-byte vector accesses).
+SPLIT_WORDS_ALIGNMENT = 32
+
+
+def _split_buffers(context, name: str, slots: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials, arrived)``: ``slots`` float32 partial tiles of ``block`` elements and the
+    arrival words (int32, 0 between calls) of the fused kernel ``name`` whose last wave is split
+    along K (:func:`iris_triton.operations.gemm.split_parts`), in one workspace: first as many
+    words as any split of this context can publish, whatever the call's shape (so that no call's
+    tiles cover another's words), then the tiles. A kernel that splits nothing is passed both."""
+    words = triton.cdiv(context.get_cu_count() * (MOST_PARTS - 1), SPLIT_WORDS_ALIGNMENT) * SPLIT_WORDS_ALIGNMENT
+    state = context.workspaces.get(f"{name}_split", 4 * (words + slots * block), fill=0)
+    return state[4 * words:].view(torch.float32), state[:4 * words].view(torch.int32)
 
 
 def _guarded(operation):
@@ -254,7 +270,12 @@ class FusedOps:
         buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype, triton.cdiv(m, block_m))
         push_programs = min(PUSH_PROGRAMS[ctx.kernel_device_type], triton.cdiv(m, block_m))
         tiles = ctx.world_size * triton.cdiv(m, block_m) * triton.cdiv(N, config["BLOCK_N"])
-        gemm_programs = max(1, min(buffers.programs - PUSH_PROGRAMS[ctx.kernel_device_type], tiles))
+        gemm_programs = max(1, buffers.programs - PUSH_PROGRAMS[ctx.kernel_device_type])
+        parts = split_parts(tiles, gemm_programs, triton.cdiv(K, config["BLOCK_K"]))
+        if parts == 1:
+            gemm_programs = min(gemm_programs, tiles)
+        partials, arrived = _split_buffers(ctx, "all_gather_matmul", split_slots(tiles, gemm_programs, parts),
+                                           block_m * config["BLOCK_N"])
         with _announced_call(ctx, "all_gather_matmul", (out, a_shard, b), f"fused/{tile}") as signature:
             common = dict(flags=buffers.flags, headers=buffers.headers, signature=signature,
                           context=ctx.get_device_context(), capacity=buffers.programs,
@@ -268,7 +289,8 @@ class FusedOps:
             tiles_of = descriptors(buffers.data, (2, ctx.world_size, m, K), (buffers.slot_stride, m * K, K, 1), b,
                                    config)
             all_gather_matmul_kernel[(gemm_programs,)](
-                gathered=buffers.data, b=b, out=out, calls=buffers.gemm_calls, m=m, N=N, K=K,
+                gathered=buffers.data, b=b, out=out, calls=buffers.gemm_calls, partials=partials, arrived=arrived,
+                parts=parts, m=m, N=N, K=K,
                 stride_bk=b.stride(0), stride_bn=b.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
                 EVEN_K=K % config["BLOCK_K"] == 0, **tiles_of, **common, **config)
             self._join()

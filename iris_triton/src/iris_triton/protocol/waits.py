@@ -38,8 +38,8 @@ from iris_triton.device.clock import INTERPRETING, now_ns, spin_pause
 
 __all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
            "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
-           "read_published", "read_when_arrived", "record_failure", "record_mismatch", "site_code", "wait_for_call",
-           "wait_all_or_record", "wait_for_peer_call", "wait_or_record"]
+           "read_published", "read_when_arrived", "record_failure", "record_mismatch", "record_timeout", "site_code",
+           "wait_for_call", "wait_all_or_record", "wait_for_peer_call", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -153,6 +153,12 @@ def record_failure(dctx, peer, code):
 
 
 @triton.jit
+def record_timeout(dctx, peer, SITE: tl.constexpr):
+    """Record that a wait of ``SITE`` gave up on ``peer`` (:func:`record_failure`)."""
+    record_failure(dctx, peer, TIMEOUT * 256 + SITE)
+
+
+@triton.jit
 def record_mismatch(dctx, peer, seen, announced, SITE: tl.constexpr):
     """Record that ``peer`` announced ``seen`` where this rank's call announced ``announced`` (a
     different call of the same number): a mismatch of ``SITE``, with both headers, unless a failure
@@ -190,7 +196,7 @@ def wait_or_record(dctx, flag, value, peer, SITE: tl.constexpr, ON_PEER: tl.cons
         if not failed(dctx):  # else give up at once: the context failed, and said why already
             ok = dctx.wait_until(flag, value, holder, dctx.failstop.timeout_ns)
             if not ok:
-                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
+                record_timeout(dctx, peer, SITE)
     return ok
 
 
@@ -220,7 +226,7 @@ def wait_all_or_record(dctx, flags, count, value, peer, SITE: tl.constexpr, BLOC
                 ok = _least_flag(flags, count, BLOCK) >= value
                 waited = now_ns() - start
             if not ok:
-                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
+                record_timeout(dctx, peer, SITE)
     return ok
 
 
@@ -279,7 +285,7 @@ def wait_for_call(dctx, flag, value, peer, headers, announced, SITE: tl.constexp
                 ok = tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= value
                 stop = _give_up(dctx, start, headers, announced, SITE)
             if (not ok) & (not failed(dctx)):
-                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
+                record_timeout(dctx, peer, SITE)
     return ok
 
 
@@ -388,7 +394,7 @@ def read_when_arrived(dctx, buffer, offs, mask, expected, peer, headers, announc
                 stop = _give_up(dctx, start, headers, announced, SITE)
             ok = missing == 0
             if (not ok) & (not failed(dctx)):
-                record_failure(dctx, peer, TIMEOUT * 256 + SITE)
+                record_timeout(dctx, peer, SITE)
     return values, ok
 
 
@@ -423,7 +429,7 @@ def peers_announced(dctx, headers, value, RANK: tl.constexpr, WORLD: tl.constexp
             if ok & (not same):
                 if WAIT:
                     if (seen >> 16) != (value >> 16):  # an earlier call's header: the peer never got to this call
-                        record_failure(dctx, q, TIMEOUT * 256 + SITE)
+                        record_timeout(dctx, q, SITE)
                     else:
                         record_mismatch(dctx, q, seen, value, SITE)
                 else:
