@@ -27,7 +27,8 @@ INTERPRETED = [loop for loop, (options, _) in LOOPS.items() if not options.get("
 @pytest.mark.parametrize("loop", INTERPRETED)
 @pytest.mark.parametrize(("M", "K", "N", "programs", "parts"), [
     (24, 264, 40, 4, 2),   # 6 tiles on 4 programs: a last wave of 2, cut in 2 (17 steps: K ragged)
-    (40, 400, 48, 8, 3),   # 9 tiles on 8 programs: a last wave of 1, cut in 3 (uneven along K)
+    (40, 400, 48, 8, 4),   # 9 tiles on 8 programs: a last wave of 1, cut in 4 (uneven along K)
+    (32, 200, 64, 6, 3),   # 8 tiles on 6 programs: a last wave of 2, cut in 3 (one round of 2 tiles)
     (32, 32, 32, 4, 1),    # 4 tiles, no last wave
     (16, 296, 112, 4, 1),  # 7 tiles on 4 programs: a last wave of 3, which no cut shortens by a third
     (16, 600, 112, 5, 2),  # 7 tiles on 5 programs: a last wave of 2, cut in 2

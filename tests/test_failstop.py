@@ -55,6 +55,7 @@ if DEVICE == "cpu":
 import iris  # noqa: E402
 from iris.errors import IrisError  # noqa: E402
 from iris.testing import mapped_heap_segments, seeded_generator  # noqa: E402
+from fused_cases import cut_shape, few_units  # noqa: E402
 from iris.tools.spawn import cpu_rank_context, die_with_launcher  # noqa: E402
 from iris_triton.backend import TritonDeviceOps  # noqa: E402
 
@@ -78,7 +79,7 @@ COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broad
 #: sizes agree on the workspace's size): a dead peer can fail them there.
 HOST_EXCHANGES = ("all_to_all_single",)
 FUSED = tuple(f"{k}/{m}" for k in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
-              for m in ("fused", "sequential"))
+              for m in ("fused", "sequential")) + ("all_gather_matmul/cut",)
 #: MoE token routing: ctx.ops.moe_dispatch, then moe_combine of the experts' outputs.
 MOE = ("moe_dispatch_combine",)
 #: The fused all_reduce + residual add + RMSNorm (ctx.ops.all_reduce_rmsnorm) by each method.
@@ -92,6 +93,8 @@ SLOWDOWN = int(os.environ.get("IRIS_CHAOS_SLOWDOWN", "400"))
 N = 600
 #: (rows per rank, K, N) of the ctx.ops calls: ragged against the 16 x 16 x 16 tiles of CPU ranks.
 SHAPE = (5, 16, 24)
+#: Steps along K of the all_gather_matmul whose last wave is cut (into 2 parts).
+CUT_STEPS = 9
 
 
 # -- the harness: ranks forked from a forkserver, reporting through files ------------------------------------
@@ -237,8 +240,11 @@ def prepare(ctx, op: str, seed, n: int = N):
     if kind == "device_barrier":
         return ctx.device_barrier, None, None
     if kind in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
-        m, K, Nn = SHAPE
-        dtype = (torch.bfloat16, torch.float16)[len(str(seed)) % 2]
+        # "cut": the fused GEMM's last wave cut along K (tests/fused_cases.py), in fp16, which holds
+        # its longer sums exactly.
+        cut = variant == "cut"
+        m, K, Nn = cut_shape(DEVICE, world, CUT_STEPS) if cut else SHAPE
+        dtype = torch.float16 if cut else (torch.bfloat16, torch.float16)[len(str(seed)) % 2]
         rows = m if kind == "all_gather_matmul" else world * m
         a = [_ints((rows, K), dtype, op, seed, "a", q, low=-2, high=3) for q in range(world)]
         b = [_ints((K, Nn), dtype, op, seed, "b", q, low=-2, high=3) for q in range(world)]
@@ -249,7 +255,11 @@ def prepare(ctx, op: str, seed, n: int = N):
             expected = total[rank * m:(rank + 1) * m] if kind == "matmul_reduce_scatter" else total
         out = _filled(tuple(expected.shape), dtype)
         fn = getattr(ctx.ops, kind)
-        return (lambda: fn(out, a[rank], b[rank], method=variant)), expected.to(dtype), out
+
+        def call():
+            with few_units(ctx) if cut else contextlib.nullcontext():
+                return fn(out, a[rank], b[rank], method="fused" if cut else variant)
+        return call, expected.to(dtype), out
     xs = [_ints((n,), torch.float32, op, seed, q) for q in range(world)]
     mine = xs[rank].clone()
     if kind == "all_reduce":

@@ -19,7 +19,6 @@ import math
 
 import pytest
 import torch
-import triton
 
 import iris
 from iris.testing import (
@@ -34,7 +33,7 @@ from iris.testing import (
 from iris.errors import IrisError
 from iris_triton.operations.fused_ops import COPY_ENGINE_MIN_SHARE, METHODS, communication_share
 from iris_triton.operations.gemm import split_parts, split_slots
-from iris_triton.tuning import PUSH_PROGRAMS
+from fused_cases import cut_shape, few_units, parts_of
 
 #: (rows per rank m, K, N): ragged against the tiles (CPU 16 x 16 x 16, GPU 128 x 256 x 64).
 SHAPES = {"cpu": ((5, 16, 24), (21, 40, 33)), "cuda": ((1000, 1024, 1536), (2048, 4096, 2560))}
@@ -203,35 +202,24 @@ def _check_bad_input(ctx, report: RankReport) -> None:
             report.check(f"bad_input/{name}", message in str(error))
 
 
-#: The fused kernels' tile (BLOCK_M, BLOCK_N, BLOCK_K) on each device, and the programs the split
-#: check gives the all-gather product (its context's units less the pushing kernel's one or eight).
-SPLIT_TILE = {"cpu": (16, 16, 16), "cuda": (128, 256, 64)}
-SPLIT_UNITS = {"cpu": 11, "cuda": 18}
-#: (K steps, parts the last wave is cut into) of each split call, in order (two calls of each).
-SPLIT_CALLS = ((19, 2), (25, 3), (19, 2))
+#: (K steps, parts the last wave is cut into at every world size) of each call of
+#: :func:`_check_split_last_wave`, in order (two calls of each; 3 and 4 parts are checked by
+#: tests/test_bench_gemm.py, in the same loop).
+SPLIT_CALLS = ((11, 2), (8, 2))
 
 
 def _check_split_last_wave(ctx, report: RankReport) -> None:
-    """all_gather_matmul whose last wave is cut along K into 2 and 3 parts (two row tiles per
-    rank, ragged rows, columns and K), back to back with new data each time: the partial sums
-    meet in the right tiles and nothing of one call's is left for the next."""
-    world, device = ctx.world_size, ctx.device
-    block_m, block_n, block_k = SPLIT_TILE[device.type]
-    units = SPLIT_UNITS[device.type]
-    m, N = block_m + 5, block_n * {2: 3, 3: 2}[world] - 3  # 12 tiles: two whole waves of 5, then 2
-    programs = units - PUSH_PROGRAMS[device.type]
-    ctx.get_cu_count = lambda: units  # fewer programs than the device has: a last wave of 2 tiles
-    try:
+    """all_gather_matmul whose last wave is cut along K (:mod:`fused_cases`), of two lengths,
+    back to back with new data each time: the partial sums meet in the right tiles and nothing
+    of one call's is left for the next."""
+    world, kind = ctx.world_size, ctx.device.type
+    with few_units(ctx):
         for call, (steps, parts) in enumerate(SPLIT_CALLS):
-            K = block_k * steps - 4
-            report.check(f"split/{call}/cut_into_{parts}",
-                         split_parts(2 * world * triton.cdiv(N, block_n), programs, steps) == parts)
+            report.check(f"split/{call}/cut_into_{parts}", parts_of(kind, world, steps) == parts)
             for repeat in range(2):
-                out, expected = _run(ctx, "all_gather_matmul", torch.bfloat16, m, K, N, ("split", call, repeat),
-                                     "fused")
+                out, expected = _run(ctx, "all_gather_matmul", torch.bfloat16, *cut_shape(kind, world, steps),
+                                     ("split", call, repeat), "fused")
                 report.check(f"split/{call}/{repeat}", _close(out, expected))
-    finally:
-        del ctx.get_cu_count
 
 
 #: The overlapping methods captured in a CUDA graph, and the replays of each.
@@ -322,6 +310,8 @@ def _world5_worker(rank: int, device: str) -> bytes:
                      _close(out, sum(x.float() @ y.float() for x, y in zip(a, b))))
     with report.section("layouts"):
         _check_layouts(ctx, report)
+    with report.section("split"):
+        _check_split_last_wave(ctx, report)
     ctx.barrier()  # raises if the context failed (a device-side wait gave up)
     report.check("world5/no_wait_gave_up", not ctx.failed)
     ctx.destroy()
@@ -491,20 +481,30 @@ def test_back_to_back_calls_see_no_stale_data(reports):
     assert_rank_checks(reports, "back_to_back/", (BACK_TO_BACK[_device_type(reports)] + 2) * len(reports))
 
 
+def _split_names() -> set[str]:
+    return {f"split/{call}/{check}" for call, (_, parts) in enumerate(SPLIT_CALLS)
+            for check in (f"cut_into_{parts}", 0, 1)} | {"split/completed"}
+
+
 def test_a_last_wave_cut_along_k_matches_torch(reports):
-    assert_rank_checks(reports, "split/", {f"split/{call}/{check}" for call, (_, parts) in enumerate(SPLIT_CALLS)
-                                           for check in (f"cut_into_{parts}", 0, 1)} | {"split/completed"})
+    assert_rank_checks(reports, "split/", _split_names())
+
+
+def test_a_last_wave_cut_along_k_matches_torch_on_five_ranks(world5_reports):
+    assert_rank_checks(world5_reports, "split/", _split_names())
 
 
 @pytest.mark.parametrize(("tiles", "programs", "steps", "parts"), [
     (320, 132, 128, 2),  # QKV at 2,048 rows on an H100's 132 programs: 2 waves and 56 tiles
-    (320, 124, 128, 3),  # the same beside the all-gather's pushing kernel: 72 tiles, in 2 rounds of 41
+    (320, 124, 128, 1),  # beside the all-gather's pushing kernel: 72 tiles, two rounds of any cut
     (264, 132, 128, 1),  # whole waves
-    (250, 132, 128, 1),  # a last wave of 118 tiles: no count saves a third of a tile's time
-    (320, 132, 15, 1),  # too few K steps for two parts of 8
+    (250, 132, 128, 1),  # a last wave of 118 tiles: two rounds of any cut
+    (7168, 132, 128, 1),  # MLP up at 8,192 rows: 55 waves, a cut (in 3) would save under 1%
+    (9, 8, 25, 4),  # a last wave of 1 tile: 4 parts in one round
+    (320, 132, 7, 1),  # too few K steps for two parts of 4
     (56, 132, 128, 2),  # one partial wave
 ])
-def test_a_last_wave_is_cut_where_it_saves_a_third_of_a_tile(tiles, programs, steps, parts):
+def test_a_last_wave_is_cut_where_it_pays(tiles, programs, steps, parts):
     assert split_parts(tiles, programs, steps) == parts
     assert split_slots(tiles, programs, parts) == (tiles % programs * (parts - 1) if parts > 1 else 0)
 

@@ -218,9 +218,9 @@ def _collectives_names(rank: int, world: int) -> set[str]:
 
 
 def _fused_rounding_names(rank: int, world: int) -> set[str]:
-    from test_fused import _layouts_names, _world5_names
+    from test_fused import _layouts_names, _split_names, _world5_names
 
-    return _world5_names() | _layouts_names()
+    return _world5_names() | _layouts_names() | _split_names()
 
 
 def _rmsnorm_names(rank: int, world: int) -> set[str]:

@@ -13,8 +13,8 @@ bases); :func:`descriptors` makes them on the host, or says the plain loop must 
 
 A persistent loop's last wave may leave programs idle: 320 tiles on 132 programs are two whole
 waves and 56 tiles, which take as long as a third wave. :func:`split_parts` says how many parts
-along K to cut each tile of such a wave into (the parts of a tile run at once, on programs of one
-round); :func:`loop_units` and :func:`loop_unit` lay out the loop's units (whole tiles, then the
+along K to cut each tile of such a wave into, where that pays (the parts of a tile run at once, on
+programs of one round); :func:`loop_units` and :func:`loop_unit` lay out the loop's units (whole tiles, then the
 parts), and :func:`tile_sum` has the part that finishes a tile add the others' float32 sums,
 which they publish, before it stores the tile.
 """
@@ -150,25 +150,34 @@ def row_block_tile(a, b, a_desc, b_desc, slot, block, m, N, K, stride_am, stride
 MOST_PARTS = 4
 
 #: Fewest K steps of a part: fewer would leave its pipeline of copies mostly filling and draining.
-FEWEST_STEPS_PER_PART = 8
+FEWEST_STEPS_PER_PART = 4
+
+#: What a round of a cut wave costs beyond its parts' share of K, in whole tiles' time: a tile's
+#: parts start as the slowest of their programs finishes its whole tiles, and the last part adds
+#: the others' float32 sums. Measured on one H100 (benchmarks/NOTES.md): a round of halves took
+#: three quarters of a tile's time, two rounds of thirds more than a whole tile's.
+ROUND_COST = 0.25
+
+#: Least share of the loop's time a cut must save (on many waves the last is a small share).
+LEAST_GAIN = 0.05
 
 
 def split_parts(tiles: int, programs: int, steps: int) -> int:
     """Into how many parts along K (``steps`` steps of ``BLOCK_K``) a persistent loop of
     ``tiles`` tiles on ``programs`` programs cuts each tile of its last, partial wave: the count
-    that finishes that wave soonest, where it saves at least a third of a tile's time (the parts
-    of a tile run in one round of ``programs // parts`` tiles; the rounds one after another);
-    1 (nothing is cut) where no count does."""
+    whose rounds (of ``programs // parts`` tiles, one after another, each costing its share of a
+    tile's time plus :data:`ROUND_COST`) finish that wave soonest, where that saves at least
+    :data:`LEAST_GAIN` of the loop's time; 1 (nothing is cut) where no count does."""
     tail = tiles % programs
     best, best_time = 1, 1.0
     for parts in range(2, MOST_PARTS + 1):
         per_round = programs // parts
         if tail == 0 or per_round == 0 or steps < parts * FEWEST_STEPS_PER_PART:
             break
-        time = -(-tail // per_round) / parts  # in whole tiles' time
+        time = -(-tail // per_round) * (1 / parts + ROUND_COST)  # in whole tiles' time
         if time < best_time:
             best, best_time = parts, time
-    return best if best_time <= 2 / 3 else 1
+    return best if (1 - best_time) / -(-tiles // programs) >= LEAST_GAIN else 1
 
 
 def split_slots(tiles: int, programs: int, parts: int) -> int:
