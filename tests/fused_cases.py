@@ -1,6 +1,8 @@
 """all_gather_matmul calls whose GEMM's last wave is cut along K
 (:func:`iris_triton.operations.gemm.split_parts`), for the tests of the fused products and of their
 faults: the context is made to report few units, so that a small product has a last wave to cut.
+The fused kernels lay out their state by the context's units, which a real context never changes:
+a context is given few units before its first call and keeps them (:func:`with_few_units`).
 
 A row tile per rank and enough columns make at least 6 tiles at any world size; the context
 reports as many units as give the GEMM 2 programs fewer than tiles (its units less the pushing
@@ -10,8 +12,6 @@ fraction of a fault test's timeout.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import triton
 
@@ -42,16 +42,13 @@ def units(device_type: str, world: int) -> int:
 
 
 def parts_of(device_type: str, world: int, steps: int) -> int:
-    """The parts the last wave of :func:`cut_shape`'s product is cut into (:func:`few_units`)."""
+    """The parts the last wave of :func:`cut_shape`'s product is cut into (:func:`with_few_units`)."""
     tiles = world * _column_tiles(world)
     return split_parts(tiles, units(device_type, world) - PUSH_PROGRAMS[device_type], steps)
 
 
-@contextlib.contextmanager
-def few_units(ctx):
-    """``ctx`` reporting :func:`units` units (its persistent kernels' grid) inside the block."""
+def with_few_units(ctx):
+    """``ctx``, made to report :func:`units` units (its persistent kernels' grid) from now on:
+    before its first call."""
     ctx.get_cu_count = lambda: units(ctx.device.type, ctx.world_size)
-    try:
-        yield
-    finally:
-        del ctx.get_cu_count
+    return ctx

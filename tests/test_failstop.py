@@ -55,7 +55,7 @@ if DEVICE == "cpu":
 import iris  # noqa: E402
 from iris.errors import IrisError  # noqa: E402
 from iris.testing import mapped_heap_segments, seeded_generator  # noqa: E402
-from fused_cases import cut_shape, few_units  # noqa: E402
+from fused_cases import cut_shape, with_few_units  # noqa: E402
 from iris.tools.spawn import cpu_rank_context, die_with_launcher  # noqa: E402
 from iris_triton.backend import TritonDeviceOps  # noqa: E402
 
@@ -78,8 +78,10 @@ COLLECTIVES = ALL_REDUCE + ("all_gather", "reduce_scatter", "all_to_all", "broad
 #: Calls that exchange a few numbers on the host before their kernel (eager calls with host split
 #: sizes agree on the workspace's size): a dead peer can fail them there.
 HOST_EXCHANGES = ("all_to_all_single",)
+#: all_gather_matmul whose fused product's last wave is cut along K (on a context of few units).
+CUT = "all_gather_matmul/cut"
 FUSED = tuple(f"{k}/{m}" for k in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
-              for m in ("fused", "sequential")) + ("all_gather_matmul/cut",)
+              for m in ("fused", "sequential")) + (CUT,)
 #: MoE token routing: ctx.ops.moe_dispatch, then moe_combine of the experts' outputs.
 MOE = ("moe_dispatch_combine",)
 #: The fused all_reduce + residual add + RMSNorm (ctx.ops.all_reduce_rmsnorm) by each method.
@@ -256,10 +258,7 @@ def prepare(ctx, op: str, seed, n: int = N):
         out = _filled(tuple(expected.shape), dtype)
         fn = getattr(ctx.ops, kind)
 
-        def call():
-            with few_units(ctx) if cut else contextlib.nullcontext():
-                return fn(out, a[rank], b[rank], method="fused" if cut else variant)
-        return call, expected.to(dtype), out
+        return (lambda: fn(out, a[rank], b[rank], method="fused" if cut else variant)), expected.to(dtype), out
     xs = [_ints((n,), torch.float32, op, seed, q) for q in range(world)]
     mine = xs[rank].clone()
     if kind == "all_reduce":
@@ -528,8 +527,11 @@ def bounded_destroy(ctx) -> dict:
     return dict(seconds=time.monotonic() - started, error=error)
 
 
-def _create(timeout: float, **options):
-    return iris.create(heap_size="4MiB", device=DEVICE, timeout=timeout, **options)
+def _create(timeout: float, ops=(), **options):
+    """A context of the ranks for ``ops``; with few units (tests/fused_cases.py) where they include
+    all_gather_matmul/cut, so that its fused product has a last wave to cut."""
+    ctx = iris.create(heap_size="4MiB", device=DEVICE, timeout=timeout, **options)
+    return with_few_units(ctx) if CUT in ops else ctx
 
 
 # -- workers (module level: ranks import them by name) ---------------------------------------------------------
@@ -547,7 +549,7 @@ def compile_first(ops, seed) -> None:
     which would give up on a peer still compiling. A call's kernels are compiled once per process."""
     if DEVICE == "cpu":
         return
-    ctx = _create(T_OK)
+    ctx = _create(T_OK, ops)
     for op in ops:
         attempt(ctx, op, ("warm", seed))  # the warm-up's data: its sizes, and so its kernels
     _sync()
@@ -564,7 +566,7 @@ def dead_peer_worker(rank, world, report, how, ops, victim, seed, timeout):
     contexts = []
     for op in ops:
         _sync()
-        ctx = _create(timeout)
+        ctx = _create(timeout, (op,))
         report[f"warm/{op}"] = attempt(ctx, op, ("warm", seed))
         contexts.append(ctx)
     _sync()
@@ -612,7 +614,7 @@ def kill_during_worker(rank, world, report, op, victim, seed, kill_after, others
     theirs ``others_late`` s after it (so with ``others_late > kill_after`` it dies inside the
     call, waiting for them)."""
     compile_first((op,), seed)
-    ctx = _create(timeout)
+    ctx = _create(timeout, (op,))
     report[f"warm/{op}"] = attempt(ctx, op, ("warm", seed))
     _sync()
     if rank == victim:
@@ -633,7 +635,7 @@ def late_peer_worker(rank, world, report, ops, victim, seed, late, timeout, vict
     compile_first(ops, seed)
     for op in ops:
         _sync()
-        ctx = _create(timeout)
+        ctx = _create(timeout, (op,))
         report[f"warm/{op}"] = attempt(ctx, op, ("warm", seed))
         _sync()
         if rank == victim:
@@ -672,7 +674,7 @@ def slow_peer_worker(rank, world, report, ops, calls, delays, seed, slowdown):
     by ``delays[i]`` seconds (< the timeout) before call i and running its even-numbered
     collective calls ``slowdown`` (:func:`sluggish`): while it still reads call i, its peers
     already push call i + 1. Every call exact."""
-    ctx = _create(T_OK)
+    ctx = _create(T_OK, ops)
     for index, op in enumerate(ops):
         late = (index + len(str(seed))) % world
         _sync()
@@ -687,7 +689,7 @@ def slow_peer_worker(rank, world, report, ops, calls, delays, seed, slowdown):
 
 def mixed_worker(rank, world, report, ops, rounds, seed):
     """Every op, ``rounds`` times, no fault (run under CPU load): every call exact."""
-    ctx = _create(T_OK)
+    ctx = _create(T_OK, ops)
     for r in range(rounds):
         for op in ops:
             report[f"load/{op}/{r}"] = attempt(ctx, op, ("load", seed, r))

@@ -33,7 +33,7 @@ from iris.testing import (
 from iris.errors import IrisError
 from iris_triton.operations.fused_ops import COPY_ENGINE_MIN_SHARE, METHODS, communication_share
 from iris_triton.operations.gemm import split_parts, split_slots
-from fused_cases import cut_shape, few_units, parts_of
+from fused_cases import cut_shape, parts_of, with_few_units
 
 #: (rows per rank m, K, N): ragged against the tiles (CPU 16 x 16 x 16, GPU 128 x 256 x 64).
 SHAPES = {"cpu": ((5, 16, 24), (21, 40, 33)), "cuda": ((1000, 1024, 1536), (2048, 4096, 2560))}
@@ -208,18 +208,20 @@ def _check_bad_input(ctx, report: RankReport) -> None:
 SPLIT_CALLS = ((11, 2), (8, 2))
 
 
-def _check_split_last_wave(ctx, report: RankReport) -> None:
-    """all_gather_matmul whose last wave is cut along K (:mod:`fused_cases`), of two lengths,
-    back to back with new data each time: the partial sums meet in the right tiles and nothing
-    of one call's is left for the next."""
+def _check_split_last_wave(report: RankReport, device: str) -> None:
+    """all_gather_matmul whose last wave is cut along K (:mod:`fused_cases`: a context of its own,
+    with few units), of two lengths, back to back with new data each time: the partial sums meet
+    in the right tiles and nothing of one call's is left for the next."""
+    ctx = with_few_units(iris.create("triton", heap_size="64MiB" if device == "cuda" else "32MiB", device=device))
     world, kind = ctx.world_size, ctx.device.type
-    with few_units(ctx):
-        for call, (steps, parts) in enumerate(SPLIT_CALLS):
-            report.check(f"split/{call}/cut_into_{parts}", parts_of(kind, world, steps) == parts)
-            for repeat in range(2):
-                out, expected = _run(ctx, "all_gather_matmul", torch.bfloat16, *cut_shape(kind, world, steps),
-                                     ("split", call, repeat), "fused")
-                report.check(f"split/{call}/{repeat}", _close(out, expected))
+    for call, (steps, parts) in enumerate(SPLIT_CALLS):
+        report.check(f"split/{call}/cut_into_{parts}", parts_of(kind, world, steps) == parts)
+        for repeat in range(2):
+            out, expected = _run(ctx, "all_gather_matmul", torch.bfloat16, *cut_shape(kind, world, steps),
+                                 ("split", call, repeat), "fused")
+            report.check(f"split/{call}/{repeat}", _close(out, expected))
+    ctx.barrier()  # raises if the context failed (a device-side wait gave up)
+    ctx.destroy()
 
 
 #: The overlapping methods captured in a CUDA graph, and the replays of each.
@@ -258,7 +260,7 @@ def _fused_worker(rank: int, device: str) -> bytes:
     with report.section("back_to_back"):
         _check_back_to_back(ctx, report)
     with report.section("split"):
-        _check_split_last_wave(ctx, report)
+        _check_split_last_wave(report, device)
     with report.section("bad_input"):
         _check_bad_input(ctx, report)
     if device == "cuda":
@@ -311,7 +313,7 @@ def _world5_worker(rank: int, device: str) -> bytes:
     with report.section("layouts"):
         _check_layouts(ctx, report)
     with report.section("split"):
-        _check_split_last_wave(ctx, report)
+        _check_split_last_wave(report, device)
     ctx.barrier()  # raises if the context failed (a device-side wait gave up)
     report.check("world5/no_wait_gave_up", not ctx.failed)
     ctx.destroy()
