@@ -315,9 +315,9 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=None, help="rows M of each product, comma-separated")
     parser.add_argument("--loops", default=None,
-                        help="the loops timed beside cuBLAS, comma-separated: plain, tma, tma b_t, tma split, "
-                             "tma split1, tma half, tma flat, tma ws, gluon ws, gluon ws tail (default: all; the "
-                             "Gluon ones on Hopper GPUs only)")
+                        help="the loops timed beside cuBLAS, comma-separated: " + ", ".join(
+                            key.strip() or "plain" for key in LOOPS) + " (default: all; the Gluon ones on Hopper "
+                        "GPUs only)")
     parser.add_argument("--shapes", default=None,
                         help="the products timed, comma-separated: " + ", ".join(name for name, *_ in SHAPES["cuda"]))
     parser.add_argument("--tiles", default=None,

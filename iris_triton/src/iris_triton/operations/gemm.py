@@ -13,10 +13,10 @@ bases); :func:`descriptors` makes them on the host, or says the plain loop must 
 
 A persistent loop's last wave may leave programs idle: 320 tiles on 132 programs are two whole
 waves and 56 tiles, which take as long as a third wave. :func:`split_parts` says how many parts
-along K to cut each tile of such a wave into, where that pays (the parts of a tile run at once, on
-programs of one round); :func:`loop_units` and :func:`loop_unit` lay out the loop's units (whole tiles, then the
-parts), and :func:`tile_sum` has the part that finishes a tile add the others' float32 sums,
-which they publish, before it stores the tile.
+along K to cut each tile of such a wave into, where that pays (the parts of a tile run at once,
+on programs of one round); :func:`loop_units` and :func:`loop_unit` lay out the loop's units
+(whole tiles, then the parts), and :func:`tile_sum` has the part that finishes a tile add the
+others' float32 sums, which they publish, before it stores the tile.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def row_block_tile(a, b, a_desc, b_desc, slot, block, m, N, K, stride_am, stride
     return acc, offs_m, offs_n
 
 
-# -- a last wave split along K ---------------------------------------------------------------------
+# -- a last wave cut along K -----------------------------------------------------------------------
 
 #: Most parts a tile of a last wave is cut into: each part but the finishing one stores a float32
 #: tile, which the finishing one reads back.
@@ -154,8 +154,8 @@ FEWEST_STEPS_PER_PART = 4
 
 #: What a round of a cut wave costs beyond its parts' share of K, in whole tiles' time: a tile's
 #: parts start as the slowest of their programs finishes its whole tiles, and the last part adds
-#: the others' float32 sums. Measured on one H100 (benchmarks/NOTES.md): a round of halves took
-#: three quarters of a tile's time, two rounds of thirds more than a whole tile's.
+#: the others' float32 sums (read from rounds of halves and of thirds timed on an H100:
+#: benchmarks/NOTES.md).
 ROUND_COST = 0.25
 
 #: Least share of the loop's time a cut must save (on many waves the last is a small share).
