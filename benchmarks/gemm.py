@@ -54,7 +54,7 @@ from benchmarks.gemm_gluon import WS_TILE, runs_on, ws_supports, ws_tile_loop
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from iris_triton.operations.gemm import (MOST_PARTS, PLAIN_LOOP, descriptors, loop_unit, loop_units,
-                                         row_block_tile, split_parts, split_slots, tile_coordinates,
+                                         row_block_tile, split_launch, split_slots, tile_coordinates,
                                          tile_product_tma, tile_sum)
 from iris_triton.tuning import GEMM_TILES
 
@@ -120,10 +120,10 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
               split_tail: bool = False) -> torch.Tensor:
     """Launch :func:`tile_loop_kernel` with ``tile``'s shape and options on ``programs`` programs,
     by descriptors (``tma``: as the fused kernels take them, :func:`descriptors`) or plain loads,
-    its last wave cut along K where :func:`split_parts` says (``whole_tiles``: never, the loop as
-    it was before it cut any); with ``flat`` it is :func:`flat_loop_kernel` (``warp_specialize``:
-    its warp-specialized form); with ``gluon`` it is :func:`~benchmarks.gemm_gluon.ws_tile_loop`
-    (``split_tail``: its last wave in half tiles)."""
+    its last wave cut along K as the fused kernels cut theirs (:func:`split_launch`;
+    ``whole_tiles``: never, the loop as it was before it cut any); with ``flat`` it is
+    :func:`flat_loop_kernel` (``warp_specialize``: its warp-specialized form); with ``gluon`` it is
+    :func:`~benchmarks.gemm_gluon.ws_tile_loop` (``split_tail``: its last wave in half tiles)."""
     if gluon:
         return ws_tile_loop(a, b, c, tile, programs, tail_split=split_tail)
     M, K = a.shape
@@ -140,10 +140,11 @@ def tile_loop(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile: dict, pro
                                                   B_COLUMN_MAJOR=loop["B_COLUMN_MAJOR"],
                                                   WARP_SPECIALIZE=warp_specialize, **tile)
         return c
-    parts = 1 if whole_tiles else split_parts(tiles, programs, triton.cdiv(K, tile["BLOCK_K"]))
-    partials, arrived = _split_state(a.device, split_slots(tiles, programs, parts) * tile["BLOCK_M"] * tile["BLOCK_N"],
+    parts, grid = (1, min(programs, tiles)) if whole_tiles else \
+        split_launch(tiles, programs, triton.cdiv(K, tile["BLOCK_K"]))
+    partials, arrived = _split_state(a.device, split_slots(tiles, grid, parts) * tile["BLOCK_M"] * tile["BLOCK_N"],
                                      programs * (MOST_PARTS - 1))
-    tile_loop_kernel[(programs if parts > 1 else min(programs, tiles),)](
+    tile_loop_kernel[(grid,)](
         a, b, c, partials=partials, arrived=arrived, M=M, N=N, K=K, parts=parts, stride_am=a.stride(0),
         stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0),
         stride_cn=c.stride(1), EVEN_K=K % tile["BLOCK_K"] == 0, **loop, **tile)

@@ -257,7 +257,6 @@ def prepare(ctx, op: str, seed, n: int = N):
             expected = total[rank * m:(rank + 1) * m] if kind == "matmul_reduce_scatter" else total
         out = _filled(tuple(expected.shape), dtype)
         fn = getattr(ctx.ops, kind)
-
         return (lambda: fn(out, a[rank], b[rank], method="fused" if cut else variant)), expected.to(dtype), out
     xs = [_ints((n,), torch.float32, op, seed, q) for q in range(world)]
     mine = xs[rank].clone()

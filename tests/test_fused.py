@@ -32,7 +32,7 @@ from iris.testing import (
 )
 from iris.errors import IrisError
 from iris_triton.operations.fused_ops import COPY_ENGINE_MIN_SHARE, METHODS, communication_share
-from iris_triton.operations.gemm import split_parts, split_slots
+from iris_triton.operations.gemm import split_launch, split_parts, split_slots
 from fused_cases import cut_shape, parts_of, with_few_units
 
 #: (rows per rank m, K, N): ragged against the tiles (CPU 16 x 16 x 16, GPU 128 x 256 x 64).
@@ -496,19 +496,21 @@ def test_a_last_wave_cut_along_k_matches_torch_on_five_ranks(world5_reports):
     assert_rank_checks(world5_reports, "split/", _split_names())
 
 
-@pytest.mark.parametrize(("tiles", "programs", "steps", "parts"), [
-    (320, 132, 128, 2),  # QKV at 2,048 rows on an H100's 132 programs: 2 waves and 56 tiles
-    (320, 124, 128, 1),  # beside the all-gather's pushing kernel: 72 tiles, two rounds of any cut
-    (264, 132, 128, 1),  # whole waves
-    (250, 132, 128, 1),  # a last wave of 118 tiles: two rounds of any cut
-    (7168, 132, 128, 1),  # MLP up at 8,192 rows: 55 waves, a cut (in 3) would save under 1%
-    (9, 8, 25, 4),  # a last wave of 1 tile: 4 parts in one round
-    (320, 132, 7, 1),  # too few K steps for two parts of 4
-    (56, 132, 128, 2),  # one partial wave
+@pytest.mark.parametrize(("tiles", "programs", "steps", "parts", "grid", "slots"), [
+    (320, 132, 128, 2, 132, 56),  # QKV at 2,048 rows on an H100's 132 programs: 2 waves and 56 tiles
+    (320, 124, 128, 1, 124, 0),  # beside the all-gather's pushing kernel: 72 tiles, two rounds of any cut
+    (264, 132, 128, 1, 132, 0),  # whole waves
+    (250, 132, 128, 1, 132, 0),  # a last wave of 118 tiles: two rounds of any cut
+    (7168, 132, 128, 1, 132, 0),  # MLP up at 8,192 rows: 55 waves, a cut (in 3) would save under 1%
+    (9, 8, 25, 4, 8, 3),  # a last wave of 1 tile: 4 parts in one round
+    (320, 132, 7, 1, 132, 0),  # too few K steps for two parts of 4
+    (56, 132, 128, 2, 132, 56),  # one partial wave, cut: every program launched
+    (56, 132, 7, 1, 56, 0),  # one partial wave, not cut: a program per tile
 ])
-def test_a_last_wave_is_cut_where_it_pays(tiles, programs, steps, parts):
+def test_a_last_wave_is_cut_where_it_pays(tiles, programs, steps, parts, grid, slots):
     assert split_parts(tiles, programs, steps) == parts
-    assert split_slots(tiles, programs, parts) == (tiles % programs * (parts - 1) if parts > 1 else 0)
+    assert split_launch(tiles, programs, steps) == (parts, grid)
+    assert split_slots(tiles, grid, parts) == slots
 
 
 def test_bad_input_is_rejected_clearly(reports):

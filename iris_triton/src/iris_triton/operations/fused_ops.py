@@ -39,7 +39,7 @@ from iris.collectives.groups import namespace_for
 from iris_triton.operations import moe, moe_plans
 from iris_triton.operations.copy_engine import CopyEngineOps
 from iris_triton.operations.fused import all_gather_matmul_kernel, matmul_reduce_scatter_kernel, push_rows_kernel
-from iris_triton.operations.gemm import MOST_PARTS, descriptors, split_parts, split_slots
+from iris_triton.operations.gemm import MOST_PARTS, descriptors, split_launch, split_slots
 from iris_triton.tuning import (COPY_ENGINE_MIN_SHARE, GEMM_FLOPS_PER_SECOND, GEMM_TILES, LINK_BYTES_PER_SECOND,
                                 PUSH_BLOCK_K, PUSH_PROGRAMS)
 
@@ -103,13 +103,14 @@ class _Buffers:
 SPLIT_WORDS_ALIGNMENT = 32
 
 
-def _split_buffers(context, name: str, slots: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _split_buffers(context, name: str, programs: int, slots: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(partials, arrived)``: ``slots`` float32 partial tiles of ``block`` elements and the
     arrival words (int32, 0 between calls) of the fused kernel ``name`` whose last wave is split
     along K (:func:`iris_triton.operations.gemm.split_parts`), in one workspace: first as many
-    words as any split of this context can publish, whatever the call's shape (so that no call's
-    tiles cover another's words), then the tiles. A kernel that splits nothing is passed both."""
-    words = triton.cdiv(context.get_cu_count() * (MOST_PARTS - 1), SPLIT_WORDS_ALIGNMENT) * SPLIT_WORDS_ALIGNMENT
+    words as any split on the context's ``programs`` (its units) can publish, whatever the call's
+    shape (so that no call's tiles cover another's words), then the tiles. A kernel that splits
+    nothing is passed both."""
+    words = triton.cdiv(programs * (MOST_PARTS - 1), SPLIT_WORDS_ALIGNMENT) * SPLIT_WORDS_ALIGNMENT
     state = context.workspaces.get(f"{name}_split", 4 * (words + slots * block), fill=0)
     return state[4 * words:].view(torch.float32), state[:4 * words].view(torch.int32)
 
@@ -270,12 +271,10 @@ class FusedOps:
         buffers = _Buffers.of(ctx, "all_gather_matmul", ctx.world_size * m * K, a_shard.dtype, triton.cdiv(m, block_m))
         push_programs = min(PUSH_PROGRAMS[ctx.kernel_device_type], triton.cdiv(m, block_m))
         tiles = ctx.world_size * triton.cdiv(m, block_m) * triton.cdiv(N, config["BLOCK_N"])
-        gemm_programs = max(1, buffers.programs - PUSH_PROGRAMS[ctx.kernel_device_type])
-        parts = split_parts(tiles, gemm_programs, triton.cdiv(K, config["BLOCK_K"]))
-        if parts == 1:
-            gemm_programs = min(gemm_programs, tiles)
-        partials, arrived = _split_buffers(ctx, "all_gather_matmul", split_slots(tiles, gemm_programs, parts),
-                                           block_m * config["BLOCK_N"])
+        parts, gemm_programs = split_launch(tiles, max(1, buffers.programs - PUSH_PROGRAMS[ctx.kernel_device_type]),
+                                            triton.cdiv(K, config["BLOCK_K"]))
+        partials, arrived = _split_buffers(ctx, "all_gather_matmul", buffers.programs,
+                                           split_slots(tiles, gemm_programs, parts), block_m * config["BLOCK_N"])
         with _announced_call(ctx, "all_gather_matmul", (out, a_shard, b), f"fused/{tile}") as signature:
             common = dict(flags=buffers.flags, headers=buffers.headers, signature=signature,
                           context=ctx.get_device_context(), capacity=buffers.programs,

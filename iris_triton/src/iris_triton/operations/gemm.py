@@ -30,8 +30,8 @@ from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.functions import spin_until
 
 __all__ = ["PLAIN_LOOP", "add_partial", "describable", "descriptors", "dot_step", "loop_unit", "loop_units",
-           "partial_slot", "publish_partial", "row_block_tile", "split_parts", "split_slots", "tile_coordinates",
-           "tile_product", "tile_product_tma", "tile_sum"]
+           "partial_slot", "publish_partial", "row_block_tile", "split_launch", "split_parts", "split_slots",
+           "tile_coordinates", "tile_product", "tile_product_tma", "tile_sum"]
 
 #: Whether a descriptor loop orders its copies after what the program acquired before
 #: (``fence.proxy.async``): compiled, yes; the interpreter has no asynchronous proxy.
@@ -178,6 +178,15 @@ def split_parts(tiles: int, programs: int, steps: int) -> int:
         if time < best_time:
             best, best_time = parts, time
     return best if (1 - best_time) / -(-tiles // programs) >= LEAST_GAIN else 1
+
+
+def split_launch(tiles: int, programs: int, steps: int) -> tuple[int, int]:
+    """``(parts, grid)`` of a persistent loop of ``tiles`` tiles on at most ``programs``
+    programs: its last wave's parts (:func:`split_parts`), and the programs to launch (all of
+    them where the wave is cut, whose units :func:`loop_units` lays out by the grid; else no more
+    than there are tiles)."""
+    parts = split_parts(tiles, programs, steps)
+    return parts, programs if parts > 1 else min(programs, tiles)
 
 
 def split_slots(tiles: int, programs: int, parts: int) -> int:
