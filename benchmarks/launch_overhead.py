@@ -2,7 +2,7 @@
 
 - ``jit``: ``kernel[grid](...)``, the first call of any shape (binding, specializing, lookup);
 - ``repeat``: the repeat that :meth:`iris_triton.device.frontend.Frontend.launch` returns, which later
-  identical calls use (the compiled kernel's runner, stream handed in).
+  identical calls use (the compiled kernel's runner), on the current stream looked up as the JIT does.
 
 Each round enqueues ``--launches`` launches of a tiny kernel back to back and divides the host
 time by their number; rounds alternate between the ways so that drift in the host's speed
@@ -35,14 +35,14 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("launch_overhead needs a GPU")
-    from iris_triton.device.frontend import TRITON
+    from iris_triton.device.frontend import TRITON, current_stream
     from benchmarks.common import write_results
 
     n = 1024
     x = torch.zeros(n, dtype=torch.int32, device="cuda")
     jitted = TRITON.kernel(add_one)
     repeat = TRITON.launch(add_one, (1,), x=x, n=n, BLOCK=n)
-    ways = {"jit": lambda: jitted[(1,)](x, n, BLOCK=n), "repeat": repeat}
+    ways = {"jit": lambda: jitted[(1,)](x, n, BLOCK=n), "repeat": lambda: repeat(current_stream())}
     for launch in ways.values():
         launch()
     torch.cuda.synchronize()

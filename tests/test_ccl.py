@@ -506,7 +506,7 @@ def test_an_identical_call_runs_the_algorithms_repeat(ctx):
 
     def run(call):
         runs.append(call.input.data_ptr())
-        return lambda: repeats.append(call.input.data_ptr())
+        return lambda stream: repeats.append(call.input.data_ptr())
 
     with _registered(Algorithm(name="test_repeating", collective="broadcast", run=run, languages=())):
         a, b = ctx.ones(8), ctx.ones(8)
@@ -529,7 +529,7 @@ def test_a_registration_drops_the_repeats_and_choices_made_before(ctx):
     def recording(name):
         def run(call):
             ran.append(name)
-            return lambda: ran.append(f"{name} repeat")
+            return lambda stream: ran.append(f"{name} repeat")
 
         return run
 

@@ -53,7 +53,9 @@ if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import iris  # noqa: E402
-from iris.errors import IrisError  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from iris.errors import IrisError, IrisTimeoutError  # noqa: E402
 from iris.testing import mapped_heap_segments, seeded_generator  # noqa: E402
 from fused_cases import cut_shape, with_few_units  # noqa: E402
 from iris.tools.spawn import cpu_rank_context, die_with_launcher  # noqa: E402
@@ -1138,3 +1140,31 @@ def test_a_context_used_from_two_threads_at_once_raises_instead_of_interleaving(
     ctx.ccl.all_reduce(x)
     assert x.eq(1).all()
     ctx.free(x)
+
+
+def test_a_cut_tile_whose_other_parts_never_arrive_gives_up_on_this_rank_and_says_so(monkeypatch):
+    # The parts of a tile cut along K meet in one program of the same kernel: with their sums
+    # never published (a program of this GPU that never ran), its wait gives up, the output is
+    # poisoned, and the error names no peer (none is at fault) and says what waited.
+    from iris_triton.operations import gemm
+    from iris_triton.protocol.waits import LOCAL_FAILURES
+
+    from fused_cases import parts_of
+
+    @triton.jit
+    def never_published(acc, partials, arrived, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        pass
+
+    monkeypatch.setattr(gemm, "publish_partial", never_published)
+    ctx = _create(T, (CUT,))
+    assert parts_of(DEVICE, ctx.world_size, CUT_STEPS) > 1  # the product is cut
+    call, expected, out = prepare(ctx, CUT, 1)
+    started = time.monotonic()
+    with pytest.raises(IrisTimeoutError) as raised:
+        call()
+        ctx.check()  # GPUs: the kernel's give-up raises here
+    message = str(raised.value)
+    assert LOCAL_FAILURES["cut_part"] in message and "world rank(s)" not in message, message
+    assert time.monotonic() - started >= T
+    assert out.isnan().all()
+    ctx.destroy()

@@ -1,5 +1,5 @@
 """Front ends: the repeat that :meth:`Frontend.launch` returns runs the kernel again, as the
-first launch did, with and without Triton's launch hooks (which profilers install); a
+first launch did, on the stream it is handed, with and without Triton's launch hooks (which profilers install); a
 :class:`LaunchCache` runs each call with that call's arguments."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _add_one(x, n, BLOCK: tl.constexpr):
 def test_a_launch_repeat_runs_the_kernel_again(hooked, monkeypatch):
     from triton import knobs
 
-    from iris_triton.device.frontend import TRITON
+    from iris_triton.device.frontend import TRITON, current_stream
 
     seen = []
     if hooked:  # a hook set before the first launch sees every repeat
@@ -30,8 +30,11 @@ def test_a_launch_repeat_runs_the_kernel_again(hooked, monkeypatch):
     expected = x + 3
     repeat = TRITON.launch(_add_one, (4,), x=x, n=n, BLOCK=256)
     assert repeat is not None
-    repeat()
-    repeat()
+    repeat(current_stream())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    repeat(side.cuda_stream)  # on the stream it is handed
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     assert torch.equal(x, expected)
     assert len(seen) == (3 if hooked else 0)

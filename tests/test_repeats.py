@@ -30,7 +30,7 @@ def _recording(collective: str = "broadcast"):
 
     def run(call):
         ran.append("run")
-        return lambda: ran.append("repeat")
+        return lambda stream: ran.append("repeat")
 
     with algorithm_registry(collective).restored():
         register_algorithm(Algorithm(name="test_recording", collective=collective, run=run, languages=()))
@@ -44,6 +44,24 @@ def test_an_identical_call_returns_what_the_call_returns_and_runs_only_the_repea
         y = x.view(8)  # another tensor object over the same memory, alike: the same call
         assert ctx.ccl.broadcast(y, 0, algorithm="test_recording") is y
         assert ran == ["run", "repeat"]
+
+
+def test_a_repeat_launches_on_the_current_stream_and_asks_about_a_capture_only_off_the_default_one(ctx, monkeypatch):
+    # The legacy default stream (handle 0, CPU ranks' only one) is never captured into a CUDA
+    # graph; on any other stream a repeat notes a capture in progress, as a full call does.
+    streams, asked = [], []
+    with algorithm_registry("broadcast").restored():
+        register_algorithm(Algorithm(name="test_streams", collective="broadcast", languages=(),
+                                     run=lambda call: lambda stream: streams.append(stream)))
+        x = ctx.ones(8)
+        ctx.ccl.broadcast(x, 0, algorithm="test_streams")  # in full: keeps the repeat
+        monkeypatch.setattr(ctx.workspaces, "note_capture", lambda: asked.append(True) or False)
+        ctx.ccl.broadcast(x, 0, algorithm="test_streams")
+        assert (streams, asked) == ([0], [])
+        monkeypatch.setattr(ctx, "_current_stream", lambda: 0x5A00)
+        ctx.ccl.broadcast(x, 0, algorithm="test_streams")
+        assert (streams, asked) == ([0, 0x5A00], [True])
+    ctx.free(x)
 
 
 def test_writing_into_the_tensor_keeps_its_repeat(ctx):
@@ -157,11 +175,11 @@ def test_a_call_made_inside_another_offers_its_repeat_to_itself(ctx):
         ran.append("outer run")
         ctx.ccl.all_gather(torch.empty(4 * ctx.world_size, device=ctx.device), inner_tensor.clone(),
                            algorithm="test_inner")
-        return lambda: ran.append("outer repeat")
+        return lambda stream: ran.append("outer repeat")
 
     def inner(call):
         ran.append("inner run")
-        return lambda: ran.append("inner repeat")
+        return lambda stream: ran.append("inner repeat")
 
     with algorithm_registry("broadcast").restored(), algorithm_registry("all_gather").restored():
         register_algorithm(Algorithm(name="test_outer", collective="broadcast", run=outer, languages=()))
@@ -202,7 +220,7 @@ def test_the_fused_all_reduce_rmsnorm_repeats_its_launch(ctx, monkeypatch):
     def launch(self, fn, grid, **arguments):
         launches.append("launch")
         real(self, fn, grid, **arguments)
-        return lambda: launches.append("repeat")
+        return lambda stream: launches.append("repeat")
 
     monkeypatch.setattr(frontend.Frontend, "launch", launch)
     generator = torch.Generator().manual_seed(7)

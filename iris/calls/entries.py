@@ -71,8 +71,7 @@ def _layout(tensor: torch.Tensor) -> tuple:
 
 
 #: Names the generated source uses besides the declared parameters: none may be declared.
-_RESERVED = frozenset({"self", "group", "async_op", "_extra", "repeats", "found", "_in_full", "_is_compiling",
-                       "keyed"})
+_RESERVED = frozenset({"self", "group", "async_op", "_extra", "found", "_in_full", "_is_compiling", "keyed"})
 
 
 def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
@@ -128,7 +127,7 @@ def keyer(declaration: Declaration) -> Callable[..., tuple]:
 
 def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bool], Any]) -> Callable:
     """The entry of ``declaration``'s method: its repeat where one is kept for the call
-    (``self._repeats``: :class:`iris.calls.repeats.Repeats`) and the guard lets it run
+    (``self._repeats.by_key``: :class:`iris.calls.repeats.Repeats`) and the guard lets it run
     (``self._context._run_repeat``), else ``in_full(self, args, kwargs, group, async_op)``."""
     parameters, key, tensors, defaults = _pieces(declaration)
     positional = [p.name for p in declaration.params if not p.keyword_only]
@@ -138,9 +137,8 @@ def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bo
     signature = ", ".join(["self", *parameters, *starred, "group=None", "async_op=False", "**_extra"])
     source = f"""def {declaration.name}({signature}):
     if group is None and not async_op and not _extra and not _is_compiling():
-        repeats = self._repeats
         try:
-            found = repeats.found({key})
+            found = self._repeats.by_key.get({key})
         except (TypeError, AttributeError, RuntimeError):  # a value that cannot be keyed (no storage, say)
             found = None
         if found is not None and found[2]{tensors} and self._context._run_repeat(found[0], found[1]) is not None:

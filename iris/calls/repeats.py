@@ -22,6 +22,7 @@ there runs in full.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from iris.calls.declarations import DECLARATIONS
@@ -32,8 +33,11 @@ __all__ = ["MAX_REPEATS", "Kept", "Repeats", "generation", "invalidate", "offer"
 #: Most repeats an object keeps (the oldest is dropped first); each is a key and a callable.
 MAX_REPEATS = 256
 
-#: Bumped by :func:`invalidate`: a repeat kept before it is not used.
+#: Bumped by :func:`invalidate`: a plan kept before it is not used (MoE's plans compare it).
 _generation = 0
+
+#: Every :class:`Kept` alive, emptied together by :func:`invalidate`.
+_ALL_KEPT: weakref.WeakSet = weakref.WeakSet()
 
 #: Marks a call that offered more than one repeat: none of them is all of its work.
 _SEVERAL = object()
@@ -49,6 +53,8 @@ def invalidate() -> None:
     """Forget every repeat kept so far, in every context (something they depend on changed)."""
     global _generation
     _generation += 1
+    for kept in list(_ALL_KEPT):
+        kept.by_key.clear()
 
 
 class _Offered:
@@ -73,24 +79,22 @@ def offer(context, repeat: Callable[[], None] | None) -> None:
 
 class Kept:
     """Values kept by key, at most ``limit`` (the oldest is dropped first), while the repeats are
-    valid: all are forgotten at the next call after :func:`invalidate` (repeats, MoE's plans)."""
+    valid: :func:`invalidate` empties every one (repeats, MoE's plans)."""
 
-    __slots__ = ("_limit", "_by_key", "_generation")
+    __slots__ = ("_limit", "by_key", "__weakref__")
 
     def __init__(self, limit: int):
         self._limit = limit
-        self._by_key: dict = {}
-        self._generation = _generation
+        #: What is kept, by key: emptied in place, never replaced, so a caller may hold it.
+        self.by_key: dict = {}
+        _ALL_KEPT.add(self)
 
     def current(self) -> dict:
-        """What is kept, by key (emptied first if the repeats were forgotten since)."""
-        if self._generation != _generation:
-            self._by_key.clear()
-            self._generation = _generation
-        return self._by_key
+        """What is kept, by key."""
+        return self.by_key
 
     def keep(self, key, value) -> None:
-        by_key = self.current()
+        by_key = self.by_key
         if len(by_key) >= self._limit:
             del by_key[next(iter(by_key))]
         by_key[key] = value
@@ -99,28 +103,28 @@ class Kept:
 class Repeats:
     """The repeats of one ``ctx.ccl`` / ``ctx.ops`` object's calls, by their keys."""
 
-    __slots__ = ("_context", "_kept")
+    __slots__ = ("_context", "_kept", "by_key")
 
     def __init__(self, context):
         self._context = context
-        #: ``(repeat, trace name, guard)`` by the call's key (:func:`iris.calls.entries.keyer`).
         self._kept = Kept(MAX_REPEATS)
+        #: ``(repeat, trace name, guard)`` by the call's key (:func:`iris.calls.entries.keyer`):
+        #: the guard checks the call's tensors; ``ctx._run_repeat(repeat, trace name)`` makes the
+        #: call. Looked up by the methods' entries (:mod:`iris.calls.entries`).
+        self.by_key = self._kept.by_key
 
     def __len__(self) -> int:
-        return len(self._kept.current())
+        return len(self.by_key)
 
     def kept(self, name: str, *args, **kwargs) -> Callable[[], None] | None:
-        """The repeat kept for the call ``name(*args, **kwargs)``, if any (what a benchmark
-        launches bare, beside the call)."""
+        """The repeat kept for the call ``name(*args, **kwargs)``, if any, as a callable that
+        launches it on the current stream (what a benchmark launches bare, beside the call)."""
         key, tensors = keyer(DECLARATIONS[name])(*args, **kwargs)
-        found = self.found(key)
-        return None if found is None or not found[2](*tensors) else found[0]
-
-    def found(self, key: tuple) -> tuple | None:
-        """``(repeat, trace name, guard)`` kept under the call's ``key`` (:mod:`iris.calls.entries`:
-        the guard checks the call's tensors; ``ctx._run_repeat(repeat, trace name)`` makes the
-        call), or None."""
-        return self._kept.current().get(key)
+        found = self.by_key.get(key)
+        if found is None or not found[2](*tensors):
+            return None
+        repeat, current_stream = found[0], self._context._current_stream
+        return lambda: repeat(current_stream())
 
     def call(self, declaration, method: Callable, target, args: tuple, kwargs: dict,
              returned: Callable[[tuple, dict], Any], keyed: Callable[..., tuple]):

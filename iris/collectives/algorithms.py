@@ -183,12 +183,13 @@ class Algorithm:
 
     name: str
     collective: str = attrs.field(validator=attrs.validators.in_(COLLECTIVES))
-    run: Callable[[CollectiveCall], Callable[[], None] | None]
+    run: Callable[[CollectiveCall], Callable[[int], None] | None]
     """Enqueues the collective on the context's current stream and returns without waiting.
-    It may return a *repeat*: a callable that enqueues the same call again, on the then-current
-    stream, without preparing it anew; ``ctx.ccl`` runs it instead of ``run`` for identical later
-    calls (same tensors by address, size, dtype and layout, same options) until a workspace
-    grows. None means every call goes through ``run``."""
+    It may return a *repeat*: a callable that enqueues the same call again, on the raw CUDA
+    stream it is given (the then-current one; 0 on CPU ranks), without preparing it anew;
+    ``ctx.ccl`` runs it instead of ``run`` for identical later calls (same tensors by address,
+    size, dtype and layout, same options) until a workspace grows. None means every call goes
+    through ``run``."""
     languages: frozenset[str] = attrs.field(converter=frozenset)
     """Kernel languages it is implemented in; a context whose backend compiles in another
     language (``DeviceOps.kernel_language``) cannot run it. Empty: it launches no kernel of a

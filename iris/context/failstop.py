@@ -24,9 +24,9 @@ ranks whose different calls grow different workspaces, or only one of them, meet
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
-
+import functools
 import threading
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -73,6 +73,9 @@ class FailStopMixin:
         self._calls_offering: list = []
         #: Whether kernels have finished when their launch returns (CPU ranks' interpreter).
         self._kernels_finish_in_call = self.device.type != "cuda"
+        #: The raw handle of the device's current stream, where a repeat launches (CPU ranks: 0).
+        self._current_stream = (functools.partial(torch._C._cuda_getCurrentRawStream, self.device.index)
+                                if self.device.type == "cuda" else lambda: 0)
 
     @property
     def failed(self) -> bool:
@@ -87,28 +90,31 @@ class FailStopMixin:
         call fails during it, ``outputs`` are filled with all-ones bits (:func:`poison`)."""
         return _Call(self, name, outputs)
 
-    def _run_repeat(self, repeat: Callable[[], Any], name: str,
+    def _run_repeat(self, repeat: Callable[[int], Any], name: str,
                     outputs: Callable[[Any], tuple] = lambda result: ()) -> tuple | None:
-        """Run ``repeat``, which enqueues the launches of an earlier call made again
-        (:mod:`iris.calls.repeats`), as the call ``ctx.<name>`` inside the least of its guard:
-        ``(its result,)``, or None, having done nothing, where the call needs the whole guard
-        (:meth:`_call`): a failure to raise, a host range to record, another thread inside a
-        call. On GPUs nothing is checked after the launch: its kernels have not run yet (they
-        poison what they cannot verify), and the next call raises what they record. On CPU ranks
-        the kernels ran within the call: what they recorded raises now, as the whole guard's
-        check does, and ``outputs(result)`` are poisoned. A CUDA graph capture in progress is noted
-        (:meth:`iris.collectives.workspaces.Workspaces.note_capture`): a repeat asks for no
-        workspace, but a graph may now hold the workspaces' addresses."""
+        """Run ``repeat``, which enqueues the launches of an earlier call made again on the raw
+        stream it is given (:mod:`iris.calls.repeats`), as the call ``ctx.<name>`` inside the
+        least of its guard: ``(its result,)``, or None, having done nothing, where the call needs
+        the whole guard (:meth:`_call`): a failure to raise, a host range to record, another
+        thread inside a call. On GPUs nothing is checked after the launch: its kernels have not
+        run yet (they poison what they cannot verify), and the next call raises what they record.
+        On CPU ranks the kernels ran within the call: what they recorded raises now, as the whole
+        guard's check does, and ``outputs(result)`` are poisoned.
+
+        The repeat launches on the context's device's current stream. A repeat asks for no
+        workspace, but a CUDA graph being captured would now hold the workspaces' addresses: a
+        capture in progress is noted (:meth:`iris.collectives.workspaces.Workspaces.note_capture`),
+        asked only off the legacy default stream (handle 0), which no graph captures."""
         if self._failure is not None or self._recorded_failure() is not None or self.tracing.records_host_ranges:
             return None
-        workspaces = self.workspaces
-        if not workspaces.graph_captured:  # no workspace is asked for: a capture is noticed here
-            workspaces.note_capture()
+        stream = self._current_stream()
+        if stream and not self.workspaces.graph_captured:
+            self.workspaces.note_capture()
         in_use = self._in_use
         if not in_use.acquire(False):
             return None
         try:
-            result = repeat()
+            result = repeat(stream)
         finally:
             in_use.release()
         if self._kernels_finish_in_call and self._recorded_failure() is not None:

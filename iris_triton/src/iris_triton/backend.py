@@ -16,7 +16,7 @@ from iris.heap.device_context import set_trailer
 from iris_triton.device.frontend import TRITON
 from iris_triton.collectives.p2p import PeerRegions
 from iris_triton.tuning import COMPILE_ONLY_PROGRAMS, CPU_PROGRAMS
-from iris_triton.protocol.waits import ARGUMENT_FAILURES, MISMATCHES, describe_failure, fault_words
+from iris_triton.protocol.waits import ARGUMENT_FAILURES, LOCAL_FAILURES, MISMATCHES, describe_failure, fault_words
 
 __all__ = ["TritonBackend", "TritonContext", "TritonDeviceOps", "interpreter_runs_kernel_loops"]
 
@@ -174,6 +174,8 @@ class TritonDeviceOps(DeviceOps):
         what = "; ".join(
             f"{operation} gave up after {self.config.timeout:g} s waiting for world rank(s) {peers}"
             if kind == "timeout"
+            else f"{operation} gave up after {self.config.timeout:g} s {LOCAL_FAILURES[kind]}"
+            if kind in LOCAL_FAILURES
             else f"{operation}: world rank(s) {peers} {ARGUMENT_FAILURES[kind]}" if kind in ARGUMENT_FAILURES
             else f"{operation}: world rank(s) {peers} "
                  f"{MISMATCHES.get(operation, 'made a different call (another collective, size, dtype, op or root)')}"
@@ -181,9 +183,12 @@ class TritonDeviceOps(DeviceOps):
         if all(kind in ARGUMENT_FAILURES for _, kind in by_failure):  # the call's arguments, seen on the device
             return (f"on rank {self.rank}, a device-side check of the call failed: {what}. The failed call's "
                     f"outputs hold NaN (integers: -1)")
+        advice = ("Raise the timeout with create(timeout=...) / IRIS_TIMEOUT if this GPU runs other work that long"
+                  if all(kind in LOCAL_FAILURES for _, kind in by_failure) else
+                  "Check that every rank is alive and makes the same iris calls in the same order, or raise the "
+                  "timeout with create(timeout=...) / IRIS_TIMEOUT")
         return (f"on rank {self.rank}, a device-side wait failed: {what}. The failed call's outputs hold NaN "
-                f"(integers: -1). Check that every rank is alive and makes the same iris calls in the same order, "
-                f"or raise the timeout with create(timeout=...) / IRIS_TIMEOUT")
+                f"(integers: -1). {advice}")
 
     def _recorded_call_mismatch(self):
         """The different call a kernel of this rank found, where it recorded the headers of both

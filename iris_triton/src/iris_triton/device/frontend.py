@@ -21,7 +21,7 @@ from triton.runtime import driver
 from iris_triton.device.compiled import INTERPRETING
 from iris_triton.device.context import DeviceContext
 
-__all__ = ["Frontend", "LaunchCache", "SHARED_SOURCE_LANGUAGES", "TRITON", "passed", "tensor_passed"]
+__all__ = ["Frontend", "LaunchCache", "SHARED_SOURCE_LANGUAGES", "TRITON", "current_stream", "passed", "tensor_passed"]
 
 #: The kernel languages iris's shared kernel sources compile in (the Triton backend's and the
 #: Gluon backend's front ends): what the collective algorithms written that way declare.
@@ -47,36 +47,44 @@ class Frontend:
             compiled = self._kernels[fn] = self.jit(fn)
         return compiled
 
-    def launch(self, fn: Callable, grid: tuple, **arguments) -> Callable[[], None] | None:
+    def launch(self, fn: Callable, grid: tuple, **arguments) -> Callable[[int], None] | None:
         """Launch ``fn`` (compiled by this front end) on ``grid`` with ``arguments`` (every
-        parameter by name, constexprs included), and return a callable that launches it again
-        with the same arguments on the then-current stream.
+        parameter by name, constexprs included), and return its *repeat*: a callable that
+        launches it again with the same arguments on the stream it is given (a raw CUDA stream
+        handle, as :func:`current_stream` reads it).
 
         The repeat skips the JIT's per-launch work (binding and specializing the arguments,
         looking the kernel up): it calls the compiled kernel directly, with tensors passed as
         their addresses, so it holds no reference to them; callers must repeat it only while
-        those tensors are alive, on the current stream of the device it was first launched on
-        (:func:`_direct_launch`). Under the Triton interpreter there is no compiled kernel, and
-        the result is None."""
+        those tensors are alive, on a stream of the device it was first launched on. Under the
+        Triton interpreter there is no compiled kernel, and the result is None."""
         jitted = self.kernel(fn)
         compiled = jitted[grid](**arguments)
         if compiled is None or not hasattr(compiled, "run"):
             return None
-        ordered = [arguments[name] for name in jitted.arg_names]
-        values = [passed(a) for a in ordered]
-        runner = _direct_launch(compiled, grid)
-        return lambda: runner(values)
+        values = [passed(arguments[name]) for name in jitted.arg_names]
+        run = _launcher(compiled, grid)
+        return lambda stream: run(*values, stream=stream)
 
 
-def _direct_launch(compiled, grid: tuple, trailing: Sequence = ()) -> Callable[[list], None]:
-    """The compiled kernel's launch on ``grid``, as a callable of its arguments' values (tensors as
-    addresses; then ``trailing``, the constexprs after them), on the current stream of the device
-    current now, read straight from torch (a few microseconds less per launch than letting the
-    kernel look up the current device and stream)."""
-    launch = compiled[(*grid, 1, 1)[:3]]
-    device = driver.active.get_current_device()
-    current_stream = driver.active.get_current_stream
-    return lambda values: launch(*values, *trailing, stream=current_stream(device))
+def current_stream() -> int:
+    """The raw handle of the current device's current stream, where Triton's launcher would
+    launch (0: the legacy default stream, which no CUDA graph captures)."""
+    return driver.active.get_current_stream(driver.active.get_current_device())
+
+
+def _launcher(compiled, grid: tuple) -> Callable:
+    """The compiled kernel's launch on ``grid``: called with its arguments' values (tensors as
+    addresses) and ``stream=``, it does what Triton's launcher does once it has bound the
+    arguments and found the stream."""
+    return compiled[(*grid, 1, 1)[:3]]
+
+
+def _direct_launch(compiled, grid: tuple, trailing: Sequence) -> Callable[[list, int], None]:
+    """The compiled kernel's launch on ``grid`` (:func:`_launcher`), as a callable of its runtime
+    arguments' values and the raw stream, ``trailing`` (the constexprs after them) added."""
+    launch = _launcher(compiled, grid)
+    return lambda values, stream: launch(*values, *trailing, stream=stream)
 
 
 TRITON = Frontend(name="triton", jit=triton.jit, device_context=DeviceContext)
@@ -112,7 +120,8 @@ class LaunchCache:
         if INTERPRETING:
             self.jitted[grid](*args, **keywords)
             return
-        key = self._key(grid, args, keywords)
+        device = driver.active.get_current_device()
+        key = self._key(device, grid, args, keywords)
         runner = self._compiled.get(key)
         if runner is None:
             compiled = self.jitted[grid](*args, **keywords)
@@ -121,24 +130,24 @@ class LaunchCache:
             constexprs = [keywords[name] for name in self.jitted.arg_names[len(args):]]
             self._compiled[key] = _direct_launch(compiled, grid, constexprs)
             return
-        runner([passed(a) for a in args])
+        runner([passed(a) for a in args], driver.active.get_current_stream(device))
 
     @staticmethod
-    def _key(grid: tuple, args: tuple, keywords: dict) -> tuple:
+    def _key(device: int, grid: tuple, args: tuple, keywords: dict) -> tuple:
         """What the compiled kernel of a launch depends on: the device, the grid, the runtime
         arguments' specialisations, the constexprs and launch options."""
-        return (driver.active.get_current_device(), grid, *map(_specialisation, args), *keywords.items())
+        return (device, grid, *map(_specialisation, args), *keywords.items())
 
-    def bound(self, grid: tuple, *args, **keywords) -> tuple[Callable[[list], None], list] | None:
+    def bound(self, grid: tuple, *args, **keywords) -> tuple[Callable[[list, int], None], list] | None:
         """The kernel as :meth:`launch` ran it with these arguments, for a caller that launches one
         specialisation many times and changes only some arguments: ``(runner, values)``, where
         ``values`` are the runtime arguments as the kernel takes them (:func:`passed`) and
-        ``runner(values)`` launches it on the current stream with ``values`` (a copy of them
-        with some replaced, each tensor by one of the same dtype and 16-byte alignment). None
-        where no compiled kernel was kept (the compile check)."""
+        ``runner(values, stream)`` launches it on ``stream`` (:func:`current_stream`) with
+        ``values`` (a copy of them with some replaced, each tensor by one of the same dtype and
+        16-byte alignment). None where no compiled kernel was kept (the compile check)."""
         if INTERPRETING:
-            return (lambda values: self.jitted[grid](*values, **keywords)), list(args)
-        runner = self._compiled.get(self._key(grid, args, keywords))
+            return (lambda values, stream: self.jitted[grid](*values, **keywords)), list(args)
+        runner = self._compiled.get(self._key(driver.active.get_current_device(), grid, args, keywords))
         return None if runner is None else (runner, [passed(a) for a in args])
 
 

@@ -39,7 +39,7 @@ from iris_triton.protocol.calls import LANES, announce, call_number, count_call,
 from iris_triton.device.context import DeviceContext
 from iris_triton.operations.gemm import loop_unit, loop_units, row_block_tile, tile_coordinates, tile_sum
 from iris_triton.device.tracing import COMPUTE_EVENT, OPERATION_EVENT, PUSH_EVENT, WAIT_EVENT
-from iris_triton.protocol.waits import failed, poison, record_timeout, site_code, wait_for_peer_call
+from iris_triton.protocol.waits import CUT_PART, failed, poison, record_failure, site_code, wait_for_peer_call
 
 __all__ = ["all_gather_matmul_kernel", "matmul_reduce_scatter_kernel", "push_rows_kernel"]
 
@@ -127,7 +127,7 @@ def all_gather_matmul_kernel(context, gathered, b, out, a_desc, b_desc, flags, c
             acc, summed, whole = tile_sum(acc, t, part, tiles, parts, partials, arrived, dctx.failstop.timeout_ns,
                                           BLOCK_M, BLOCK_N)
             if not summed:
-                record_timeout(dctx, RANK, ALL_GATHER_MATMUL_SITE)
+                record_failure(dctx, RANK, CUT_PART * 256 + ALL_GATHER_MATMUL_SITE)
                 ok = False
             if whole:
                 rows = source * m + offs_m

@@ -71,14 +71,14 @@ def _bound(cache, grid: tuple, arguments: tuple, constexprs: dict, per_call: tup
     return (*bound, tuple(names.index(name) for name in per_call))
 
 
-def _launch(bound, values: tuple) -> None:
-    """Launch ``bound`` (:func:`_bound`) with ``values``, tensors, for its per-call arguments
-    (written into its arguments in place: a plan's calls never overlap, the guard lets one call
-    run at a time)."""
+def _launch(bound, values: tuple, stream: int) -> None:
+    """Launch ``bound`` (:func:`_bound`) on ``stream`` with ``values``, tensors, for its per-call
+    arguments (written into its arguments in place: a plan's calls never overlap, the guard lets
+    one call run at a time)."""
     runner, arguments, indices = bound
     for index, value in zip(indices, values):
         arguments[index] = tensor_passed(value)
-    runner(arguments)
+    runner(arguments, stream)
 
 
 @attrs.define(eq=False)
@@ -146,15 +146,15 @@ class DispatchPlan:
         if plan is not None:
             _kept_among(self.combines.setdefault(expert_out.data_ptr() % 16 == 0, []), plan)
 
-    def run(self, tokens, topk_ids, topk_weights) -> MoeDispatch:
-        """The dispatch of these arguments (of this plan's key), launched."""
+    def run(self, tokens, topk_ids, topk_weights, stream: int) -> MoeDispatch:
+        """The dispatch of these arguments (of this plan's key), launched on ``stream``."""
         ops = self.ops
         sequence = ops._moe_calls
         ops._moe_calls = sequence + 1
         parity = sequence & 1
         pair_slots, call, counts = self.launches.scratch[parity]
-        _launch(self.route[parity], (topk_ids,))
-        _launch(self.push[parity], (tokens, topk_ids))
+        _launch(self.route[parity], (topk_ids,), stream)
+        _launch(self.push[parity], (tokens, topk_ids), stream)
         buffers = self.launches.buffers[parity]
         handle = _made(MoeHandle, ops=ops, num_experts=self.num_experts, capacity=self.capacity, topk_ids=topk_ids,
                        topk_weights=topk_weights, pair_slots=pair_slots, call=call, counts=counts,
@@ -195,12 +195,13 @@ class CombinePlan:
             return None
         return cls(launches=launches, returns=returns, reduce=reduce, check=layout_guard((x,)))
 
-    def run(self, expert_out, handle: MoeHandle) -> torch.Tensor:
-        """The combine of ``expert_out`` for ``handle`` (of this plan's key), launched."""
+    def run(self, expert_out, handle: MoeHandle, stream: int) -> torch.Tensor:
+        """The combine of ``expert_out`` for ``handle`` (of this plan's key), launched on ``stream``."""
         T, H = self.launches.shape[:2]
         out = torch.empty(T, H, dtype=expert_out.dtype, device=expert_out.device)
-        _launch(self.returns[handle.sequence & 1], (expert_out, handle.counts, handle.call))
-        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.pair_slots, handle.topk_weights, handle.call))
+        _launch(self.returns[handle.sequence & 1], (expert_out, handle.counts, handle.call), stream)
+        _launch(self.reduce, (out, expert_out, handle.topk_ids, handle.pair_slots, handle.topk_weights, handle.call),
+                stream)
         return out
 
 
@@ -210,8 +211,8 @@ def _dispatch_outputs(made: MoeDispatch) -> tuple:
 
 
 def _by_plan(ops, find, name: str, outputs):
-    """The call ``ctx.<name>`` made by ``find()`` (a no-argument callable that makes it from its
-    plan; None: no plan), inside the least of the guard (``ctx._run_repeat``; ``outputs`` as
+    """The call ``ctx.<name>`` made by ``find()`` (which gives a callable that makes it from its
+    plan on the stream it is given; None: no plan), inside the least of the guard (``ctx._run_repeat``; ``outputs`` as
     there); None, having done nothing, where there is no plan, an argument is not what a plan
     takes (the full call then says what is wrong) or the call needs the full guard."""
     try:
@@ -233,7 +234,7 @@ def dispatch_again(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity
     def find():
         for plan in plans.get(dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8), ()):
             if plan.check(tokens, topk_ids, topk_weights):
-                return lambda: plan.run(tokens, topk_ids, topk_weights)
+                return lambda stream: plan.run(tokens, topk_ids, topk_weights, stream)
         return None
 
     return _by_plan(ops, find, "ops.moe_dispatch", _dispatch_outputs)
@@ -252,7 +253,7 @@ def combine_again(ops, expert_out, handle):
     def find():
         for plan in dispatch.combines.get(expert_out.data_ptr() % 16 == 0, ()):
             if plan.check(expert_out):
-                return lambda: plan.run(expert_out, handle)
+                return lambda stream: plan.run(expert_out, handle, stream)
         return None
 
     return _by_plan(ops, find, "ops.moe_combine", lambda out: (out,))

@@ -36,7 +36,7 @@ from triton.runtime.jit import constexpr_function
 from iris_triton.protocol.calls import announcements_of
 from iris_triton.device.clock import INTERPRETING, now_ns, spin_pause
 
-__all__ = ["ARGUMENT_FAILURES", "KINDS", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
+__all__ = ["ARGUMENT_FAILURES", "KINDS", "LOCAL_FAILURES", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
            "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
            "read_published", "read_when_arrived", "record_failure", "record_mismatch", "record_timeout", "site_code",
            "wait_for_call", "wait_all_or_record", "wait_for_peer_call", "wait_or_record"]
@@ -50,7 +50,7 @@ WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "a
 #: Kinds of failure, by code: a peer did not deliver within the timeout, or it delivered a
 #: different call (another collective, size, dtype, op or root).
 KINDS = {1: "timeout", 2: "mismatch", 3: "overflow", 4: "capacity", 5: "bounds", 6: "splits", 7: "unmatched",
-         8: "tiles", 9: "expert_ids", 10: "expert_capacity", 11: "stale_dispatch"}
+         8: "tiles", 9: "expert_ids", 10: "expert_capacity", 11: "stale_dispatch", 12: "cut_part"}
 #: What the kinds of failure that a call's own arguments cause (found on the device, in the
 #: split counts every rank published: iris_triton.collectives.all_to_all_v) say about the ranks recorded.
 ARGUMENT_FAILURES = {
@@ -72,6 +72,13 @@ ARGUMENT_FAILURES = {
     "unmatched": "passed output_split_sizes that differ from the rows their peers send them (output_split_sizes[s] "
                  "on rank d must equal input_split_sizes[d] on rank s)",
 }
+#: What the kinds of failure that no peer causes say (recorded in this rank's own word): waits of
+#: one kernel's programs for each other on this rank.
+LOCAL_FAILURES = {
+    "cut_part": "waiting for another program of its own kernel on this rank (the parts of a tile cut along K add "
+                "up in one program): the GPU did not run all of the kernel's programs within the timeout, because "
+                "of another kernel holding its multiprocessors that long, or a fault of this GPU",
+}
 #: What a mismatch recorded for a peer means, where it is not "made a different call" (a pair
 #: compares only its two messages: iris_triton.collectives.p2p).
 MISMATCHES = {
@@ -91,6 +98,7 @@ TILES: tl.constexpr = tl.constexpr(8)
 EXPERT_IDS: tl.constexpr = tl.constexpr(9)
 EXPERT_CAPACITY: tl.constexpr = tl.constexpr(10)
 STALE_DISPATCH: tl.constexpr = tl.constexpr(11)
+CUT_PART: tl.constexpr = tl.constexpr(12)
 
 
 def fault_words(world: int) -> int:
