@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
+from torch.autograd import profiler as autograd_profiler
 
 from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.heap.device_context import set_trailer
@@ -150,7 +151,7 @@ class Tracing:
     @property
     def records_host_ranges(self) -> bool:
         """Whether iris calls are recorded as host ranges now (tracing, NVTX or torch's profiler)."""
-        return self.enabled or self._nvtx or torch.autograd.profiler._is_profiler_enabled
+        return self.enabled or self._nvtx or autograd_profiler._is_profiler_enabled  # read on every call
 
     # -- reading and export ------------------------------------------------------------------------
 
@@ -220,7 +221,7 @@ class _HostRange:
     def __enter__(self) -> None:
         if self.tracing._nvtx:
             torch.cuda.nvtx.range_push(self.name)
-        if torch.autograd.profiler._is_profiler_enabled:
+        if autograd_profiler._is_profiler_enabled:
             self.profiled = torch.profiler.record_function(self.name)
             self.profiled.__enter__()
         self.start = time.monotonic_ns()

@@ -36,10 +36,10 @@ from triton.runtime.jit import constexpr_function
 from iris_triton.protocol.calls import announcements_of
 from iris_triton.device.clock import INTERPRETING, now_ns, spin_pause
 
-__all__ = ["ARGUMENT_FAILURES", "KINDS", "LOCAL_FAILURES", "MISMATCHES", "WAIT_SITES", "describe_failure", "failure_code",
-           "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned", "publish",
-           "read_published", "read_when_arrived", "record_failure", "record_mismatch", "record_timeout", "site_code",
-           "wait_for_call", "wait_all_or_record", "wait_for_peer_call", "wait_or_record"]
+__all__ = ["ARGUMENT_FAILURES", "KINDS", "LOCAL_FAILURES", "MISMATCHES", "WAIT_SITES", "describe_failure",
+           "failure_code", "fault_words", "other_call", "peers_announced", "poison", "poison_blocks", "poisoned",
+           "publish", "read_published", "read_when_arrived", "record_failure", "record_mismatch", "record_timeout",
+           "site_code", "wait_for_call", "wait_all_or_record", "wait_for_peer_call", "wait_or_record"]
 
 #: Operations whose kernels wait on peers; the code of one is its index + 1 (0: no failure).
 WAIT_SITES = ("device_barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
