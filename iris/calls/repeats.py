@@ -15,9 +15,9 @@ A repeat launches with the addresses of the earlier call's tensors and workspace
 choices. Every repeat of every context is forgotten (:func:`invalidate`) whenever any may be
 stale: a workspace replaced, a registry of plugins changed (the automatic choice may differ),
 tracing switched (kernels are compiled otherwise), tuning applied, a context destroyed, a call's
-description dropped (a repeat would then run a call its errors could not name). Those are rare,
-so each call checks one number. Under the Triton interpreter kernels have no repeat: every call
-there runs in full.
+description dropped (a repeat would then run a call its errors could not name). Those are rare:
+the kept repeats are emptied then, and a call checks nothing for it. Under the Triton
+interpreter kernels have no repeat: every call there runs in full.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class _Offered:
         self.repeat = None
 
 
-def offer(context, repeat: Callable[[], None] | None) -> None:
+def offer(context, repeat: Callable[[int], None] | None) -> None:
     """Offer ``repeat`` as all of the device work of the public call now in progress on
-    ``context``: it enqueues that work again, on the then-current stream, for an identical call.
+    ``context``: it enqueues that work again, on the raw stream it is handed, for an identical call.
     A call that offers twice is kept by neither offer (each is only part of its work); a call
     made by another call offers to the inner one. None: nothing to offer."""
     calls = context._calls_offering
