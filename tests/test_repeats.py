@@ -8,6 +8,7 @@ benchmarks/call_overhead.py and checked by its equality asserts)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import iris
-from iris.calls.repeats import MAX_REPEATS
+from iris.calls.repeats import MAX_REPEATS, Kept, invalidate
 from iris.collectives import Algorithm, algorithm_registry, register_algorithm
 from iris.errors import IrisError, IrisTimeoutError
 from iris_triton.device import frontend
@@ -62,6 +63,54 @@ def test_a_repeat_launches_on_the_current_stream_and_asks_about_a_capture_only_o
         ctx.ccl.broadcast(x, 0, algorithm="test_streams")
         assert (streams, asked) == ([0, 0x5A00], [True])
     ctx.free(x)
+
+
+def test_an_algorithms_repeat_of_no_parameters_is_called_without_the_stream(ctx):
+    # A plugin's repeat written as a function of nothing (before repeats were handed the stream).
+    ran = []
+
+    class Launches:
+        def again(self):
+            ran.append("method repeat")
+
+    repeats = {"function": lambda: ran.append("function repeat"), "method": Launches().again}
+    with algorithm_registry("broadcast").restored():
+        for name, repeat in repeats.items():
+            register_algorithm(Algorithm(name=f"test_{name}", collective="broadcast", languages=(),
+                                         run=lambda call, repeat=repeat: repeat))
+        x = ctx.ones(8)
+        for name in repeats:
+            ctx.ccl.broadcast(x, 0, algorithm=f"test_{name}")  # in full: the algorithm returns its repeat
+            ctx.ccl.broadcast(x, 0, algorithm=f"test_{name}")
+        assert ran == ["function repeat", "method repeat"]
+    ctx.free(x)
+
+
+def test_forgetting_the_repeats_while_other_threads_make_contexts_raises_nothing():
+    # invalidate() empties every kept set of repeats while other threads add new ones.
+    errors, stop = [], threading.Event()
+
+    def make():
+        try:
+            while not stop.is_set():
+                Kept(4).keep("key", "value")
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    threads = [threading.Thread(target=make) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in range(3000):
+            invalidate()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        sys.setswitchinterval(switch)
+    assert not errors, errors
 
 
 def test_writing_into_the_tensor_keeps_its_repeat(ctx):

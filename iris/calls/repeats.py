@@ -22,13 +22,15 @@ interpreter kernels have no repeat: every call there runs in full.
 
 from __future__ import annotations
 
+import inspect
+import threading
 import weakref
 from typing import Any, Callable
 
 from iris.calls.declarations import DECLARATIONS
 from iris.calls.entries import guard, keyer
 
-__all__ = ["MAX_REPEATS", "Kept", "Repeats", "generation", "invalidate", "offer"]
+__all__ = ["MAX_REPEATS", "Kept", "Repeats", "generation", "invalidate", "offer", "taking_stream"]
 
 #: Most repeats an object keeps (the oldest is dropped first); each is a key and a callable.
 MAX_REPEATS = 256
@@ -36,8 +38,10 @@ MAX_REPEATS = 256
 #: Bumped by :func:`invalidate`: a plan kept before it is not used (MoE's plans compare it).
 _generation = 0
 
-#: Every :class:`Kept` alive, emptied together by :func:`invalidate`.
+#: Every :class:`Kept` alive, emptied together by :func:`invalidate` (added to and read under
+#: :data:`_ALL_KEPT_LOCK`: contexts may be made and repeats forgotten from several threads).
 _ALL_KEPT: weakref.WeakSet = weakref.WeakSet()
+_ALL_KEPT_LOCK = threading.Lock()
 
 #: Marks a call that offered more than one repeat: none of them is all of its work.
 _SEVERAL = object()
@@ -52,9 +56,23 @@ def generation() -> int:
 def invalidate() -> None:
     """Forget every repeat kept so far, in every context (something they depend on changed)."""
     global _generation
-    _generation += 1
-    for kept in list(_ALL_KEPT):
+    with _ALL_KEPT_LOCK:
+        _generation += 1
+        every = list(_ALL_KEPT)
+    for kept in every:
         kept.by_key.clear()
+
+
+def taking_stream(repeat: Callable | None) -> Callable[[int], Any] | None:
+    """``repeat`` as a callable of the raw stream: a repeat of no parameters (a collective
+    algorithm's, written before repeats were handed the stream) is wrapped to be called without
+    it, launching on the current stream as it does."""
+    function = getattr(repeat, "__func__", repeat)
+    code = getattr(function, "__code__", None)
+    own = 1 if function is not repeat else 0  # a bound method's parameters count its self
+    if code is None or code.co_flags & inspect.CO_VARARGS or code.co_argcount > own:
+        return repeat  # takes the stream (or is None, or a callable this cannot read: as it is)
+    return lambda stream: repeat()
 
 
 class _Offered:
@@ -87,7 +105,8 @@ class Kept:
         self._limit = limit
         #: What is kept, by key: emptied in place, never replaced, so a caller may hold it.
         self.by_key: dict = {}
-        _ALL_KEPT.add(self)
+        with _ALL_KEPT_LOCK:
+            _ALL_KEPT.add(self)
 
     def current(self) -> dict:
         """What is kept, by key."""
@@ -96,7 +115,7 @@ class Kept:
     def keep(self, key, value) -> None:
         by_key = self.by_key
         if len(by_key) >= self._limit:
-            del by_key[next(iter(by_key))]
+            by_key.pop(next(iter(by_key), None), None)  # None: emptied meanwhile by invalidate()
         by_key[key] = value
 
 

@@ -25,7 +25,7 @@ from iris.collectives import (COLLECTIVES, MOVED_ONLY_DTYPES, POINT_TO_POINT, RE
                                reduce_op_name)
 from iris.calls.handles import forget as forget_operator_handles
 from iris.calls.handles import register as register_operator_handle
-from iris.calls.repeats import Repeats, offer
+from iris.calls.repeats import Repeats, offer, taking_stream
 from iris.calls.repeats import invalidate as invalidate_repeats
 from iris.calls.routing import declared
 from iris.errors import IrisError
@@ -290,7 +290,7 @@ class Collectives:
                 repeat = chosen.run(call)
             finally:
                 self._context._end_call(outer)
-        offer(self._context, repeat)
+        offer(self._context, taking_stream(repeat))
 
     def _check_same_call_on_every_rank(self, collective, algorithm, op, src, output, input) -> None:
         """Debug mode: every rank makes the same call (collective, options, shapes, dtypes), or
