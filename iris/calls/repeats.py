@@ -108,10 +108,6 @@ class Kept:
         with _ALL_KEPT_LOCK:
             _ALL_KEPT.add(self)
 
-    def current(self) -> dict:
-        """What is kept, by key."""
-        return self.by_key
-
     def keep(self, key, value) -> None:
         by_key = self.by_key
         if len(by_key) >= self._limit:

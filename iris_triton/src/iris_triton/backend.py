@@ -163,11 +163,6 @@ class TritonDeviceOps(DeviceOps):
 
     def _recorded_failure(self) -> str | None:
         """A give-up recorded by this rank's kernels, as a message (None when there is none)."""
-        for host_words, _, _ in self._fault_word_sets:  # read before every call: the common case first
-            if host_words[0]:
-                break
-        else:
-            return None
         by_failure: dict[tuple[str, str], list[int]] = {}
         for host_words, peers, _ in self._fault_word_sets:
             if host_words[0]:

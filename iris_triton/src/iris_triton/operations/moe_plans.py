@@ -133,7 +133,7 @@ class DispatchPlan:
         self.check = layout_guard((tokens, topk_ids, topk_weights))
         key = dispatch_key(tokens, topk_ids, topk_weights, num_experts, capacity, fp8)
         kept = self.ops._moe_plans
-        plans = kept.current().get(key)
+        plans = kept.by_key.get(key)
         if plans is None:
             plans = []
             kept.keep(key, plans)
@@ -227,7 +227,7 @@ def _by_plan(ops, find, name: str, outputs):
 
 def dispatch_again(ops, tokens, topk_ids, topk_weights, num_experts, *, capacity=None, fp8=False):
     """``ops.moe_dispatch(...)`` by its plan, or None (having done nothing: :func:`_by_plan`)."""
-    plans = ops._moe_plans.current()
+    plans = ops._moe_plans.by_key
     if not plans:
         return None
 
