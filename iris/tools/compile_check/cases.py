@@ -63,8 +63,12 @@ def contexts_checked(backends: tuple[str, ...], worlds: tuple[int, ...], ranks: 
                      full: bool = True) -> list[Checked]:
     """The contexts the check makes calls on. The first backend's (every kernel of iris): in each
     world the ranks of :func:`ranks_checked` (or those of ``ranks`` the world has); its first
-    such rank makes the full calls in the largest world (unless not ``full``), and the focused
-    calls again with device-side tracing on. The other backends compile the same kernel sources
+    such rank makes the full calls in the smallest world of 3 ranks or more (unless not
+    ``full``), and in the largest world the focused calls again with device-side tracing on. A
+    kernel's code grows with the world (its loops over peers are unrolled), and so its compile
+    time: the full calls' dtypes and shapes are crossed with the world where that costs least
+    beyond the two-rank case, while every world compiles each algorithm and method (the focused
+    calls). The other backends compile the same kernel sources
     with another front end, whose rank-dependent branches the first backend's contexts cover: their
     first and last rank in the smallest world of 3 ranks or more (the first with a rank that is
     neither first nor last), and their first in the largest, of those checked."""
@@ -74,7 +78,8 @@ def contexts_checked(backends: tuple[str, ...], worlds: tuple[int, ...], ranks: 
     for world in worlds:
         chosen = ranks_checked(world) if ranks is None else [r for r in sorted(set(ranks)) if r < world]
         for rank in chosen:
-            checked.append(Checked(backends[0], world, rank, full and world == largest and rank == chosen[0], False))
+            checked.append(Checked(backends[0], world, rank, full and world == smallest_larger and rank == chosen[0],
+                                   False))
             ends = (chosen[0], chosen[-1]) if world == smallest_larger else (chosen[0],) if world == largest else ()
             if rank in ends:
                 checked += [Checked(backend, world, rank, False, False) for backend in backends[1:]]
