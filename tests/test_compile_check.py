@@ -172,7 +172,9 @@ def test_the_contexts_checked_are_every_rank_up_to_4_and_the_ends_above_or_the_r
     triton = {(w, r) for b, w, r, full, tracing in by_default if b == "triton" and not tracing}
     assert triton == {(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2), (4, 3), (5, 0), (5, 4),
                       (8, 0), (8, 7)}
-    assert {c for c in by_default if c[3] or c[4]} == {("triton", 8, 0, True, False), ("triton", 8, 0, False, True)}
+    # The full calls where a world of 3 or more compiles fastest, tracing in the largest.
+    assert {c for c in by_default if c[3] or c[4]} == {("triton", 3, 0, True, False), ("triton", 8, 0, False, True)}
+    assert {c[1:4] for c in _contexts(("triton",), (1, 2)) if c[3]} == {(2, 0, True)}  # no world of 3 or more
     assert {c[1:3] for c in by_default if c[0] == "gluon"} == {(3, 0), (3, 2), (8, 0)}
     # One rank: where the world has it, the full calls and tracing on it in the largest world.
     assert _contexts(("triton", "gluon"), (1, 3), (1,)) == {
