@@ -115,7 +115,7 @@ def test_registered_algorithms_are_compiled_at_every_rank(tmp_path):
 def test_a_kernel_whose_wgmma_ptxas_serializes_fails(tmp_path):
     """What ptxas reports is read for every kernel on tensor cores (``tests/test_ptxas.py`` shows
     it finds a real serialization): here a stand-in reports one for every kernel with wgmma, and
-    each fused product's kernel fails with it while a collective's, which has none, passes."""
+    each fused product's kernel fails with it while the device barrier's, which has none, passes."""
     found = _script('''
         import json
         import iris.tools.compile_check as check
@@ -125,12 +125,12 @@ def test_a_kernel_whose_wgmma_ptxas_serializes_fails(tmp_path):
                 if "wgmma.mma_async" in ptx else []
 
         check.serialized_tensor_cores = serialized
-        report = check.compile_check([2], backends=["triton"], only=["all_gather_matmul_kernel", "collective_kernel"],
-                                     focused=True, jobs=1)
+        report = check.compile_check([2], backends=["triton"], only=["all_gather_matmul_kernel", "device_barrier_kernel"],
+                                     ranks=[0], focused=True, jobs=1)
         print(json.dumps({"compiled": report.compiled,
                           "failed": sorted({(f.family, f.message.split(": ")[-1]) for f in report.failures})}))
     ''', tmp_path)
-    assert found["compiled"]["all_gather_matmul_kernel"] >= 2 and found["compiled"]["collective_kernel"], found
+    assert found["compiled"]["all_gather_matmul_kernel"] >= 2 and found["compiled"]["device_barrier_kernel"], found
     assert found["failed"] == [["all_gather_matmul_kernel", "(C7515) stand-in, sm_90, 8 warps"]], found
 
 
