@@ -125,8 +125,8 @@ def test_a_kernel_whose_wgmma_ptxas_serializes_fails(tmp_path):
                 if "wgmma.mma_async" in ptx else []
 
         check.serialized_tensor_cores = serialized
-        report = check.compile_check([2], backends=["triton"], only=["all_gather_matmul_kernel", "device_barrier_kernel"],
-                                     ranks=[0], focused=True, jobs=1)
+        report = check.compile_check([2], backends=["triton"], ranks=[0], focused=True, jobs=1,
+                                     only=["all_gather_matmul_kernel", "device_barrier_kernel"])
         print(json.dumps({"compiled": report.compiled,
                           "failed": sorted({(f.family, f.message.split(": ")[-1]) for f in report.failures})}))
     ''', tmp_path)
