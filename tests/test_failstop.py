@@ -128,7 +128,20 @@ class Report(dict):
     def save(self) -> None:
         with open(self.path + ".tmp", "wb") as f:
             pickle.dump(dict(self), f)
-        os.replace(self.path + ".tmp", self.path)
+        os.replace(self.path + ".tmp", self.path)  # a reader sees the last report whole
+
+    @staticmethod
+    def path_of(directory: str, rank: int) -> str:
+        return os.path.join(directory, f"rank{rank}.pkl")
+
+    @staticmethod
+    def read(directory: str, rank: int) -> dict:
+        """What ``rank`` of the world in ``directory`` has reported so far (empty: nothing yet)."""
+        try:
+            with open(Report.path_of(directory, rank), "rb") as f:
+                return pickle.load(f)
+        except FileNotFoundError:
+            return {}
 
 
 def _rank_entry(rank: int, world: int, directory: str, worker, args: tuple, env: dict[str, str],
@@ -146,7 +159,7 @@ def _rank_entry(rank: int, world: int, directory: str, worker, args: tuple, env:
 
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(directory, 'rendezvous')}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=T_OK))
-    report = Report(rank, os.path.join(directory, f"rank{rank}.pkl"))
+    report = Report(rank, Report.path_of(directory, rank))
     try:
         worker(rank, world, report, *args)
         report["done"] = True
@@ -201,14 +214,7 @@ def run_worlds(specs: list, *, parallel: int = 3, bound: float = 240, busy: int 
                             if p.exitcode is None:
                                 p.kill()
                             p.join()
-                        reports = []
-                        for r in range(world):
-                            path = os.path.join(directory, f"rank{r}.pkl")
-                            if os.path.exists(path):
-                                with open(path, "rb") as f:
-                                    reports.append(pickle.load(f))
-                            else:
-                                reports.append({})
+                        reports = [Report.read(directory, r) for r in range(world)]
                         if overdue:
                             for rep in reports:
                                 rep["overdue"] = f"the world was still running after {bound} s and was killed"
@@ -659,13 +665,7 @@ def _await_peers_reports(report: Report, world: int, key: str) -> None:
     waiting = set(range(world)) - {report.rank}
     while waiting:
         time.sleep(0.02)
-        for peer in list(waiting):
-            try:
-                with open(os.path.join(directory, f"rank{peer}.pkl"), "rb") as f:
-                    if key in pickle.load(f):
-                        waiting.discard(peer)
-            except (FileNotFoundError, EOFError, pickle.UnpicklingError):
-                pass  # not written yet
+        waiting = {peer for peer in waiting if key not in Report.read(directory, peer)}
 
 
 @contextlib.contextmanager
