@@ -285,6 +285,15 @@ def test_the_fused_all_reduce_rmsnorm_repeats_its_launch(ctx, monkeypatch):
     assert ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, method="one_shot") is out
     ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, 1e-5, method="one_shot")  # another eps: in full
     assert launches == ["launch", "repeat", "launch"]
+    # The optional output: its tensor is checked too (the guard is called with it only when given).
+    kept = torch.empty_like(residual)
+    for _ in range(2):
+        ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, residual_out=kept, method="one_shot")
+    torch.testing.assert_close(kept, x * ctx.world_size + residual, atol=1e-5, rtol=1e-5)
+    kept.resize_(tokens - 1, hidden)  # the same address, another shape: the call is checked again (and refused)
+    with pytest.raises(IrisError, match="residual_out has shape"):
+        ctx.ops.all_reduce_rmsnorm(out, x, residual, weight, residual_out=kept, method="one_shot")
+    assert launches == ["launch", "repeat", "launch", "launch", "repeat"]
     ctx.free(x)
 
 

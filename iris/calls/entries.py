@@ -125,11 +125,26 @@ def keyer(declaration: Declaration) -> Callable[..., tuple]:
     return namespace["keyed"]
 
 
+def _guard_call(guard: str, tensors: tuple[tuple[str, bool], ...]) -> str:
+    """``guard`` called with the tensors ``tensors`` (``(name, optional)`` in the declared order)
+    but those optional ones that are None: a conditional per optional tensor, which costs less per
+    call than unpacking a tuple built for it."""
+    optional = [index for index, (_, may_be_none) in enumerate(tensors) if may_be_none]
+    if not optional:
+        return f"{guard}({', '.join(name for name, _ in tensors)})"
+    index = optional[0]
+    name = tensors[index][0]
+    without, with_it = tensors[:index] + tensors[index + 1:], tensors[:index] + ((name, False),) + tensors[index + 1:]
+    return f"({_guard_call(guard, without)} if {name} is None else {_guard_call(guard, with_it)})"
+
+
 def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bool], Any]) -> Callable:
     """The entry of ``declaration``'s method: its repeat where one is kept for the call
     (``self._repeats.by_key``: :class:`iris.calls.repeats.Repeats`) and the guard lets it run
     (``self._context._run_repeat``), else ``in_full(self, args, kwargs, group, async_op)``."""
-    parameters, key, tensors, defaults = _pieces(declaration)
+    parameters, key, _, defaults = _pieces(declaration)
+    checked = _guard_call("found[2]", tuple((p.name, p.type == "Tensor?") for p in declaration.params
+                                            if p.type in ("Tensor", "Tensor?")))
     positional = [p.name for p in declaration.params if not p.keyword_only]
     keywords = [p.name for p in declaration.params if p.keyword_only]
     returned = declaration.returns or "None"
@@ -141,7 +156,7 @@ def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bo
             found = self._repeats.by_key.get({key})
         except (TypeError, AttributeError, RuntimeError):  # a value that cannot be keyed (no storage, say)
             found = None
-        if found is not None and found[2]{tensors} and self._context._run_repeat(found[0], found[1]) is not None:
+        if found is not None and {checked} and self._context._run_repeat(found[0], found[1]) is not None:
             return {returned}
     return _in_full(self, ({''.join(f'{name}, ' for name in positional)}),
                     {{{''.join(f'{name!r}: {name}, ' for name in keywords)}**_extra}}, group, async_op)

@@ -141,7 +141,8 @@ class TritonDeviceOps(DeviceOps):
         else:
             self.host_faults = self.faults
             host_words = self.faults.numpy()
-        self._fault_word_sets.append((host_words, peers, self.comm))
+        # A memoryview reads a word as a Python int, the cheapest read for the check every call makes.
+        self._fault_word_sets.append((memoryview(host_words), peers, self.comm))
         # Where kernels find them, and the timeout: the device context's trailer (iris_triton.device.failstop).
         set_trailer(self._device_context, timeout_ns=self.timeout_ns, faults=self.faults.data_ptr(),
                     host_faults=self.host_faults.data_ptr())
@@ -163,6 +164,13 @@ class TritonDeviceOps(DeviceOps):
 
     def _recorded_failure(self) -> str | None:
         """A give-up recorded by this rank's kernels, as a message (None when there is none)."""
+        for host_words, _, _ in self._fault_word_sets:
+            if host_words[0]:
+                return self._describe_recorded_failure()
+        return None
+
+    def _describe_recorded_failure(self) -> str | None:
+        """:meth:`_recorded_failure`'s message, once a first word is set."""
         by_failure: dict[tuple[str, str], list[int]] = {}
         for host_words, peers, _ in self._fault_word_sets:
             if host_words[0]:
