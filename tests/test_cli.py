@@ -244,14 +244,13 @@ def test_bench_without_gpus_says_what_it_needs():
 
 
 def test_bench_without_matplotlib_names_the_bench_extra(monkeypatch, capsys):
-    from iris.tools.cli import main
-
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *args: None if name == "matplotlib" else find_spec(name, *args))
-    assert main(["bench", "--cpu"]) == 2
-    assert capsys.readouterr().err == ("iris: error: iris bench draws its plots with matplotlib, which is not "
-                                       "installed: pip install 'iris[bench]'\n")
+    status, _, err = iris_in_process(capsys, "bench", "--cpu")
+    assert status == 2
+    assert err == "iris: error: iris bench draws its plots with matplotlib, which is not installed: pip install " \
+                  "'iris[bench]'\n"
 
 
 def test_bench_outside_a_source_checkout_says_where_the_benchmarks_are(tmp_path, monkeypatch, capsys):
@@ -259,8 +258,8 @@ def test_bench_outside_a_source_checkout_says_where_the_benchmarks_are(tmp_path,
 
     monkeypatch.chdir(tmp_path)  # no benchmarks/ here, nor beside an installed (not editable) iris
     monkeypatch.setattr(iris.tools.cli, "__file__", str(tmp_path / "site-packages" / "iris" / "cli.py"))
-    assert iris.tools.cli.main(["bench", "--cpu"]) == 2
-    error = capsys.readouterr().err
+    status, _, error = iris_in_process(capsys, "bench", "--cpu")
+    assert status == 2
     assert error.startswith("iris: error: iris bench runs the benchmarks/ folder of an iris source checkout, which "
                             "is not installed with the package: run it from the root of a clone"), error
     assert "pip install -e '.[bench]'" in error and error.count("\n") == 1, error

@@ -74,9 +74,10 @@ def _layout(tensor: torch.Tensor) -> tuple:
 _RESERVED = frozenset({"self", "group", "async_op", "_extra", "found", "_in_full", "_is_compiling", "keyed"})
 
 
-def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
+def _pieces(declaration: Declaration) -> tuple[list[str], str, tuple[tuple[str, bool], ...], dict]:
     """``(parameters, key, tensors, defaults)``: the declared parameters as Python source, the key
-    expression, the tensors' tuple expression, and the defaults by the names the source uses.
+    expression, the tensor parameters as ``(name, optional)`` in the declared order, and the
+    defaults by the names the source uses.
     ValueError for a parameter the source could not take (a reserved name, a keyword, not an
     identifier)."""
     clashing = [p.name for p in declaration.params if p.name in _RESERVED or p.name.startswith("_default")
@@ -100,17 +101,17 @@ def _pieces(declaration: Declaration) -> tuple[list[str], str, str, dict]:
             f"{name}.data_ptr(), {name}.shape, {name}.stride(), {name}.dtype"
         if param.type == "Tensor":
             key.append(identity)
-            tensors.append(name)
+            tensors.append((name, False))
         elif param.type == "Tensor?":
-            key.append(f"None if {name} is None else ({identity},)")
-            tensors.append(f"*(() if {name} is None else ({name},))")  # None is in the key: the guard takes fewer
+            key.append(f"None if {name} is None else ({identity},)")  # None is in the key: the guard takes fewer
+            tensors.append((name, True))
         elif param.type == "str?":  # a string needs no type (ReduceOp.SUM == 0 == False does), nor does None
             key.append(f"{name} if {name} is None or {name}.__class__ is str else ({name}.__class__, {name})")
         elif param.type == "str":
             key.append(f"{name} if {name}.__class__ is str else ({name}.__class__, {name})")
         else:
             key.append(f"{name}.__class__, {name}")
-    return parameters, f"({', '.join(key)},)", f"({', '.join(tensors)}{',' if tensors else ''})", defaults
+    return parameters, f"({', '.join(key)},)", tuple(tensors), defaults
 
 
 @functools.cache
@@ -119,7 +120,8 @@ def keyer(declaration: Declaration) -> Callable[..., tuple]:
     TypeError or AttributeError for arguments that cannot be keyed (the call is then never
     repeated)."""
     parameters, key, tensors, defaults = _pieces(declaration)
-    source = f"def keyed({', '.join(parameters)}):\n    return {key}, {tensors}\n"
+    given = [f"*(() if {name} is None else ({name},))" if optional else name for name, optional in tensors]
+    source = f"def keyed({', '.join(parameters)}):\n    return {key}, ({', '.join(given)}{',' if given else ''})\n"
     namespace = dict(defaults)
     exec(source, namespace)  # noqa: S102 - source written above from the declaration alone
     return namespace["keyed"]
@@ -129,22 +131,20 @@ def _guard_call(guard: str, tensors: tuple[tuple[str, bool], ...]) -> str:
     """``guard`` called with the tensors ``tensors`` (``(name, optional)`` in the declared order)
     but those optional ones that are None: a conditional per optional tensor, which costs less per
     call than unpacking a tuple built for it."""
-    optional = [index for index, (_, may_be_none) in enumerate(tensors) if may_be_none]
-    if not optional:
-        return f"{guard}({', '.join(name for name, _ in tensors)})"
-    index = optional[0]
-    name = tensors[index][0]
-    without, with_it = tensors[:index] + tensors[index + 1:], tensors[:index] + ((name, False),) + tensors[index + 1:]
-    return f"({_guard_call(guard, without)} if {name} is None else {_guard_call(guard, with_it)})"
+    for index, (name, optional) in enumerate(tensors):
+        if optional:
+            before, after = tensors[:index], tensors[index + 1:]
+            return (f"({_guard_call(guard, before + after)} if {name} is None "
+                    f"else {_guard_call(guard, (*before, (name, False), *after))})")
+    return f"{guard}({', '.join(name for name, _ in tensors)})"
 
 
 def entry(declaration: Declaration, in_full: Callable[[Any, tuple, dict, Any, bool], Any]) -> Callable:
     """The entry of ``declaration``'s method: its repeat where one is kept for the call
     (``self._repeats.by_key``: :class:`iris.calls.repeats.Repeats`) and the guard lets it run
     (``self._context._run_repeat``), else ``in_full(self, args, kwargs, group, async_op)``."""
-    parameters, key, _, defaults = _pieces(declaration)
-    checked = _guard_call("found[2]", tuple((p.name, p.type == "Tensor?") for p in declaration.params
-                                            if p.type in ("Tensor", "Tensor?")))
+    parameters, key, tensors, defaults = _pieces(declaration)
+    checked = _guard_call("found[2]", tensors)
     positional = [p.name for p in declaration.params if not p.keyword_only]
     keywords = [p.name for p in declaration.params if p.keyword_only]
     returned = declaration.returns or "None"
