@@ -26,6 +26,11 @@ The region is split in blocks of ``BLOCK`` elements; program ``p`` of a grid of 
 copies the blocks ``p, p + P, ...`` only, so what program ``p`` of the receiver copies was
 pushed by program ``p`` of the senders, which its wait covers.
 
+The loops over ranks (the table's checks, the pushes, the copies) are loops in the compiled
+kernel, not unrolled per rank as the collectives' are: each rank's rows are a loop of their own,
+one after another, so unrolling them would overlap nothing and would multiply the kernel's code,
+and the time every rank spends compiling it, by the world size.
+
 Consecutive calls: the table has two slots, by call parity, as the collectives' workspaces do
 (a peer's call ``k + 1`` writes its row before any wait, while this rank may still be in call
 ``k``). The receive region needs only one: a sender pushes into it only after the receiver's
@@ -108,7 +113,7 @@ def _table_holds(dctx, slot, words, cap_rows, RANK: tl.constexpr, WORLD: tl.cons
     opposite = tl.load(slot + lane * LANES + WORLD + source, mask=filled & (lane < WORLD), other=0)
     ok = tl.program_id(0) >= 0
     here = _pick(table, words == RANK * LANES + 2 * WORLD + 1)  # this rank's bound
-    for q in tl.static_range(WORLD):
+    for q in range(WORLD):
         sends = _pick(table, (source == q) & (lane < WORLD))
         bad = (sends > _pick(table, words == q * LANES + 2 * WORLD)) | (
             _pick(tl.where(table < 0, 1, 0), (source == q) & (lane < 2 * WORLD)) > 0)
@@ -138,7 +143,7 @@ def _table_holds(dctx, slot, words, cap_rows, RANK: tl.constexpr, WORLD: tl.cons
 
 
 @triton.jit
-def _copy_range(dctx, src, dst, lo, hi, to_rank: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr):
+def _copy_range(dctx, src, dst, lo, hi, to_rank, RANK: tl.constexpr, BLOCK: tl.constexpr):
     """``dst[e] := src[e - lo]`` on ``to_rank`` for the elements ``e`` in ``[lo, hi)`` of this
     program's blocks (``p, p + P, ...`` of the region's blocks of ``BLOCK`` elements)."""
     programs = tl.num_programs(0)
@@ -161,7 +166,7 @@ def _push_rows(dctx, table, words, inp, out, region, row, RANK: tl.constexpr, WO
     after the rows the ranks before it send there."""
     source, lane = words // LANES, words % LANES
     start = _pick(table, words < 0)  # this rank's first input row for rank d
-    for d in tl.static_range(WORLD):
+    for d in range(WORLD):
         rows = _pick(table, words == RANK * LANES + d)
         lo = _pick(table, (source < RANK) & (lane == d)) * row
         if d == RANK:
@@ -177,7 +182,7 @@ def _take_rows(dctx, table, words, out, region, out_splits, row, RANK: tl.conste
     """``out`` := what every peer pushed into this rank's region (in source order, at the same
     rows); with ``REPORT``, program 0 writes the rows received from each rank to ``out_splits``."""
     lo = _pick(table, words < 0)
-    for s in tl.static_range(WORLD):
+    for s in range(WORLD):
         rows = _pick(table, words == s * LANES + RANK)
         if s != RANK:
             _copy_range(dctx, region + lo * row, out, lo * row, (lo + rows) * row, RANK, RANK, BLOCK)

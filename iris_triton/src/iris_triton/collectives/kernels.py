@@ -94,11 +94,14 @@ def _wait_peers(dctx, flags, count, headers, announced, RANK: tl.constexpr, WORL
                 SITE: tl.constexpr):
     """Whether every peer's flag [p, peer] here reached ``count`` within the timeout; a wait
     that gives up records ``SITE`` (the collective's code, :mod:`iris_triton.protocol.waits`), and gives up
-    at once where a peer announced another call than ``announced`` in ``headers`` (a mismatch)."""
+    at once where a peer announced another call than ``announced`` in ``headers`` (a mismatch).
+    A loop over the peers, not unrolled: each wait spins until its flag arrives before the next
+    begins, so unrolling would overlap nothing and would multiply the kernel's code, and the time
+    every rank spends compiling it, by the world size."""
     row = flags + tl.program_id(0) * WORLD
     ok = True
     waiting = dctx.tracing.begin(WAIT_EVENT, op=count)
-    for q in tl.static_range(WORLD):
+    for q in range(WORLD):
         if q != RANK:
             ok = ok & wait_for_call(dctx, row + q, count, q, headers, announced, SITE)
     dctx.tracing.end(waiting)

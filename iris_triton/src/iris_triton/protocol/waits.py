@@ -420,9 +420,10 @@ def peers_announced(dctx, headers, value, RANK: tl.constexpr, WORLD: tl.constexp
     same number made a different call: recorded as a mismatch. With ``WAIT`` (protocols without
     a fence, whose header may land after the data), a header of an earlier call is waited on
     within the context's timeout; without it the header was released before the flag already waited
-    for, and any other value is a mismatch."""
+    for, and any other value is a mismatch. A loop over the peers, not unrolled (as
+    :func:`other_call`): each peer's header is read, and waited on, before the next one's."""
     ok = not failed(dctx)  # a failed context checks nothing more (and names no one else)
-    for q in tl.static_range(WORLD):
+    for q in range(WORLD):
         if q != RANK:
             seen = tl.load(headers + q, volatile=True)
             if WAIT:
