@@ -27,9 +27,9 @@ copies the blocks ``p, p + P, ...`` only, so what program ``p`` of the receiver 
 pushed by program ``p`` of the senders, which its wait covers.
 
 The loops over ranks (the table's checks, the pushes, the copies) are loops in the compiled
-kernel, not unrolled per rank as the collectives' are: each rank's rows are a loop of their own,
-one after another, so unrolling them would overlap nothing and would multiply the kernel's code,
-and the time every rank spends compiling it, by the world size.
+kernel, not unrolled per rank as the collectives' pushes and reductions are: each rank's rows
+are a loop of their own, one after another, so unrolling them would overlap nothing and would
+multiply the kernel's code, and the time every rank spends compiling it, by the world size.
 
 Consecutive calls: the table has two slots, by call parity, as the collectives' workspaces do
 (a peer's call ``k + 1`` writes its row before any wait, while this rank may still be in call
