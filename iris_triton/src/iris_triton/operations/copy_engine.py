@@ -64,7 +64,7 @@ def wait_for_peers_kernel(context, counter, flags, headers, signature, AHEAD: tl
     target = call + AHEAD
     row = headers + (call & 1) * WORLD
     announced = header_value(call, signature)
-    for q in tl.static_range(WORLD):
+    for q in range(WORLD):  # one wait after another: a loop, as the collectives' waits are
         if q != RANK:
             if ANNOUNCE:
                 wait_or_record(dctx, flags + q, target, q, SITE)
